@@ -1,0 +1,39 @@
+# Set-up and the main verbs. Needs only python3 (3.10+) and the package registry.
+#
+# The torch pin below is for CPU machines: it takes the CPU build of torch. On a GPU machine,
+# install your CUDA or ROCm torch into the venv first (or run `make setup TORCH=`): the
+# package itself only asks for a range, so an installed torch is kept.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+OUT ?= out
+
+.PHONY: setup run test lint format gpu-check clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	@if [ -n "$(TORCH)" ] && ! $(BIN)/python -c "import torch" 2>/dev/null; then \
+		echo "installing $(TORCH)"; $(BIN)/python -m pip install -q "$(TORCH)"; fi
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+run: setup  ## the kernel report card
+	$(BIN)/kernelab run
+
+test: setup lint  ## lint, then the whole test suite
+	$(BIN)/python -m pytest -n 2 -q
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+format: setup
+	$(BIN)/ruff check --fix src tests benchmarks
+	$(BIN)/ruff format src tests benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info src/*.egg-info

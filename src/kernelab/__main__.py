@@ -1,0 +1,3 @@
+from kernelab.cli import main
+
+main()

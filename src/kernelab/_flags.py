@@ -1,0 +1,52 @@
+"""Every environment variable kernelab reads, declared in one place.
+
+| variable            | meaning                                                            |
+|---------------------|--------------------------------------------------------------------|
+| KERNELAB_INTERPRET  | "1": on CPU tensors, public ops run their Triton kernel through     |
+|                     | Triton's interpreter instead of the torch implementation (tests).   |
+| KERNELAB_LEDGER     | results ledger: a path to an SQLite file or a database URL.         |
+| KERNELAB_CACHE_DIR  | where compiled-artifact and measurement caches live.                |
+| KERNELAB_SHARED     | the folder with the shared device facts and traces (tests).         |
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def _get(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else None
+
+
+def interpret() -> bool:
+    """Whether public ops on CPU tensors run the Triton kernel through the interpreter."""
+    return (_get("KERNELAB_INTERPRET") or "0").lower() in _TRUE
+
+
+def cache_dir() -> Path:
+    base = _get("KERNELAB_CACHE_DIR")
+    if base:
+        return Path(base)
+    xdg = _get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "kernelab"
+
+
+def ledger_url() -> str | None:
+    return _get("KERNELAB_LEDGER")
+
+
+def shared_dir() -> Path | None:
+    """The shared folder (device facts, real traces), if it can be found."""
+    explicit = _get("KERNELAB_SHARED")
+    if explicit:
+        return Path(explicit)
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        candidate = parent.parent / "shared"
+        if (parent / "pyproject.toml").exists() and candidate.is_dir():
+            return candidate
+    return None

@@ -1,0 +1,68 @@
+"""Helpers shared by commands: versions, consoles, JSON output, error handling."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from collections.abc import Callable
+from functools import wraps
+
+import orjson
+import typer
+from rich.console import Console
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def versions(device: str | None = None) -> dict[str, str]:
+    import torch
+    import triton
+
+    import kernelab
+    from kernelab.hardware import detect
+
+    info = detect(device)
+    dev = info.name if info.type == "cpu" else f"{info.name} ({info.arch}, {info.sm_count} SMs)"
+    return {
+        "kernelab": kernelab.__version__,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "device": f"{info.type}: {dev}",
+    }
+
+
+def emit_json(data) -> None:
+    """Write ``data`` as JSON to stdout (for programs)."""
+    sys.stdout.write(
+        orjson.dumps(
+            data,
+            option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
+            default=str,
+        ).decode()
+    )
+    sys.stdout.write("\n")
+
+
+def user_errors(fn: Callable) -> Callable:
+    """Turn bad input (ValueError, TypeError, FileNotFoundError) into one line and exit 2."""
+
+    @wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, TypeError, FileNotFoundError, PermissionError) as exc:
+            err_console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def select_ops(names: list[str] | None):
+    """Ops by name (all when none given); an unknown name is an error naming the choices."""
+    from kernelab import ops
+
+    if not names:
+        return ops.all_ops()
+    return [ops.get(n) for n in names]

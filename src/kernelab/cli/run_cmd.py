@@ -1,0 +1,103 @@
+"""``kernelab run``: the report card. Every instrument on every registered op, one table."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kernelab.cli._common import console, emit_json, err_console, select_ops, user_errors
+from kernelab.stages import RUN_STAGES, load
+
+_STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow", "info": "cyan"}
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("run")
+    @user_errors
+    def run_command(
+        ops: list[str] = typer.Argument(None, help="Ops to include (default: all)."),
+        device: str = typer.Option(
+            None, help="cpu or cuda[:N] (default: the accelerator if present, else cpu)."
+        ),
+        json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    ):
+        """Run every instrument on every registered op and print one table (the report card)."""
+        from kernelab.hardware import detect
+
+        info = detect(device)
+        selected = select_ops(ops)
+        reports, started = [], time.perf_counter()
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+            disable=json,
+        ) as progress:
+            task = progress.add_task("starting", total=None)
+            for path in RUN_STAGES:
+                stage = load(path)
+                reports.append(
+                    stage(selected, info, lambda msg: progress.update(task, description=msg))
+                )
+        elapsed = time.perf_counter() - started
+        failed = any(r.failed for r in reports)
+        if json:
+            emit_json(
+                {
+                    "device": info.as_dict(),
+                    "seconds": round(elapsed, 2),
+                    "passed": not failed,
+                    "stages": [
+                        {
+                            "stage": r.stage,
+                            "skipped": r.skipped,
+                            "cells": [
+                                {
+                                    "op": o,
+                                    "variant": v,
+                                    "status": c.status,
+                                    "text": c.text,
+                                    "data": c.data,
+                                }
+                                for (o, v), c in r.cells.items()
+                            ],
+                        }
+                        for r in reports
+                    ],
+                }
+            )
+        else:
+            _print_table(info, selected, reports, elapsed)
+        if failed:
+            raise typer.Exit(1)
+
+
+def _print_table(info, selected, reports, elapsed) -> None:
+    table = Table(title=f"kernelab report card — {info.type}: {escape(info.name)}")
+    table.add_column("op")
+    table.add_column("variant")
+    for r in reports:
+        table.add_column(r.stage)
+    for op in selected:
+        keys = [(op.name, v) for v in op.variants] + [(op.name, "*")]
+        for key in keys:
+            cells = [r.cells.get(key) for r in reports]
+            if all(c is None for c in cells):
+                continue
+            row = [op.name, "(op)" if key[1] == "*" else key[1]]
+            for c in cells:
+                row.append("" if c is None else f"[{_STYLE[c.status]}]{escape(c.text)}[/]")
+            table.add_row(*row)
+    console.print(table)
+    skipped = [line for r in reports for line in r.skipped]
+    if skipped:
+        console.print("[yellow]Not run here:[/]")
+        for line in dict.fromkeys(skipped):
+            console.print(f"  • {escape(line)}")
+    console.print(f"[dim]{len(selected)} op(s), {elapsed:.1f} s[/]")

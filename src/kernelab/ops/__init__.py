@@ -1,0 +1,38 @@
+"""Ops: one module per op family, each declared once through the op model.
+
+Adding an op: one module here, one test file, one export line below.
+"""
+
+from kernelab.ops._model import (
+    SHAPE_SETS,
+    Contract,
+    Cost,
+    Launch,
+    Op,
+    Shape,
+    Variant,
+    all_ops,
+    as_tuple,
+    get,
+    register,
+)
+
+# --- export lines: one per op module ---------------------------------------------------------
+from kernelab.ops.rmsnorm import RMSNORM, rmsnorm, rmsnorm_ref
+
+__all__ = [
+    "RMSNORM",
+    "SHAPE_SETS",
+    "Contract",
+    "Cost",
+    "Launch",
+    "Op",
+    "Shape",
+    "Variant",
+    "all_ops",
+    "as_tuple",
+    "get",
+    "register",
+    "rmsnorm",
+    "rmsnorm_ref",
+]

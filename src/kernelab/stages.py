@@ -1,0 +1,43 @@
+"""What ``kernelab run`` runs: one stage per instrument, each returning cells for a table.
+
+A stage is a function ``stage(ops, device, progress) -> StageReport``. Instruments expose one
+and list it in ``RUN_STAGES``; ``kernelab run`` runs them in order and prints one table.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+#: ``module:function`` of each stage, in the order they run and appear as table columns.
+RUN_STAGES: tuple[str, ...] = ("kernelab.smoke:stage",)
+
+
+@dataclass
+class Cell:
+    status: str  # "pass" | "fail" | "skip" | "info"
+    text: str
+    data: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.status not in ("pass", "fail", "skip", "info"):
+            raise ValueError(f"status: expected pass, fail, skip or info, got {self.status!r}")
+
+
+@dataclass
+class StageReport:
+    stage: str
+    #: (op name, variant name) -> cell; variant "*" for a cell about the whole op.
+    cells: dict[tuple[str, str], Cell] = field(default_factory=dict)
+    #: What the stage did not do here, and why (one line each), e.g. for lack of a GPU.
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return any(c.status == "fail" for c in self.cells.values())
+
+
+def load(path: str) -> Callable:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)

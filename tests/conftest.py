@@ -1,0 +1,27 @@
+import pytest
+import torch
+
+from kernelab import _flags
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA or ROCm device")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def shared_dir():
+    path = _flags.shared_dir()
+    if path is None or not path.is_dir():
+        pytest.skip("the shared folder (../shared) is not present")
+    return path
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    """Public ops on CPU run their Triton kernels through the interpreter."""
+    monkeypatch.setenv("KERNELAB_INTERPRET", "1")
