@@ -31,7 +31,7 @@ def test_bad_specs_give_one_clear_line(spec, exc, words):
 def test_a_file_that_fails_to_import_is_reported(tmp_path):
     f = tmp_path / "broken.py"
     f.write_text("raise RuntimeError('boom')\n")
-    with pytest.raises(ValueError, match="importing .* failed: RuntimeError: boom"):
+    with pytest.raises(ValueError, match=r"importing .* failed: RuntimeError: boom"):
         load_callable(f"{f}:g")
 
 
