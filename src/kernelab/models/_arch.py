@@ -1,0 +1,58 @@
+"""Which modules of each supported architecture kernelab replaces, declared as data.
+
+Every architecture listed here shares the pre-norm decoder block of Llama:
+
+    h = x + attn(norm_in(x));  y = h + mlp(norm_post(h));  mlp(z) = down(act(gate(z)) * up(z))
+
+and so the same replacements: RMSNorm modules, the post-attention residual add fused into the
+post-attention RMSNorm, and the gated MLP's activation fused with its product (SwiGLU). Adding
+an architecture that shares the block is one entry; one that does not needs its own block rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Blueprint:
+    model_type: str  # config.model_type
+    modeling_module: str  # where transformers defines the architecture
+    norm_class: str  # RMSNorm modules (also q_norm/k_norm in Qwen3)
+    layer_class: str  # decoder layer with input_layernorm/self_attn/post_attention_layernorm/mlp
+    mlp_class: str  # gate_proj, up_proj, down_proj, act_fn
+    #: activations (config.hidden_act) the fused MLP supports, mapped to the kernelab op
+    activations: tuple[tuple[str, str], ...] = (("silu", "silu_and_mul"),)
+
+
+_LLAMA_LIKE = {
+    "llama": "Llama",
+    "mistral": "Mistral",
+    "qwen2": "Qwen2",
+    "qwen3": "Qwen3",
+}
+
+ARCHITECTURES: dict[str, Blueprint] = {
+    model_type: Blueprint(
+        model_type,
+        f"transformers.models.{model_type}.modeling_{model_type}",
+        f"{prefix}RMSNorm",
+        f"{prefix}DecoderLayer",
+        f"{prefix}MLP",
+    )
+    for model_type, prefix in _LLAMA_LIKE.items()
+}
+
+#: Replacements a caller may ask for, in the order they are applied.
+REPLACEMENTS = ("rmsnorm", "fused_residual", "mlp")
+
+
+def blueprint_for(model) -> Blueprint:
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in ARCHITECTURES:
+        raise ValueError(
+            f"model: architecture {model_type!r} is not supported; supported: "
+            f"{', '.join(sorted(ARCHITECTURES))} (and architectures sharing their decoder block)"
+        )
+    return ARCHITECTURES[model_type]

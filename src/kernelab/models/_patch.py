@@ -1,0 +1,170 @@
+"""Patching a transformers model's modules with kernelab ops: per instance, checked, reversible.
+
+Nothing is patched at import. ``patch`` sets instance attributes (``module.forward``) on the
+model's own modules — classes and other models are untouched — and records each change so that
+``unpatch`` can remove it. The gated MLP's gate and up weights are re-laid as two views of one
+[2·intermediate, hidden] matrix, so one GEMM produces both halves for the fused activation
+without a second copy of the weights; ``unpatch`` gives each projection back its own storage.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from kernelab import ops
+from kernelab.models._arch import REPLACEMENTS, Blueprint, blueprint_for
+
+_STATE = "_kernelab_patch"
+
+
+@dataclass
+class PatchState:
+    blueprint: Blueprint
+    replacements: tuple[str, ...]
+    #: (module, attribute name) set on instances; unpatch deletes them
+    attributes: list[tuple[torch.nn.Module, str]] = field(default_factory=list)
+    #: MLPs whose gate/up weights were re-laid into one matrix
+    fused_mlps: list[torch.nn.Module] = field(default_factory=list)
+    #: qualified names of the modules patched, for messages
+    names: list[str] = field(default_factory=list)
+
+
+class PatchError(ValueError):
+    """The patched model disagrees with the original beyond the dtype's contract."""
+
+
+def _op(name: str):
+    """The public function of a registered kernelab op, or None when it is not available."""
+    try:
+        ops.get(name)
+    except ValueError:
+        return None
+    return getattr(ops, name, None)
+
+
+# --- replacement forwards (bound to module instances) ------------------------------------------
+
+
+def _norm_forward(self, hidden_states):
+    return ops.rmsnorm(hidden_states, self.weight, self.variance_epsilon)
+
+
+def _layer_forward(self, hidden_states, *args, **kwargs):
+    """The pre-norm block with the post-attention residual add fused into the RMSNorm.
+
+    ``rmsnorm(x, w, residual=r)`` sets ``r ← x + r`` in place and normalises ``r``; the
+    attention output (a tensor this block owns) takes the role of ``r`` so the layer's input,
+    which the caller may keep, is never written.
+    """
+    if args:
+        bound = self._kernelab_signature.bind(self, hidden_states, *args, **kwargs)
+        kwargs = {k: v for k, v in bound.arguments.items() if k not in ("self", "hidden_states")}
+        kwargs.update(kwargs.pop("kwargs", {}))
+    h = self.input_layernorm(hidden_states)
+    attn = self.self_attn(hidden_states=h, **kwargs)
+    attn = attn[0] if isinstance(attn, tuple) else attn
+    norm = self.post_attention_layernorm
+    normed = ops.rmsnorm(hidden_states, norm.weight, norm.variance_epsilon, residual=attn)
+    return attn + self.mlp(normed)
+
+
+def _mlp_forward(self, x):
+    gate_up = F.linear(x, self._kernelab_gate_up, self._kernelab_gate_up_bias)
+    return self.down_proj(self._kernelab_act(gate_up))
+
+
+# --- patch / unpatch -------------------------------------------------------------------------
+
+
+def _set(state: PatchState, module, attr: str, value) -> None:
+    if attr in module.__dict__:
+        raise RuntimeError(f"module {type(module).__name__} already has an instance {attr!r}")
+    object.__setattr__(module, attr, value)
+    state.attributes.append((module, attr))
+
+
+def _fuse_gate_up(state: PatchState, mlp) -> None:
+    gate, up = mlp.gate_proj, mlp.up_proj
+    weight = torch.cat([gate.weight.data, up.weight.data], dim=0)
+    n = gate.weight.shape[0]
+    gate.weight.data = weight[:n]
+    up.weight.data = weight[n:]
+    bias = None
+    if gate.bias is not None and up.bias is not None:
+        bias = torch.cat([gate.bias.data, up.bias.data])
+        gate.bias.data, up.bias.data = bias[:n], bias[n:]
+    elif gate.bias is not None or up.bias is not None:
+        raise ValueError("model: gate_proj and up_proj must both have a bias or neither")
+    _set(state, mlp, "_kernelab_gate_up", weight)
+    _set(state, mlp, "_kernelab_gate_up_bias", bias)
+    state.fused_mlps.append(mlp)
+
+
+def apply(model, replacements=REPLACEMENTS) -> PatchState:
+    """Patch ``model`` in place without checking; see :func:`kernelab.models.patch`."""
+    if getattr(model, _STATE, None) is not None:
+        raise ValueError("model: already patched by kernelab (unpatch it first)")
+    unknown = [r for r in replacements if r not in REPLACEMENTS]
+    if unknown:
+        raise ValueError(
+            f"ops: unknown replacement(s) {unknown}; expected some of {list(REPLACEMENTS)}"
+        )
+    bp = blueprint_for(model)
+    act_ops = dict(bp.activations)
+    hidden_act = getattr(model.config, "hidden_act", None)
+    state = PatchState(bp, tuple(replacements))
+    try:
+        for name, module in model.named_modules():
+            cls = type(module).__name__
+            if "rmsnorm" in replacements and cls == bp.norm_class:
+                _set(state, module, "forward", types.MethodType(_norm_forward, module))
+                state.names.append(name)
+            elif "fused_residual" in replacements and cls == bp.layer_class:
+                sig = inspect.signature(type(module).forward)
+                _set(state, module, "_kernelab_signature", sig)
+                _set(state, module, "forward", types.MethodType(_layer_forward, module))
+                state.names.append(name)
+            elif "mlp" in replacements and cls == bp.mlp_class:
+                act = _op(act_ops.get(hidden_act, ""))
+                if act is None:
+                    continue  # activation not fusable here: the MLP stays as it is
+                _fuse_gate_up(state, module)
+                _set(state, module, "_kernelab_act", act)
+                _set(state, module, "forward", types.MethodType(_mlp_forward, module))
+                state.names.append(name)
+    except Exception:
+        _restore(state)
+        raise
+    object.__setattr__(model, _STATE, state)
+    return state
+
+
+def _restore(state: PatchState) -> None:
+    for mlp in state.fused_mlps:
+        for proj in (mlp.gate_proj, mlp.up_proj):
+            proj.weight.data = proj.weight.data.clone()
+            if proj.bias is not None:
+                proj.bias.data = proj.bias.data.clone()
+    for module, attr in reversed(state.attributes):
+        if attr in module.__dict__:
+            object.__delattr__(module, attr)
+    state.attributes.clear()
+    state.fused_mlps.clear()
+
+
+def unpatch(model) -> None:
+    """Undo :func:`patch`: the model computes exactly what it did before (bitwise)."""
+    state = getattr(model, _STATE, None)
+    if state is None:
+        raise ValueError("model: not patched by kernelab")
+    _restore(state)
+    object.__delattr__(model, _STATE)
+
+
+def state_of(model) -> PatchState | None:
+    return getattr(model, _STATE, None)

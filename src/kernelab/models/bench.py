@@ -1,0 +1,127 @@
+"""End-to-end model timing: prefill latency and decode tokens per second, original vs patched.
+
+On CUDA each is also measured with CUDA graphs (static KV cache + torch.compile
+``reduce-overhead``). Timings use a host clock with a device synchronisation at both ends of
+each measured region (whole steps, not microsecond kernels, so the sync cost is negligible).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from kernelab.models import presets
+from kernelab.models._patch import unpatch
+
+VARIANTS_CPU = ("original", "patched")
+VARIANTS_CUDA = ("original", "patched", "original+graphs", "patched+graphs")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_time(fn: Callable[[], object], device, repeats: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        samples.append(time.perf_counter() - t0)
+    return samples
+
+
+@torch.no_grad()
+def measure(
+    model, device, prompt_tokens: int, decode_tokens: int, repeats: int, graphs: bool = False
+) -> dict:
+    """Prefill latency and decode throughput of ``model`` (batch 1, greedy)."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt_tokens), generator=gen).to(device)
+    forward = model.forward
+    if graphs:
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=False)
+    try:
+        prefill = _median_time(lambda: model(input_ids=ids, use_cache=False), device, repeats, 2)
+        gen_kwargs = dict(
+            max_new_tokens=decode_tokens,
+            min_new_tokens=decode_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+        if graphs:
+            gen_kwargs["cache_implementation"] = "static"
+        one = dict(gen_kwargs, max_new_tokens=1, min_new_tokens=1)
+        full = _median_time(lambda: model.generate(ids, **gen_kwargs), device, repeats, 1)
+        first = _median_time(lambda: model.generate(ids, **one), device, repeats, 1)
+    finally:
+        if graphs:
+            model.forward = forward
+    decode_s = max(statistics.median(full) - statistics.median(first), 1e-12)
+    return {
+        "prefill_s": statistics.median(prefill),
+        "prefill_samples": prefill,
+        "decode_tokens_per_s": (decode_tokens - 1) / decode_s,
+        "generate_samples": full,
+    }
+
+
+def run(
+    preset: str,
+    device: str = "cpu",
+    dtype: torch.dtype | None = None,
+    prompt_tokens: int = 32,
+    decode_tokens: int = 16,
+    repeats: int = 3,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict]:
+    """Measure every variant for ``preset`` on ``device``; one row per variant."""
+    from kernelab.models import patch
+
+    dev = torch.device(device)
+    if dtype is None:
+        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    model = presets.build(preset, dtype=dtype, device=dev)
+    variants = VARIANTS_CUDA if dev.type == "cuda" else VARIANTS_CPU
+    rows = []
+    for variant in variants:
+        if progress:
+            progress(f"{preset} {variant}")
+        patched = variant.startswith("patched")
+        if patched:
+            patch(model)
+        try:
+            result = measure(
+                model,
+                dev,
+                prompt_tokens,
+                decode_tokens,
+                repeats,
+                graphs=variant.endswith("+graphs"),
+            )
+        finally:
+            if patched:
+                unpatch(model)
+        rows.append(
+            {
+                "preset": preset,
+                "variant": variant,
+                "device": str(dev),
+                "dtype": str(dtype).removeprefix("torch."),
+                "prompt_tokens": prompt_tokens,
+                "decode_tokens": decode_tokens,
+                **result,
+            }
+        )
+    base = rows[0]
+    for row in rows:
+        row["prefill_speedup"] = base["prefill_s"] / row["prefill_s"]
+        row["decode_speedup"] = row["decode_tokens_per_s"] / base["decode_tokens_per_s"]
+    return rows

@@ -1,0 +1,83 @@
+"""Model presets: configurations with the real dimensions of public models, built with random
+weights (no download). Dimensions from each model's published config.json."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    model_type: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    head_dim: int | None = None
+    rope_theta: float = 500000.0
+    tiny: bool = False
+
+    def config(self):
+        """A transformers config for this preset (transformers must be installed)."""
+        import transformers
+
+        cls = transformers.AutoConfig.for_model(self.model_type).__class__
+        kwargs = dict(
+            hidden_size=self.hidden,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            intermediate_size=self.intermediate,
+            vocab_size=self.vocab,
+            max_position_embeddings=4096,
+            tie_word_embeddings=False,
+        )
+        if self.head_dim is not None:
+            kwargs["head_dim"] = self.head_dim
+        config = cls(**kwargs)
+        config.rope_theta = self.rope_theta
+        return config
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset("llama3-8b", "llama", 4096, 32, 32, 8, 14336, 128256),
+        Preset("qwen2.5-7b", "qwen2", 3584, 28, 28, 4, 18944, 152064, rope_theta=1e6),
+        Preset("mistral-7b", "mistral", 4096, 32, 32, 8, 14336, 32768, rope_theta=1e6),
+        # Tiny versions: the same block structure, small enough for a CPU and the interpreter.
+        Preset("tiny-llama", "llama", 64, 2, 4, 2, 160, 256, tiny=True),
+        Preset("tiny-mistral", "mistral", 64, 2, 4, 2, 160, 256, tiny=True),
+        Preset("tiny-qwen2", "qwen2", 64, 2, 4, 2, 160, 256, tiny=True),
+        Preset("tiny-qwen3", "qwen3", 64, 2, 4, 2, 160, 256, head_dim=16, tiny=True),
+    )
+}
+
+
+def get(name: str) -> Preset:
+    if name not in PRESETS:
+        raise ValueError(f"preset: expected one of {sorted(PRESETS)}, got {name!r}")
+    return PRESETS[name]
+
+
+def build(name: str, dtype=None, device="cpu", seed: int = 0):
+    """A causal LM for preset ``name`` with random weights, in eval mode."""
+    import torch
+    import transformers
+
+    preset = get(name)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(preset.config())
+    # Trained norm weights are not all ones (the initial value): spread them, so that kernels
+    # that mishandle the weight cannot agree with the original by accident.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                param.copy_(1.0 + 0.1 * torch.randn_like(param))
+    model.eval()
+    if dtype is not None:
+        model.to(dtype)
+    return model.to(device)

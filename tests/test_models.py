@@ -1,0 +1,139 @@
+"""Patching transformers models: parity, reversibility, refusal of a wrong kernel."""
+
+import importlib
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from kernelab import ops  # noqa: E402
+from kernelab.models import (  # noqa: E402
+    PatchError,
+    _parity,
+    build,
+    patch,
+    patched,
+    state_of,
+    unpatch,
+)
+from kernelab.numerics import error  # noqa: E402
+
+TINY = ("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3")
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {name: build(name, dtype=torch.float32) for name in TINY}
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_patched_logits_match_within_contract_through_the_interpreter(name, interpret):
+    for dtype in (torch.float32, torch.bfloat16):
+        model = build(name, dtype=dtype)
+        ids = _parity.probe_inputs(model, tokens=6)
+        before = _parity.logits(model, ids)
+        patch(model)  # the parity check runs inside, with the Triton kernels interpreted
+        assert state_of(model).names, "nothing was patched"
+        err = error(_parity.logits(model, ids), before).rel_l2
+        assert err <= _parity.tolerance(dtype)
+        unpatch(model)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
+def test_greedy_tokens_identical_in_float32_over_16_steps(name, interpret, models):
+    model = models[name]
+    ids = _parity.probe_inputs(model, tokens=4, seed=3)
+    kwargs = dict(max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0)
+    want = model.generate(ids, **kwargs)
+    with patched(model):
+        got = model.generate(ids, **kwargs)
+    assert torch.equal(got, want)
+
+
+def test_unpatch_restores_the_original_bitwise(models):
+    model = build("tiny-qwen2", dtype=torch.bfloat16)
+    ids = _parity.probe_inputs(model)
+    before = _parity.logits(model, ids)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    patch(model)
+    unpatch(model)
+    assert torch.equal(_parity.logits(model, ids), before)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, weights[k]), k
+    assert state_of(model) is None
+    assert not any("_kernelab" in a or a == "forward" for m in model.modules() for a in vars(m))
+
+
+def test_a_wrong_kernel_makes_the_parity_check_refuse_the_patch(monkeypatch):
+    model = build("tiny-llama", dtype=torch.float32)
+    ids = _parity.probe_inputs(model)
+    before = _parity.logits(model, ids)
+    real = ops.rmsnorm
+
+    def wrong(x, weight, eps=1e-6, residual=None, out=None):  # drops the weight
+        return real(x, torch.ones_like(weight), eps, residual, out)
+
+    monkeypatch.setattr(ops, "rmsnorm", wrong)
+    with pytest.raises(PatchError, match=r"first module that differs: model\.layers\.0\."):
+        patch(model)
+    assert state_of(model) is None
+    assert torch.equal(_parity.logits(model, ids), before)
+
+
+def test_unknown_architecture_lists_what_is_supported():
+    config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with pytest.raises(ValueError, match="'gpt2' is not supported; supported: llama, mistral"):
+        patch(model)
+
+
+def test_bad_arguments(models):
+    model = models["tiny-llama"]
+    with pytest.raises(ValueError, match="unknown replacement"):
+        patch(model, ops=("flash",))
+    with pytest.raises(ValueError, match="not patched"):
+        unpatch(model)
+    with patched(model, check=False), pytest.raises(ValueError, match="already patched"):
+        patch(model)
+
+
+def test_generate_with_static_cache(models):
+    model = models["tiny-mistral"]
+    ids = _parity.probe_inputs(model, tokens=4)
+    kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, cache_implementation="static")
+    want = model.generate(ids, **kwargs)
+    with patched(model):
+        assert torch.equal(model.generate(ids, **kwargs), want)
+
+
+def test_importing_kernelab_models_patches_nothing():
+    module = importlib.import_module("transformers.models.llama.modeling_llama")
+    before = module.LlamaRMSNorm.forward
+    importlib.reload(importlib.import_module("kernelab.models"))
+    assert module.LlamaRMSNorm.forward is before
+
+
+def test_model_bench_runs_on_cpu_and_stores_nothing_when_asked(tmp_path):
+    from typer.testing import CliRunner
+
+    from kernelab.cli import app
+
+    result = CliRunner().invoke(
+        app,
+        [
+            "model-bench",
+            "--preset",
+            "tiny-llama",
+            "--device",
+            "cpu",
+            "--repeats",
+            "1",
+            "--decode-tokens",
+            "4",
+            "--no-ledger",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert '"variant": "patched"' in result.output
