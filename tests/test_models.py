@@ -137,3 +137,20 @@ def test_model_bench_runs_on_cpu_and_stores_nothing_when_asked(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert '"variant": "patched"' in result.output
+
+
+def test_patched_model_compiles_without_graph_breaks(models):
+    model = models["tiny-llama"]
+    ids = _parity.probe_inputs(model)
+    with patched(model):
+        explained = torch._dynamo.explain(model)(input_ids=ids, use_cache=False)
+    assert explained.graph_break_count == 0, explained.break_reasons
+
+
+def test_custom_ops_pass_torch_opcheck():
+    from kernelab.models import _library
+
+    lib = _library._registered()
+    x, w = torch.randn(3, 8), torch.randn(8)
+    torch.library.opcheck(lib["rmsnorm"], (x, w, 1e-6))
+    torch.library.opcheck(lib["rmsnorm_residual"], (x, w, 1e-6, torch.randn(3, 8)))

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from kernelab import ops
+from kernelab.models import _library
 from kernelab.models._arch import REPLACEMENTS, Blueprint, blueprint_for
 
 _STATE = "_kernelab_patch"
@@ -51,7 +52,7 @@ def _op(name: str):
 
 
 def _norm_forward(self, hidden_states):
-    return ops.rmsnorm(hidden_states, self.weight, self.variance_epsilon)
+    return _library.rmsnorm(hidden_states, self.weight, self.variance_epsilon)
 
 
 def _layer_forward(self, hidden_states, *args, **kwargs):
@@ -69,7 +70,7 @@ def _layer_forward(self, hidden_states, *args, **kwargs):
     attn = self.self_attn(hidden_states=h, **kwargs)
     attn = attn[0] if isinstance(attn, tuple) else attn
     norm = self.post_attention_layernorm
-    normed = ops.rmsnorm(hidden_states, norm.weight, norm.variance_epsilon, residual=attn)
+    normed = _library.rmsnorm(hidden_states, norm.weight, norm.variance_epsilon, residual=attn)
     return attn + self.mlp(normed)
 
 
