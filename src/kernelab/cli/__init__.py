@@ -24,6 +24,7 @@ COMMANDS = (
     "kernelab.cli.ops_cmd",
     "kernelab.cli.run_cmd",
     "kernelab.cli.model_bench_cmd",
+    "kernelab.cli.tune_cmd",
 )
 
 

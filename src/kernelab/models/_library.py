@@ -24,8 +24,9 @@ def _registered():
         return torch.empty_like(x)
 
     @torch.library.custom_op("kernelab::rmsnorm_residual", mutates_args=("residual",))
-    def rmsnorm_residual(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                         residual: torch.Tensor) -> torch.Tensor:
+    def rmsnorm_residual(
+        x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor
+    ) -> torch.Tensor:
         return ops.rmsnorm(x, weight, eps, residual=residual)
 
     @rmsnorm_residual.register_fake

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import triton.language as tl
 
-from kernelab.ops import _check, _inputs, _shapes
+from kernelab.ops import _check, _inputs, _shapes, _tuned
 from kernelab.ops._model import Contract, Cost, Launch, Op, Shape, Variant, register
 from kernelab.ops._triton import kernel, next_pow2, num_sms, use_triton
 
@@ -200,7 +200,19 @@ def rmsnorm_triton(x, weight, eps=1e-6, residual=None, out=None, config=None):
     n_rows, n_cols = x2.shape
     out2 = _rows(result)
     res2 = _rows(residual) if residual is not None else x2
-    cfg = config or RMSNormConfig.default_for(n_rows, n_cols, x.device)
+    cfg = (
+        config
+        or _tuned.config_for(
+            "rmsnorm",
+            (_rmsnorm_kernel,),
+            RMSNormConfig,
+            {"rows": n_rows, "cols": n_cols},
+            "rows",
+            x.dtype,
+            x.device,
+        )
+        or RMSNormConfig.default_for(n_rows, n_cols, x.device)
+    )
     grid = (triton_cdiv(n_rows, cfg.block_m),)
     _rmsnorm_kernel[grid](
         out2,

@@ -1,0 +1,110 @@
+"""``kernelab tune``: prune statically, search, verify and store launch configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from kernelab.cli._common import console, emit_json, select_ops, user_errors
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("tune")
+    @user_errors
+    def tune_command(
+        op: str = typer.Argument(None, help="Op to tune."),
+        shapes: str = typer.Option("representative", help="Shape set: representative or edge."),
+        dtype: str = typer.Option("bfloat16", help="float32, float16 or bfloat16."),
+        device: str = typer.Option(None, help="cpu or cuda[:N] (default: the accelerator)."),
+        target: str = typer.Option(
+            None, help="Compile target for pruning (default: the device's, sm_90 on a CPU)."
+        ),
+        limit: int = typer.Option(0, min=0, help="Tune at most this many shapes (0: all)."),
+        export: Path = typer.Option(
+            None,
+            help="Write the tuned configs (this device's) to this file for shipping, and exit.",
+        ),
+        json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    ):
+        """Tune an op's launch configs. On a CPU it prunes and reports without timing."""
+        import torch
+
+        from kernelab import tune
+        from kernelab.hardware import detect
+
+        if export is not None:
+            n = tune.export(export, detect(device).key if device else None)
+            console.print(f"wrote {n} tuned config(s) to {escape(str(export))}")
+            return
+        if op is None:
+            raise ValueError("op: expected the name of an op to tune")
+        (selected,) = select_ops([op])
+        torch_dtype = getattr(torch, dtype, None)
+        if torch_dtype not in selected.dtypes:
+            raise ValueError(
+                f"dtype: {op!r} takes "
+                f"{[str(d).removeprefix('torch.') for d in selected.dtypes]}, "
+                f"got {dtype!r}"
+            )
+        cases = selected.shapes(shapes)
+        if limit:
+            cases = cases[:limit]
+        info = detect(device)
+        measure = store = None
+        if info.type == "cuda":
+            measure = _gpu_measure(info)
+            store = tune.store_winner(selected, _ledger())
+        results = tune.tune(
+            selected,
+            cases,
+            torch_dtype,
+            device or info.type,
+            target=target,
+            measure=measure,
+            store=store,
+        )
+        if json:
+            emit_json({"device": info.as_dict(), "results": [r.as_dict() for r in results]})
+            return
+        table = Table(title=f"kernelab tune {escape(op)} — {info.type}: {escape(info.name)}")
+        for col in ("shape", "space", "pruned (why)", "left", "winner"):
+            table.add_column(col)
+        for r in results:
+            why = ", ".join(f"{n} {escape(k)}" for k, n in r.pruned.most_common()) or "—"
+            left = r.space - sum(r.pruned.values())
+            winner = escape(str(r.winner)) if r.winner is not None else escape(r.note)
+            table.add_row(escape(r.shape.label), str(r.space), why, str(left), winner)
+        console.print(table)
+
+
+def _ledger():
+    try:
+        from kernelab import ledger
+    except ImportError:
+        return None
+    return ledger.open()
+
+
+def _gpu_measure(info):
+    """Device-event timing of the Triton variant with one config (GPU only)."""
+    import torch
+
+    def measure(op, shape, dtype, config, effort):
+        inputs = op.inputs(shape, dtype, "cuda", seed=0)
+        fn = op.variants["kernelab"].fn
+        for _ in range(3):
+            fn(**inputs, config=config)
+        torch.cuda.synchronize()
+        reps = 10 * effort
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn(**inputs, config=config)
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1e3 / reps
+
+    return measure

@@ -1,0 +1,229 @@
+"""The tuning loop; see the package docstring."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from kernelab import _flags
+from kernelab.numerics import error
+from kernelab.ops import Op, Shape, _tuned, as_tuple
+from kernelab.ops._model import dtype_name
+from kernelab.tune.search import Trial, search
+
+#: The namespace of tuned configs in the ledger's cache.
+NAMESPACE = "tune"
+
+Prune = Callable[[object, str], "str | None"]  # (launch, target) -> reason or None
+Measure = Callable[[Op, Shape, torch.dtype, object, int], float]
+
+
+@dataclass
+class TuneResult:
+    op: str
+    shape: Shape
+    dtype: str
+    target: str
+    space: int
+    pruned: Counter = field(default_factory=Counter)  # reason -> count
+    strategy: str | None = None
+    trials: list[Trial] = field(default_factory=list)
+    winner: object = None
+    verified: bool | None = None
+    stored: bool = False
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        return {
+            "op": self.op,
+            "shape": self.shape.as_dict(),
+            "dtype": self.dtype,
+            "target": self.target,
+            "space": self.space,
+            "pruned": dict(self.pruned),
+            "survivors": self.space - sum(self.pruned.values()),
+            "strategy": self.strategy,
+            "winner": _fields(self.winner),
+            "verified": self.verified,
+            "stored": self.stored,
+            "timed": [
+                {"config": _fields(t.config), "times": t.times, "error": t.error}
+                for t in self.trials
+            ],
+            "note": self.note,
+        }
+
+
+def _fields(config) -> dict | None:
+    if config is None:
+        return None
+    if dataclasses.is_dataclass(config):
+        return dataclasses.asdict(config)
+    return dict(config)
+
+
+def _default_prune() -> Prune | None:
+    try:
+        from kernelab.inspect import prune
+    except ImportError:
+        return None
+    return prune
+
+
+def prune_configs(
+    op: Op, shape: Shape, dtype, configs, target: str, prune: Prune | None
+) -> tuple[list, Counter]:
+    kept, reasons = [], Counter()
+    for config in configs:
+        reason = None
+        if prune is not None and op.launches is not None:
+            for launch in op.launches(shape, dtype, config):
+                reason = prune(launch, target)
+                if reason:
+                    break
+        if reason:
+            reasons[reason] += 1
+        else:
+            kept.append(config)
+    return kept, reasons
+
+
+def verify_config(op: Op, shape: Shape, dtype, config, device, seed: int = 0) -> bool:
+    """The op's Triton variant with ``config`` agrees with the float64 reference."""
+    inputs = op.inputs(shape, dtype, device, seed=seed)
+    ref, ref_inplace = op.run_reference(inputs)
+    eager = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    cand = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    base = as_tuple(op.variants["torch"](**eager)) if "torch" in op.variants else None
+    got = as_tuple(op.variants["kernelab"].fn(**cand, config=config))
+    pairs = [
+        (g, r, None if base is None else b)
+        for g, r, b in zip(got, ref, base or [None] * len(got), strict=True)
+    ]
+    pairs += [(cand[n], r, eager[n] if base is not None else None) for n, r in ref_inplace.items()]
+    for g, r, b in pairs:
+        tol, _ = op.contract.tolerance_for(dtype, None if b is None else error(b, r).rel_l2)
+        if not error(g, r).rel_l2 <= tol:
+            return False
+    return True
+
+
+def tune(
+    op: Op,
+    shapes: Sequence[Shape],
+    dtype: torch.dtype,
+    device: str = "cpu",
+    *,
+    target: str | None = None,
+    measure: Measure | None = None,
+    prune: Prune | None = None,
+    use_inspect: bool = True,
+    store: Callable[[TuneResult, str], None] | None = None,
+    verify: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> list[TuneResult]:
+    """Tune ``op`` for each shape; see the package docstring."""
+    from kernelab.hardware import detect
+
+    if op.tuning_space is None:
+        raise ValueError(f"op: {op.name!r} declares no tuning space")
+    info = detect(device)
+    if target is None:
+        target = info.arch if info.type == "cuda" else "sm_90"
+    if prune is None and use_inspect:
+        prune = _default_prune()
+    results = []
+    for shape in shapes:
+        if progress:
+            progress(f"tune {op.name} {shape.label}")
+        configs = list(op.tuning_space(shape, dtype))
+        result = TuneResult(op.name, shape, dtype_name(dtype), target, len(configs))
+        kept, result.pruned = prune_configs(op, shape, dtype, configs, target, prune)
+        if prune is None:
+            result.note = "no static pruning (inspect unavailable)"
+        if measure is None:
+            result.note = (result.note + "; " if result.note else "") + (
+                "not timed: interpreter timings mean nothing on a CPU"
+                if info.type == "cpu"
+                else "not timed: no timing function"
+            )
+            results.append(result)
+            continue
+        result.strategy, result.trials = search(
+            kept, lambda c, effort, s=shape: measure(op, s, dtype, c, effort)
+        )
+        for trial in result.trials:
+            if trial.error is not None or not trial.times:
+                continue
+            ok = not verify or verify_config(op, shape, dtype, trial.config, device)
+            if ok:
+                result.winner, result.verified = trial.config, verify
+                break
+            result.verified = False
+        if result.winner is not None and store is not None:
+            store(result, info.key)
+            result.stored = True
+        results.append(result)
+    return results
+
+
+def _entry(result: TuneResult, device_key: str, op: Op) -> dict:
+    return {
+        "device": device_key,
+        "op": result.op,
+        "kernel_hash": _tuned.kernel_hash(op.kernels),
+        "triton": _tuned.triton_version(),
+        "dtype": result.dtype,
+        "bucket": _tuned.bucket(result.shape.dims, result.shape.batch_dim),
+        "config": _fields(result.winner),
+    }
+
+
+def store_winner(op: Op, db=None, path: Path | None = None):
+    """A ``store`` callback for :func:`tune`: the ledger cache (if ``db``) and the tuned-config
+    file the ops read (default: ``<cache dir>/tuned.json``)."""
+    path = path or (_flags.cache_dir() / "tuned.json")
+
+    def store(result: TuneResult, device_key: str) -> None:
+        entry = _entry(result, device_key, op)
+        if db is not None:
+            key = "|".join(
+                str(entry[k]) for k in ("device", "op", "kernel_hash", "triton", "dtype", "bucket")
+            )
+            db.cache_put(NAMESPACE, key, entry)
+        entries = _tuned.read_file(path) if path.is_file() else []
+        same = _tuned.entry_key(
+            *(entry[k] for k in ("device", "op", "kernel_hash", "triton", "dtype", "bucket"))
+        )
+        entries = [
+            e
+            for e in entries
+            if _tuned.entry_key(
+                e.get("device"),
+                e.get("op"),
+                e.get("kernel_hash"),
+                e.get("triton"),
+                e.get("dtype"),
+                e.get("bucket"),
+            )
+            != same
+        ]
+        _tuned.write_file(path, [*entries, entry])
+
+    return store
+
+
+def export(path: Path, device_key: str | None = None, source: Path | None = None) -> int:
+    """Write the tuned entries (for one device, or all) to ``path`` for shipping; returns how
+    many were written."""
+    source = source or (_flags.cache_dir() / "tuned.json")
+    entries = _tuned.read_file(source) if source.is_file() else []
+    if device_key is not None:
+        entries = [e for e in entries if e.get("device") == device_key]
+    _tuned.write_file(Path(path), entries)
+    return len(entries)

@@ -1,0 +1,180 @@
+"""The autotuner: search finds the known best, pruning is counted, winners are verified, the
+tuned-config cache round-trips and ignores stale entries."""
+
+import dataclasses
+
+import orjson
+import pytest
+import torch
+
+from kernelab import ops
+from kernelab.ops import _tuned
+from kernelab.ops.rmsnorm import RMSNORM, RMSNormConfig
+from kernelab.tune import exhaustive, export, store_winner, successive_halving, tune
+
+
+def _synthetic(best):
+    """Time in seconds: distance from ``best`` in config space, plus noise that shrinks with
+    effort (so a brief look can be misleading but a long one is not)."""
+    gen = torch.Generator().manual_seed(0)
+
+    def measure(config, effort):
+        d = sum(
+            abs(a - b)
+            for a, b in zip(
+                dataclasses.astuple(config)[:3], dataclasses.astuple(best)[:3], strict=True
+            )
+        )
+        noise = torch.rand((), generator=gen).item() * 0.5 / effort
+        return 1.0 + d + noise
+
+    return measure
+
+
+SPACE = [
+    RMSNormConfig(m, n, w) for m in (1, 2, 4, 8) for n in (64, 128, 256, 512) for w in (1, 2, 4, 8)
+]
+
+
+def test_exhaustive_and_successive_halving_find_the_known_best():
+    best = RMSNormConfig(4, 256, 2)
+    assert exhaustive(SPACE[:16], _synthetic(SPACE[5]))[0].config == SPACE[5]
+    ranked = successive_halving(SPACE, _synthetic(best), eta=3)
+    assert ranked[0].config == best
+    assert max(ranked[0].times) > 1  # the winner was timed at higher effort than the rest
+    assert sum(1 for t in ranked if max(t.times) == 1) > len(SPACE) // 2
+
+
+def test_a_failing_config_is_dropped_not_fatal():
+    def measure(config, effort):
+        if config.block_m == 1:
+            raise RuntimeError("out of resources")
+        return float(config.block_n)
+
+    ranked = exhaustive(SPACE[:20], measure)
+    assert ranked[0].config.block_m != 1
+    assert all(t.error for t in ranked if t.config.block_m == 1)
+
+
+def _shape():
+    return ops.Shape("t", {"rows": 5, "cols": 96}, {"residual": True}, batch_dim="rows")
+
+
+def test_tune_prunes_statically_and_reports_counts_without_timing_on_cpu():
+    def prune(launch, target):
+        return "spills" if launch.num_warps >= 2 else None
+
+    (result,) = tune(RMSNORM, [_shape()], torch.float32, "cpu", prune=prune)
+    space = RMSNORM.tuning_space(_shape(), torch.float32)
+    assert result.space == len(space)
+    assert result.pruned["spills"] == sum(1 for c in space if c.num_warps >= 2)
+    assert result.winner is None and "not timed" in result.note
+
+
+def test_tune_verifies_the_winner_and_falls_back_when_it_is_wrong(monkeypatch):
+    space = RMSNORM.tuning_space(_shape(), torch.float32)
+    bad = space[0]
+    real = RMSNORM.variants["kernelab"]
+
+    def sometimes_wrong(config=None, **inputs):  # the fastest config computes garbage
+        out = real.fn(**inputs, config=config)
+        return out * 2 if config == bad else out
+
+    monkeypatch.setitem(RMSNORM.variants, "kernelab", dataclasses.replace(real, fn=sometimes_wrong))
+
+    def measure(op, shape, dtype, config, effort):
+        return 0.1 if config == bad else 1.0 + space.index(config)
+
+    (result,) = tune(RMSNORM, [_shape()], torch.float32, "cpu", measure=measure, use_inspect=False)
+    assert result.winner == space[1]
+    assert result.verified is True
+
+
+def test_cache_round_trips_and_ignores_stale_entries(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELAB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_tuned, "_table", None)
+    shape, winner = _shape(), RMSNormConfig(2, 128, 1)
+
+    def measure(op, s, dtype, config, effort):
+        return 0.5 if config == winner else 1.0
+
+    (result,) = tune(
+        RMSNORM,
+        [shape],
+        torch.float32,
+        "cpu",
+        measure=measure,
+        use_inspect=False,
+        store=store_winner(RMSNORM),
+    )
+    assert result.stored and result.verified
+    from kernelab.hardware import detect
+
+    key = detect("cpu").key
+    found = _tuned.lookup(
+        "rmsnorm", RMSNORM.kernels, {"rows": 7, "cols": 96}, "rows", "float32", key
+    )  # 7 rows falls in the same bucket as 5 (8)
+    assert RMSNormConfig(**found) == winner
+    assert (
+        _tuned.lookup("rmsnorm", RMSNORM.kernels, {"rows": 9, "cols": 96}, "rows", "float32", key)
+        is None
+    )  # another bucket
+
+    # a stale entry (another kernel source, or another Triton) is ignored
+    path = tmp_path / "tuned.json"
+    data = orjson.loads(path.read_bytes())
+    data["entries"][0]["kernel_hash"] = "0" * 16
+    path.write_bytes(orjson.dumps(data))
+    assert (
+        _tuned.lookup("rmsnorm", RMSNORM.kernels, {"rows": 5, "cols": 96}, "rows", "float32", key)
+        is None
+    )
+    data["entries"][0]["kernel_hash"] = _tuned.kernel_hash(RMSNORM.kernels)
+    data["entries"][0]["triton"] = "0.0.0"
+    path.write_bytes(orjson.dumps(data))
+    assert (
+        _tuned.lookup("rmsnorm", RMSNORM.kernels, {"rows": 5, "cols": 96}, "rows", "float32", key)
+        is None
+    )
+
+
+def test_export_writes_a_shippable_file_and_a_broken_file_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELAB_CACHE_DIR", str(tmp_path))
+    entry = {
+        "device": "H200|132|140GB",
+        "op": "rmsnorm",
+        "kernel_hash": "x",
+        "triton": "3.6",
+        "dtype": "bfloat16",
+        "bucket": "cols=4096,rows=1",
+        "config": {"block_m": 1},
+    }
+    _tuned.write_file(tmp_path / "tuned.json", [entry, {**entry, "device": "other"}])
+    assert export(tmp_path / "ship.json", "H200|132|140GB") == 1
+    assert _tuned.read_file(tmp_path / "ship.json") == [entry]
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"bad\.json is not valid JSON"):
+        _tuned.read_file(tmp_path / "bad.json")
+    (tmp_path / "foreign.json").write_text('{"entries": []}')
+    with pytest.raises(ValueError, match="not a kernelab tuned-config file"):
+        _tuned.read_file(tmp_path / "foreign.json")
+
+
+def test_bucket_rounds_only_the_batch_size():
+    assert _tuned.bucket({"rows": 33, "cols": 4096}, "rows") == "cols=4096,rows=64"
+    assert _tuned.bucket({"M": 1, "N": 4096, "K": 4096}, "M") == "K=4096,M=1,N=4096"
+
+
+def test_cli_tune_on_cpu_reports_pruning_without_timing():
+    from typer.testing import CliRunner
+
+    from kernelab.cli import app
+
+    result = CliRunner().invoke(
+        app, ["tune", "rmsnorm", "--limit", "1", "--json", "--device", "cpu"]
+    )
+    assert result.exit_code == 0, result.output
+    data = orjson.loads(result.output)
+    assert data["results"][0]["space"] > 0 and "not timed" in data["results"][0]["note"]
+    bad = CliRunner().invoke(app, ["tune", "rmsnorm", "--dtype", "int8"])
+    assert bad.exit_code == 2 and "dtype:" in bad.output
