@@ -18,11 +18,14 @@ from kernelab.ops._model import (
 )
 
 # --- export lines: one per op module ---------------------------------------------------------
+from kernelab.ops.activation import GELU_AND_MUL, SILU_AND_MUL, gelu_and_mul, silu_and_mul
 from kernelab.ops.rmsnorm import RMSNORM, rmsnorm, rmsnorm_ref
 
 __all__ = [
+    "GELU_AND_MUL",
     "RMSNORM",
     "SHAPE_SETS",
+    "SILU_AND_MUL",
     "Contract",
     "Cost",
     "Launch",
@@ -31,8 +34,10 @@ __all__ = [
     "Variant",
     "all_ops",
     "as_tuple",
+    "gelu_and_mul",
     "get",
     "register",
     "rmsnorm",
     "rmsnorm_ref",
+    "silu_and_mul",
 ]
