@@ -19,10 +19,12 @@ from kernelab.ops._model import (
 
 # --- export lines: one per op module ---------------------------------------------------------
 from kernelab.ops.activation import GELU_AND_MUL, SILU_AND_MUL, gelu_and_mul, silu_and_mul
+from kernelab.ops.layernorm import LAYERNORM, layernorm, layernorm_ref
 from kernelab.ops.rmsnorm import RMSNORM, rmsnorm, rmsnorm_ref
 
 __all__ = [
     "GELU_AND_MUL",
+    "LAYERNORM",
     "RMSNORM",
     "SHAPE_SETS",
     "SILU_AND_MUL",
@@ -36,6 +38,8 @@ __all__ = [
     "as_tuple",
     "gelu_and_mul",
     "get",
+    "layernorm",
+    "layernorm_ref",
     "register",
     "rmsnorm",
     "rmsnorm_ref",
