@@ -21,6 +21,7 @@ from kernelab.ops._model import (
 from kernelab.ops.activation import GELU_AND_MUL, SILU_AND_MUL, gelu_and_mul, silu_and_mul
 from kernelab.ops.layernorm import LAYERNORM, layernorm, layernorm_ref
 from kernelab.ops.rmsnorm import RMSNORM, rmsnorm, rmsnorm_ref
+from kernelab.ops.softmax import SOFTMAX, softmax, softmax_ref
 
 __all__ = [
     "GELU_AND_MUL",
@@ -28,6 +29,7 @@ __all__ = [
     "RMSNORM",
     "SHAPE_SETS",
     "SILU_AND_MUL",
+    "SOFTMAX",
     "Contract",
     "Cost",
     "Launch",
@@ -44,4 +46,6 @@ __all__ = [
     "rmsnorm",
     "rmsnorm_ref",
     "silu_and_mul",
+    "softmax",
+    "softmax_ref",
 ]
