@@ -21,12 +21,14 @@ from kernelab.ops._model import (
 from kernelab.ops.activation import GELU_AND_MUL, SILU_AND_MUL, gelu_and_mul, silu_and_mul
 from kernelab.ops.layernorm import LAYERNORM, layernorm, layernorm_ref
 from kernelab.ops.rmsnorm import RMSNORM, rmsnorm, rmsnorm_ref
+from kernelab.ops.rope import ROPE, rope, rope_ref
 from kernelab.ops.softmax import SOFTMAX, softmax, softmax_ref
 
 __all__ = [
     "GELU_AND_MUL",
     "LAYERNORM",
     "RMSNORM",
+    "ROPE",
     "SHAPE_SETS",
     "SILU_AND_MUL",
     "SOFTMAX",
@@ -45,6 +47,8 @@ __all__ = [
     "register",
     "rmsnorm",
     "rmsnorm_ref",
+    "rope",
+    "rope_ref",
     "silu_and_mul",
     "softmax",
     "softmax_ref",
