@@ -147,9 +147,13 @@ def test_bad_arguments_raise_naming_the_argument(fn, kwargs, exc, words):
             1,
         ),
         # the mean taken over the block width instead of the row length
-        ("tl.sum(h * h, axis=1) / n_cols", "tl.sum(h * h, axis=1) / BLOCK_N", 1),
+        ("tl.sum(hc * hc, axis=1) / n_cols", "tl.sum(hc * hc, axis=1) / BLOCK_N", 1),
         # the residual's sum not used for the output
-        ("            h = s.to(tl.float32)\n        rstd", "            h = h\n        rstd", 1),
+        (
+            "            h = s.to(tl.float32)\n        if IS_RMS:",
+            "            h = h\n        if IS_RMS:",
+            1,
+        ),
     ],
     ids=["mask-off-by-one", "mean-over-block", "residual-not-normalised"],
 )

@@ -18,11 +18,20 @@ from kernelab.ops._model import (
 )
 
 # --- export lines: one per op module ---------------------------------------------------------
+from kernelab.ops.activation import GELU_AND_MUL, SILU_AND_MUL, gelu_and_mul, silu_and_mul
+from kernelab.ops.layernorm import LAYERNORM, layernorm, layernorm_ref
 from kernelab.ops.rmsnorm import RMSNORM, rmsnorm, rmsnorm_ref
+from kernelab.ops.rope import ROPE, rope, rope_ref
+from kernelab.ops.softmax import SOFTMAX, softmax, softmax_ref
 
 __all__ = [
+    "GELU_AND_MUL",
+    "LAYERNORM",
     "RMSNORM",
+    "ROPE",
     "SHAPE_SETS",
+    "SILU_AND_MUL",
+    "SOFTMAX",
     "Contract",
     "Cost",
     "Launch",
@@ -31,8 +40,16 @@ __all__ = [
     "Variant",
     "all_ops",
     "as_tuple",
+    "gelu_and_mul",
     "get",
+    "layernorm",
+    "layernorm_ref",
     "register",
     "rmsnorm",
     "rmsnorm_ref",
+    "rope",
+    "rope_ref",
+    "silu_and_mul",
+    "softmax",
+    "softmax_ref",
 ]
