@@ -16,11 +16,13 @@ from kernelab.ops._model import (
     get,
     register,
 )
+from kernelab.ops.gemm import GEMM, gemm, gemm_ref
 
 # --- export lines: one per op module ---------------------------------------------------------
 from kernelab.ops.rmsnorm import RMSNORM, rmsnorm, rmsnorm_ref
 
 __all__ = [
+    "GEMM",
     "RMSNORM",
     "SHAPE_SETS",
     "Contract",
@@ -31,6 +33,8 @@ __all__ = [
     "Variant",
     "all_ops",
     "as_tuple",
+    "gemm",
+    "gemm_ref",
     "get",
     "register",
     "rmsnorm",
