@@ -17,6 +17,14 @@ from kernelab.ops._model import (
     register,
 )
 from kernelab.ops.gemm import GEMM, gemm, gemm_ref
+from kernelab.ops.quant_gemm import (
+    W4A16_GEMM,
+    W8A16_GEMM,
+    w4a16_gemm,
+    w4a16_ref,
+    w8a16_gemm,
+    w8a16_ref,
+)
 
 # --- export lines: one per op module ---------------------------------------------------------
 from kernelab.ops.rmsnorm import RMSNORM, rmsnorm, rmsnorm_ref
@@ -25,6 +33,8 @@ __all__ = [
     "GEMM",
     "RMSNORM",
     "SHAPE_SETS",
+    "W4A16_GEMM",
+    "W8A16_GEMM",
     "Contract",
     "Cost",
     "Launch",
@@ -39,4 +49,8 @@ __all__ = [
     "register",
     "rmsnorm",
     "rmsnorm_ref",
+    "w4a16_gemm",
+    "w4a16_ref",
+    "w8a16_gemm",
+    "w8a16_ref",
 ]
