@@ -16,6 +16,7 @@ from kernelab.ops._model import (
     get,
     register,
 )
+from kernelab.ops.fp8_gemm import FP8_GEMM, fp8_gemm, fp8_gemm_ref
 from kernelab.ops.gemm import GEMM, gemm, gemm_ref
 from kernelab.ops.quant_gemm import (
     W4A16_GEMM,
@@ -30,6 +31,7 @@ from kernelab.ops.quant_gemm import (
 from kernelab.ops.rmsnorm import RMSNORM, rmsnorm, rmsnorm_ref
 
 __all__ = [
+    "FP8_GEMM",
     "GEMM",
     "RMSNORM",
     "SHAPE_SETS",
@@ -43,6 +45,8 @@ __all__ = [
     "Variant",
     "all_ops",
     "as_tuple",
+    "fp8_gemm",
+    "fp8_gemm_ref",
     "gemm",
     "gemm_ref",
     "get",
