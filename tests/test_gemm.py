@@ -200,6 +200,10 @@ def test_tuning_space_is_data_and_launches_describe_every_argument():
         for launch in GEMM.launches(shape, torch.bfloat16, cfg):
             assert set(launch.signature) == set(launch.kernel.arg_names)
             assert all(launch.signature[c] == "constexpr" for c in launch.constexprs)
+    big = REPRESENTATIVE[-1]
+    assert not any(c.kind == "tma" for c in GemmConfig.tuning_space(8192, 4096, 4096))
+    hopper = GemmConfig.tuning_space(8192, 4096, 4096, device="sm_90")
+    assert any(c.kind == "tma" for c in hopper) and big.dims["M"] == 8192
     split = GEMM.launches(shape, torch.bfloat16)
     assert [x.name for x in split] == ["_gemm_kernel", "_splitk_reduce_kernel"]
 

@@ -10,6 +10,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 from kernelab.ops import FP8_GEMM, GEMM, W4A16_GEMM, W8A16_GEMM
+from kernelab.ops.gemm import GemmConfig
 
 TARGETS = {
     "sm_90": (GPUTarget("cuda", 90, 32), r"wgmma\.mma_async"),
@@ -33,6 +34,8 @@ CASES = [
     (GEMM, _prefill, "sm_80", "_gemm_kernel"),
     (GEMM, _prefill, "gfx942", "_gemm_kernel"),
     (GEMM, _decode, "sm_90", "_gemm_kernel"),  # split-K, 16-row tiles
+    (GEMM, _prefill, "sm_80", "_gemm_persistent_kernel"),  # the persistent variant's default
+    (GEMM, _prefill, "sm_90", "_gemm_persistent_kernel"),
     (W4A16_GEMM, _prefill, "sm_90", "_wq_gemm_kernel"),
     (W4A16_GEMM, _prefill, "sm_80", "_wq_gemm_kernel"),
     (W4A16_GEMM, _prefill, "gfx942", "_wq_gemm_kernel"),
@@ -83,7 +86,10 @@ def _spills(compiled, arch: str, tmp_path) -> int:
 )
 def test_default_launch_uses_tensor_cores_and_does_not_spill(op, pick, arch, kernel, tmp_path):
     target, instruction = TARGETS[arch]
-    launch = op.launches(pick(op), torch.bfloat16, device=arch)[0]
+    config = None
+    if kernel == "_gemm_persistent_kernel":
+        config = GemmConfig.persistent_for(**pick(op).dims, device=arch)
+    launch = op.launches(pick(op), torch.bfloat16, config, device=arch)[0]
     assert launch.name == kernel
     compiled = _compile(launch, target)
     code = compiled.asm.get("ptx") or compiled.asm["amdgcn"]
