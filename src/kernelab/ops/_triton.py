@@ -96,6 +96,45 @@ def _convert_float_rne(data, src_dtype, dst_dtype, rounding_mode):
     return out.view(_NP_BITS[dst_dtype.primitive_bitwidth]).reshape(np.shape(data))
 
 
+_original_create_dot = _interp_mod.InterpreterBuilder.create_dot
+
+
+def _create_dot_exact(self, a, b, d, input_precision, max_num_imprecise_acc):
+    """Triton's interpreter hands bfloat16 tiles (stored as uint16) to numpy's matmul as raw
+    integers, and widens float8 only to float16. Here every float operand narrower than 32 bits
+    is widened exactly to float32 first; products of two such values are exact in float32, and
+    the sum is accumulated in the accumulator's type, as tensor cores do."""
+    ops = []
+    for h in (a, b):
+        data = h.data
+        if h.dtype.is_floating() and h.dtype.primitive_bitwidth < 32:
+            data = _convert_float_rne(data, h.dtype, _interp_mod.tl.float32, None)
+            data = data.view(np.float32)
+        ops.append(data)
+    out = np.matmul(ops[0], ops[1], dtype=d.data.dtype) + d.data
+    return _interp_mod.TensorHandle(out, d.dtype.scalar)
+
+
+_original_si_to_fp = _interp_mod.InterpreterBuilder.create_si_to_fp
+_original_ui_to_fp = _interp_mod.InterpreterBuilder.create_ui_to_fp
+
+
+def _int_to_float(original):
+    """Triton's interpreter converts integers to bfloat16 (and float8) with numpy's ``astype``
+    into the uint16 (uint8) storage, which writes the integer, not its float bits. Here such
+    conversions go through float32 and round as the GPU does; others keep the original code."""
+
+    def convert(self, src, dst_type):
+        dst = dst_type.scalar
+        if dst.name not in _TORCH_FLOAT or dst.name in ("fp32", "fp16"):
+            return original(self, src, dst_type)
+        wide = np.asarray(src.data).astype(np.float32)
+        bits = _convert_float_rne(wide, _interp_mod.tl.float32, dst, None)
+        return _interp_mod.TensorHandle(bits, dst)
+
+    return convert
+
+
 _original_patch_tensor = _interp_mod._patch_lang_tensor
 
 
@@ -111,14 +150,18 @@ def _patch_lang_tensor(tensor, scope):
 def _interpreting():
     """While an interpreted launch runs: JIT functions called from it (Triton's own standard
     library: ``tl.sum``, ``tl.max``, ``tl.cdiv``...) are interpreted too, exactly as they would
-    be had Triton been imported with TRITON_INTERPRET=1, and float conversions round as the GPU
-    does (see above). Restored afterwards; re-entrant."""
+    be had Triton been imported with TRITON_INTERPRET=1, float conversions round as the GPU
+    does, and ``tl.dot`` multiplies 16- and 8-bit floats exactly (see above). Restored
+    afterwards; re-entrant."""
     global _depth
     with _lock:
         if _depth == 0:
             JITFunction.__call__ = _call_interpreted
             _interp_mod._convert_float = _convert_float_rne
             _interp_mod._patch_lang_tensor = _patch_lang_tensor
+            _interp_mod.InterpreterBuilder.create_dot = _create_dot_exact
+            _interp_mod.InterpreterBuilder.create_si_to_fp = _int_to_float(_original_si_to_fp)
+            _interp_mod.InterpreterBuilder.create_ui_to_fp = _int_to_float(_original_ui_to_fp)
         _depth += 1
         try:
             yield
@@ -128,6 +171,9 @@ def _interpreting():
                 JITFunction.__call__ = _original_call
                 _interp_mod._convert_float = _original_convert
                 _interp_mod._patch_lang_tensor = _original_patch_tensor
+                _interp_mod.InterpreterBuilder.create_dot = _original_create_dot
+                _interp_mod.InterpreterBuilder.create_si_to_fp = _original_si_to_fp
+                _interp_mod.InterpreterBuilder.create_ui_to_fp = _original_ui_to_fp
 
 
 class Kernel(JITFunction):

@@ -1,0 +1,240 @@
+"""Packed weight layouts of the weight-only quantized GEMMs, and converters into them.
+
+kernelab int4 layout (``w4a16_gemm``), for a weight of K input and N output features:
+
+- ``qweight``: uint8 [K // 2, N]. Byte (i, n) holds the 4-bit codes of rows k = 2i (low
+  nibble) and k = 2i + 1 (high nibble) of column n. N is the contiguous dimension, so a row of
+  bytes is a coalesced read across output features.
+- ``scales``: [K // G, N] in the activation dtype (float16 or bfloat16), G = group size
+  (64 or 128): one scale per group of G consecutive k per column.
+- ``zeros``: uint8 [K // G, N], the zero point of each group, an integer code 0..15.
+- The weight is ``W[k, n] = (q[k, n] − zeros[k // G, n]) · scales[k // G, n]`` and the layer
+  computes ``x @ W`` (W is the transpose of the nn.Linear weight).
+
+kernelab int8 layout (``w8a16_gemm``): ``qweight`` int8 [K, N] and one scale per output
+column, ``scales`` [N]; ``W[k, n] = q[k, n] · scales[n]`` (symmetric, no zero point).
+
+Converters: from a float weight (round to nearest, asymmetric min/max groups for int4,
+symmetric absmax per column for int8), and from AWQ- and GPTQ-style checkpoints, which pack
+eight 4-bit codes into each int32:
+
+- AWQ (``qweight`` int32 [K, N // 8]): word (k, j) holds columns 8j..8j+7 in the nibble order
+  0, 2, 4, 6, 1, 3, 5, 7 (nibble p, bits 4p..4p+3, holds column 8j + AWQ_ORDER[p]);
+  ``qzeros`` int32 [K // G, N // 8] packed the same way; ``scales`` [K // G, N].
+- GPTQ (``qweight`` int32 [K // 8, N]): word (i, n) holds rows 8i..8i+7 in order (nibble p
+  holds row 8i + p); ``qzeros`` int32 [K // G, N // 8] packed along N in order, storing
+  ``zero − 1`` (the original GPTQ convention, ``zero_offset=1``); ``scales`` [K // G, N];
+  only checkpoints without activation reordering (``g_idx`` equal to k // G) are accepted.
+
+Every ``pack_*`` has an ``unpack_*`` inverse; the round trip returns the same integers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+GROUP_SIZES = (64, 128)
+#: Nibble p of an AWQ word holds column 8j + AWQ_ORDER[p].
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+@dataclass(frozen=True)
+class Int4Weight:
+    """An int4 weight in the kernelab layout (see the module docstring)."""
+
+    qweight: torch.Tensor  # uint8 [K // 2, N]
+    scales: torch.Tensor  # [K // G, N]
+    zeros: torch.Tensor  # uint8 [K // G, N]
+    group_size: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(K, N)."""
+        return self.qweight.shape[0] * 2, self.qweight.shape[1]
+
+    def dequantize(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        return dequantize_int4(self.qweight, self.scales, self.zeros, self.group_size, dtype)
+
+
+def _codes(name: str, q: torch.Tensor, bits: int) -> None:
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(q).__name__}")
+    if q.dtype.is_floating_point or q.dtype == torch.bool:
+        raise TypeError(f"{name}: expected an integer tensor of codes, got {q.dtype}")
+    if q.numel() and (int(q.min()) < 0 or int(q.max()) >= 1 << bits):
+        raise ValueError(
+            f"{name}: expected codes in [0, {(1 << bits) - 1}], "
+            f"got values in [{int(q.min())}, {int(q.max())}]"
+        )
+
+
+def check_group_size(group_size: int, k: int) -> None:
+    if group_size not in GROUP_SIZES:
+        raise ValueError(f"group_size: expected one of {GROUP_SIZES}, got {group_size!r}")
+    if k % group_size:
+        raise ValueError(f"K: expected a multiple of group_size={group_size}, got {k}")
+
+
+# --- the kernelab int4 layout -----------------------------------------------------------------
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """Codes [K, N] (integers 0..15, K even) → uint8 [K // 2, N]; row 2i low, 2i + 1 high."""
+    _codes("q", q, 4)
+    if q.dim() != 2 or q.shape[0] % 2:
+        raise ValueError(f"q: expected a [K, N] tensor with K even, got shape {tuple(q.shape)}")
+    q = q.to(torch.uint8)
+    return (q[0::2] | (q[1::2] << 4)).contiguous()
+
+
+def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
+    """uint8 [K // 2, N] → codes uint8 [K, N] (inverse of ``pack_int4``)."""
+    if qweight.dtype != torch.uint8 or qweight.dim() != 2:
+        raise TypeError(f"qweight: expected a 2-D uint8 tensor, got {qweight.dtype} "
+                        f"{tuple(qweight.shape)}")  # fmt: skip
+    lo, hi = qweight & 0xF, qweight >> 4
+    return torch.stack((lo, hi), dim=1).reshape(-1, qweight.shape[1])
+
+
+def dequantize_int4(qweight, scales, zeros, group_size, dtype=torch.float64) -> torch.Tensor:
+    """The [K, N] weight (q − zero) · scale, computed in ``dtype``."""
+    q = unpack_int4(qweight).to(dtype)
+    s = scales.to(dtype).repeat_interleave(group_size, dim=0)
+    z = zeros.to(dtype).repeat_interleave(group_size, dim=0)
+    return (q - z) * s
+
+
+def quantize_int4(
+    w: torch.Tensor, group_size: int = 128, dtype: torch.dtype | None = None
+) -> Int4Weight:
+    """Asymmetric round-to-nearest int4 of a float weight ``w`` [K, N] (transpose an nn.Linear
+    weight first), per group of ``group_size`` rows per column. Scales are stored in ``dtype``
+    (default: ``w``'s dtype) and the codes are computed with the stored scales."""
+    if not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.dim() != 2:
+        raise TypeError(f"w: expected a 2-D float tensor [K, N], got {type(w).__name__}")
+    k, n = w.shape
+    check_group_size(group_size, k)
+    dtype = dtype or w.dtype
+    g = w.to(torch.float32).reshape(k // group_size, group_size, n)
+    lo, hi = g.amin(dim=1), g.amax(dim=1)
+    scale = ((hi - lo) / 15).clamp_min(1e-8).to(dtype)
+    s = scale.to(torch.float32)
+    zero = torch.round(-lo / s).clamp(0, 15)
+    q = torch.round(g / s[:, None, :]) + zero[:, None, :]
+    q = q.clamp(0, 15).to(torch.uint8).reshape(k, n)
+    return Int4Weight(pack_int4(q), scale.contiguous(), zero.to(torch.uint8), group_size)
+
+
+# --- AWQ and GPTQ checkpoints -----------------------------------------------------------------
+
+
+def _pack_words(codes: torch.Tensor, order) -> torch.Tensor:
+    """Codes [..., 8·W] → int32 [..., W]; nibble p takes code index order[p] of each 8."""
+    c = codes.to(torch.int64).reshape(*codes.shape[:-1], -1, 8)
+    word = torch.zeros(c.shape[:-1], dtype=torch.int64, device=codes.device)
+    for p, idx in enumerate(order):
+        word |= c[..., idx] << (4 * p)
+    return _to_int32(word)
+
+
+def _unpack_words(words: torch.Tensor, order) -> torch.Tensor:
+    """int32 [..., W] → codes uint8 [..., 8·W] (inverse of ``_pack_words``)."""
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    out = torch.empty((*words.shape, 8), dtype=torch.uint8, device=words.device)
+    for p, idx in enumerate(order):
+        out[..., idx] = ((w >> (4 * p)) & 0xF).to(torch.uint8)
+    return out.reshape(*words.shape[:-1], -1)
+
+
+def _to_int32(word: torch.Tensor) -> torch.Tensor:
+    return torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32)
+
+
+def _int32(name: str, t: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 2:
+        got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise TypeError(f"{name}: expected a 2-D int32 tensor of packed codes, got {got}")
+
+
+def pack_awq(q: torch.Tensor, zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes [K, N] and zero points [K // G, N] → AWQ (qweight [K, N // 8], qzeros)."""
+    _codes("q", q, 4)
+    _codes("zeros", zeros, 4)
+    return _pack_words(q, AWQ_ORDER), _pack_words(zeros, AWQ_ORDER)
+
+
+def unpack_awq(qweight: torch.Tensor, qzeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """AWQ words → codes [K, N] and zero points [K // G, N], uint8."""
+    _int32("qweight", qweight)
+    _int32("qzeros", qzeros)
+    return _unpack_words(qweight, AWQ_ORDER), _unpack_words(qzeros, AWQ_ORDER)
+
+
+def pack_gptq(q: torch.Tensor, zeros: torch.Tensor, zero_offset: int = 1):
+    """Codes [K, N] and zeros [K // G, N] → GPTQ (qweight [K // 8, N], qzeros [K // G, N // 8])
+    with ``zero − zero_offset`` stored (wrapping modulo 16, as GPTQ's packer does)."""
+    _codes("q", q, 4)
+    _codes("zeros", zeros, 4)
+    seq = tuple(range(8))
+    qweight = _pack_words(q.t(), seq).t().contiguous()
+    stored = (zeros.to(torch.int64) - zero_offset) & 0xF
+    return qweight, _pack_words(stored, seq)
+
+
+def unpack_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, zero_offset: int = 1):
+    """GPTQ words → codes [K, N] and zero points [K // G, N], uint8 (inverse of pack_gptq)."""
+    _int32("qweight", qweight)
+    _int32("qzeros", qzeros)
+    seq = tuple(range(8))
+    q = _unpack_words(qweight.t(), seq).t().contiguous()
+    zeros = ((_unpack_words(qzeros, seq).to(torch.int64) + zero_offset) & 0xF).to(torch.uint8)
+    return q, zeros
+
+
+def _from_codes(q, zeros, scales, group_size) -> Int4Weight:
+    k, n = q.shape
+    check_group_size(group_size, k)
+    if tuple(zeros.shape) != (k // group_size, n) or tuple(scales.shape) != (k // group_size, n):
+        raise ValueError(
+            f"scales: expected shape {(k // group_size, n)} (K // group_size, N) like the "
+            f"zeros, got scales {tuple(scales.shape)} and zeros {tuple(zeros.shape)}"
+        )
+    return Int4Weight(pack_int4(q), scales.contiguous(), zeros.contiguous(), group_size)
+
+
+def from_awq(qweight, qzeros, scales, group_size: int) -> Int4Weight:
+    """An AWQ checkpoint's (qweight, qzeros, scales) in the kernelab int4 layout."""
+    q, zeros = unpack_awq(qweight, qzeros)
+    return _from_codes(q, zeros, scales, group_size)
+
+
+def from_gptq(qweight, qzeros, scales, group_size: int, g_idx=None, zero_offset: int = 1):
+    """A GPTQ checkpoint (without activation reordering) in the kernelab int4 layout."""
+    q, zeros = unpack_gptq(qweight, qzeros, zero_offset)
+    if g_idx is not None:
+        expected = torch.arange(q.shape[0], device=g_idx.device) // group_size
+        if g_idx.shape != expected.shape or not torch.equal(g_idx.to(expected.dtype), expected):
+            raise ValueError(
+                "g_idx: expected k // group_size for every row (no activation reordering); "
+                "reordered checkpoints must be permuted first"
+            )
+    return _from_codes(q, zeros, scales, group_size)
+
+
+# --- int8 --------------------------------------------------------------------------------------
+
+
+def quantize_int8(w: torch.Tensor, dtype: torch.dtype | None = None):
+    """Symmetric per-column int8 of ``w`` [K, N]: returns (qweight int8 [K, N], scales [N])."""
+    if not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.dim() != 2:
+        raise TypeError(f"w: expected a 2-D float tensor [K, N], got {type(w).__name__}")
+    dtype = dtype or w.dtype
+    scale = (w.to(torch.float32).abs().amax(dim=0) / 127).clamp_min(1e-8).to(dtype)
+    q = torch.round(w.to(torch.float32) / scale.to(torch.float32)).clamp(-127, 127)
+    return q.to(torch.int8).contiguous(), scale.contiguous()
+
+
+def dequantize_int8(qweight, scales, dtype=torch.float64) -> torch.Tensor:
+    return qweight.to(dtype) * scales.to(dtype)[None, :]
