@@ -88,10 +88,12 @@ def run_subject(
     cap: int | None,
     baseline: Callable | None,
     progress: Callable[[str], None] | None = None,
+    shapes: Sequence | None = None,
 ) -> None:
     dist_offset = 0
     for shape_set in shape_sets:
-        for shape in shapes_for(op, shape_set, device, cap):
+        chosen = shapes_for(op, shape_set, device, cap) if shapes is None else list(shapes)
+        for shape in chosen:
             for dtype in dtypes:
                 if progress:
                     progress(f"verify {op.name}/{subject.name} {shape_set} {shape.label} {dtype}")
@@ -183,8 +185,21 @@ def verify(
 
 def input_names(op: Op) -> list[str]:
     """The argument names an op passes (its input dict's keys, on its first shape)."""
-    shape = op.shapes("edge")[0] if op.shapes("edge") else op.shapes("representative")[0]
-    return list(op.inputs(shape, op.dtypes[0], "meta", seed=0).keys())
+    shape = min(
+        (s for name in op.shape_sets for s in op.shapes(name)),
+        key=lambda s: _numel(s.dims),
+    )
+    try:
+        return list(op.inputs(shape, op.dtypes[0], "meta", seed=0).keys())
+    except Exception:  # an input generator that cannot work on "meta": use the CPU
+        return list(op.inputs(shape, op.dtypes[0], "cpu", seed=0).keys())
+
+
+def _numel(dims) -> int:
+    n = 1
+    for v in dims.values():
+        n *= max(int(v), 1)
+    return n
 
 
 def verify_candidate(
@@ -198,8 +213,12 @@ def verify_candidate(
     cap: int | None = None,
     name: str = "candidate",
     progress: Callable[[str], None] | None = None,
+    shapes: Sequence | None = None,
 ) -> Report:
-    """Verify any callable with a registered op's signature (called as ``fn(**inputs)``)."""
+    """Verify any callable with a registered op's signature (called as ``fn(**inputs)``).
+
+    ``shapes``: explicit ``Shape`` objects instead of the op's shape sets (labelled "given").
+    """
     _check_common(trials, seed)
     if not callable(fn):
         raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
@@ -223,13 +242,14 @@ def verify_candidate(
         report,
         op,
         Subject(name, fn),
-        _shape_sets(op, shape_sets),
+        ["given"] if shapes is not None else _shape_sets(op, shape_sets),
         op_dtypes,
         device,
         trials,
         cap,
         baseline,
         progress,
+        shapes,
     )
     report.seconds = time.perf_counter() - started
     return report
