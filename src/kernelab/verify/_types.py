@@ -12,8 +12,8 @@ CLASSES = (
     "unwritten elements",
     "nondeterministic",
     "cached result",
-    "NaN mismatch",
     "wrong values",
+    "NaN mismatch",
 )
 
 #: How many offending elements a failure lists.
