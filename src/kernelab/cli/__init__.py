@@ -23,8 +23,9 @@ app = typer.Typer(
 COMMANDS = (
     "kernelab.cli.ops_cmd",
     "kernelab.cli.run_cmd",
-    "kernelab.cli.model_bench_cmd",
+    "kernelab.cli.verify_cmd",
     "kernelab.cli.tune_cmd",
+    "kernelab.cli.model_bench_cmd",
 )
 
 

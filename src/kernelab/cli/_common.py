@@ -10,6 +10,7 @@ from functools import wraps
 import orjson
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 console = Console()
 err_console = Console(stderr=True)
@@ -53,7 +54,12 @@ def user_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except (ValueError, TypeError, FileNotFoundError, PermissionError) as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+            err_console.print(
+                f"[bold red]error:[/] {escape(str(exc))}",
+                markup=True,
+                highlight=False,
+                soft_wrap=True,
+            )
             raise typer.Exit(2) from None
 
     return wrapper

@@ -1,0 +1,213 @@
+"""``kernelab verify``: correctness of ops' variants, of a user's kernel, and of the ops'
+own contracts (``--audit``). Exit code 0 only if everything passed."""
+
+from __future__ import annotations
+
+import typer
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kernelab.cli._common import console, emit_json, err_console, user_errors
+
+SHAPE_CHOICES = ("representative", "edge", "all")
+
+
+def _progress(json: bool) -> Progress:
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=json,
+    )
+
+
+def _check_options(ops, candidate, op, reference, inputs, audit, shapes) -> None:
+    for s in shapes:
+        if s not in SHAPE_CHOICES:
+            raise ValueError(f"--shapes: expected one of {list(SHAPE_CHOICES)}, got {s!r}")
+    if reference is not None or inputs is not None:
+        if reference is None or inputs is None or candidate is None:
+            raise ValueError(
+                "--reference: expected --candidate, --reference and --inputs together "
+                "(for an op kernelab does not know)"
+            )
+        if op is not None or ops:
+            raise ValueError("--reference: not with --op or op names (those ops have one)")
+    elif candidate is not None and op is None:
+        raise ValueError(
+            "--candidate: expected --op NAME (a registered op) or --reference and --inputs"
+        )
+    elif op is not None and candidate is None:
+        raise ValueError("--op: expected --candidate file.py:function with it")
+    if candidate is not None and ops:
+        raise ValueError(f"--candidate: checks one op (--op), not op names {ops}")
+    if audit and (candidate is not None):
+        raise ValueError("--audit: audits registered ops; not with --candidate")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("verify")
+    @user_errors
+    def verify_command(
+        ops: list[str] = typer.Argument(None, help="Ops to verify (default: all)."),
+        variant: list[str] = typer.Option(
+            None,
+            "--variant",
+            help="Variant(s) to verify (repeatable; default: all that run here, except "
+            "compile on CPU).",
+        ),
+        shapes: list[str] = typer.Option(
+            None, "--shapes", help="representative, edge or all (repeatable; default: both)."
+        ),
+        dtype: list[str] = typer.Option(
+            None, "--dtype", help="dtype(s), e.g. bfloat16 (repeatable; default: the op's)."
+        ),
+        device: str = typer.Option(
+            None, help="cpu or cuda[:N] (default: the accelerator if present, else cpu)."
+        ),
+        seed: int = typer.Option(None, help="Run seed, to repeat a run exactly (default: new)."),
+        trials: int = typer.Option(None, help="Trials per shape and dtype (default: 2)."),
+        cap: int = typer.Option(
+            None,
+            help="Largest batch size (rows, tokens) on CPU; 0 for none (default: 4 for "
+            "representative, 64 otherwise).",
+        ),
+        candidate: str = typer.Option(
+            None, help="Your callable, path/to/file.py:function (with --op or --reference)."
+        ),
+        op: str = typer.Option(None, "--op", help="The registered op --candidate implements."),
+        reference: str = typer.Option(
+            None, help="Your reference, file.py:function, for an op kernelab does not know."
+        ),
+        inputs: str = typer.Option(
+            None, help="Your input generator, file.py:function(seed, dist, device) -> dict."
+        ),
+        audit: bool = typer.Option(
+            False, "--audit", help="Check that null kernels fail for every op (the contracts)."
+        ),
+        show: int = typer.Option(10, help="Failing cases to detail."),
+        json: bool = typer.Option(False, "--json", help="Print JSON (docs/verify.md)."),
+    ):
+        """Check variants (or your kernel) against the float64 reference, the hard way."""
+        from kernelab import verify as v
+        from kernelab._loader import load_callable
+
+        shapes = shapes or ["representative", "edge"]
+        _check_options(ops, candidate, op, reference, inputs, audit, shapes)
+        if trials is None:
+            trials = v.DEFAULT_TRIALS
+        if device is not None:
+            from kernelab.hardware import detect
+
+            detect(device)  # one clear line for a bad or absent device
+        with _progress(json) as progress:
+            task = progress.add_task("starting", total=None)
+
+            def tick(msg: str) -> None:
+                progress.update(task, description=escape(msg))
+
+            common = {"device": device, "seed": seed, "trials": trials, "progress": tick}
+            if audit:
+                report = v.audit(ops or None, cap=cap, **common)
+            elif reference is not None:
+                fn = load_callable(candidate, "candidate")
+                ref = load_callable(reference, "reference")
+                gen = load_callable(inputs, "inputs")
+                report = v.verify_custom(fn, ref, gen, **common)
+            elif candidate is not None:
+                fn = load_callable(candidate, "candidate")
+                report = v.verify_candidate(
+                    fn, op, shape_sets=shapes, dtypes=dtype or None, cap=cap, **common
+                )
+            else:
+                report = v.verify(
+                    ops or None,
+                    variants=variant or None,
+                    shape_sets=shapes,
+                    dtypes=dtype or None,
+                    cap=cap,
+                    **common,
+                )
+        if json:
+            emit_json(report.as_dict())
+        elif audit:
+            _print_audit(report)
+        else:
+            _print_report(report, show)
+        if not report.passed:
+            raise typer.Exit(1)
+
+
+def _ratio(r: float) -> str:
+    return f"{r:.2f}×" if r < 1e4 else f"{r:.1e}×"
+
+
+def _print_report(report, show: int) -> None:
+    table = Table(
+        title=f"kernelab verify — {escape(report.device)}, seed {report.seed}, "
+        f"{report.trials} trial(s) per case"
+    )
+    for col in ("op", "variant", "shapes", "cases", "result", "worst err / tol", "tolerance"):
+        table.add_column(col)
+    for (op, variant, shape_set), cases in report.groups().items():
+        failed = [c for c in cases if not c.passed]
+        worst_case = max(cases, key=lambda c: c.worst_ratio)
+        worst_m = max(worst_case.measures.values(), key=lambda m: m.ratio, default=None)
+        tol = f"{worst_m.tolerance:.1e} ({worst_m.tolerance_source})" if worst_m else "—"
+        if failed:
+            classes = list(dict.fromkeys(k for c in failed for k in c.classes))
+            result = f"[bold red]fail: {escape(', '.join(classes))} ({len(failed)})[/]"
+        else:
+            result = "[green]pass[/]"
+        table.add_row(
+            op, variant, shape_set, str(len(cases)), result, _ratio(worst_case.worst_ratio), tol
+        )
+    console.print(table)
+    failing = [c for c in report.cases if not c.passed]
+    for case in failing[:show]:
+        console.print(
+            f"[bold red]✗[/] {escape(case.op)}/{escape(case.variant)} {escape(case.shape_set)} "
+            f"{escape(case.shape)} {case.dtype}"
+        )
+        for f in case.failures:
+            console.print(f"    {escape(f.line())} [dim](trial {f.trial}, {f.call} call)[/]")
+    if len(failing) > show:
+        console.print(f"[dim]… {len(failing) - show} more failing case(s); --json has all[/]")
+    notes = list(dict.fromkeys(n for c in report.cases for n in c.notes))
+    for line in notes:
+        console.print(f"[yellow]note:[/] {escape(line)}")
+    for line in dict.fromkeys(report.skipped):
+        console.print(f"[yellow]skipped:[/] {escape(line)}")
+    verdict = "[green]all passed[/]" if report.passed else "[bold red]FAILED[/]"
+    console.print(
+        f"{verdict} — {len(report.cases)} case(s) in {report.seconds:.1f} s; "
+        f"repeat with --seed {report.seed}"
+    )
+
+
+def _print_audit(report) -> None:
+    table = Table(title=f"kernelab verify --audit — {escape(report.device)}, seed {report.seed}")
+    for col in ("op", "null candidate", "spoils", "dtype", "verdict", "note"):
+        table.add_column(col)
+    for a in report.audit:
+        if not a.caught:
+            verdict = "[bold red]PASSED: broken op definition[/]"
+        elif a.failure_class is None:
+            verdict = "[dim]n/a[/]"
+        else:
+            verdict = f"[green]rejected[/] ({escape(a.failure_class)})"
+        table.add_row(a.op, a.null, a.target, a.dtype, verdict, escape(a.note))
+    console.print(table)
+    ops = list(dict.fromkeys(a.op for a in report.audit))
+    broken = report.broken_ops
+    for op in ops:
+        if op in broken:
+            console.print(
+                f"[bold red]✗ {escape(op)}: broken op definition[/] — a null kernel passes its "
+                "checks; tighten its contract (tolerance) or its inputs"
+            )
+        else:
+            console.print(f"[green]✓ {escape(op)}: sound[/] — every null kernel is rejected")

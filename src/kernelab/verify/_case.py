@@ -1,0 +1,328 @@
+"""One case: a callable on one op × shape × dtype, over several trials of three calls each.
+
+Per trial, with fresh inputs from one distribution (the last trial also holds NaN and ±Inf):
+
+1. every input is copied into a canary-guarded buffer, every output is a guarded buffer passed
+   as ``out=`` and poisoned with NaN (a sentinel for integers); the result must meet the output
+   contract, match the float64 reference within tolerance and its NaN/Inf pattern, leave
+   canaries and non-in-place inputs bitwise intact, and update in-place arguments as the
+   reference does;
+2. the same call at the same addresses after restoring the inputs, outputs poisoned with a
+   different value: results must be bitwise identical (unless the op declares itself
+   nondeterministic), and an element holding the poison after both calls was never written;
+3. (first trial) new values written into the same input buffers: the result must follow them;
+   a wrong result equal to the previous one is a cached result.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kernelab.numerics import error
+from kernelab.ops import as_tuple
+from kernelab.ops._inputs import DISTRIBUTIONS
+from kernelab.verify import _buffers, _checks
+from kernelab.verify._types import CaseResult, Failure
+
+
+@dataclass
+class Subject:
+    """What is verified: a callable under a name, called as ``fn(**inputs)``."""
+
+    name: str
+    fn: Callable
+    prepare: Callable[[dict], dict] | None = None
+
+
+def derive_seed(seed: int, *parts) -> int:
+    """A seed for one trial, stable across runs and platforms for the same run seed."""
+    return (int(seed) * 1_000_003 + zlib.crc32(repr(parts).encode())) % (2**31 - 1)
+
+
+def accepts(fn: Callable, name: str | None) -> bool:
+    """Whether ``fn`` takes a keyword argument ``name``."""
+    if name is None:
+        return False
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+
+
+def _clone(inputs: dict) -> dict:
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+def inject_specials(inputs: dict, seed: int) -> str | None:
+    """Put a NaN, a +Inf and a −Inf into the largest floating-point input; return its name."""
+    floats = [
+        (v.numel(), k)
+        for k, v in inputs.items()
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()
+    ]
+    if not floats:
+        return None
+    _, name = max(floats)
+    t = inputs[name]
+    gen = torch.Generator().manual_seed(seed)
+    flat = torch.randperm(t.numel(), generator=gen)[:3]
+    for value, i in zip((float("nan"), float("inf"), float("-inf")), flat.tolist(), strict=False):
+        idx = tuple(int(k) for k in torch.unravel_index(torch.tensor(i), t.shape))
+        t[idx] = value
+    return name
+
+
+@dataclass
+class _Expected:
+    specs: list  # (name, shape, dtype, device) per output
+    targets: list  # (name, ref, base, (tol, source), eager_error) per output and in-place arg
+
+
+def expected(op, inputs: dict, baseline: Callable | None, dtype, device) -> _Expected:
+    ref_out, ref_inplace = op.run_reference(inputs)
+    base_out, base_inplace = None, {}
+    if baseline is not None:
+        base_in = _clone(inputs)
+        base_out = as_tuple(baseline(**base_in))
+        base_inplace = {n: base_in[n] for n in ref_inplace}
+    names = list(op.outputs)
+    if len(names) != len(ref_out):
+        names = [f"out{i}" for i in range(len(ref_out))]
+    specs = []
+    for i, (name, ref) in enumerate(zip(names, ref_out, strict=True)):
+        if base_out is not None and i < len(base_out) and isinstance(base_out[i], torch.Tensor):
+            specs.append((name, tuple(base_out[i].shape), base_out[i].dtype, base_out[i].device))
+        else:
+            out_dtype = dtype if ref.is_floating_point() else ref.dtype
+            specs.append((name, tuple(ref.shape), out_dtype, torch.device(device)))
+    targets = []
+    pairs = [
+        (name, ref, base_out[i] if base_out is not None and i < len(base_out) else None)
+        for i, (name, ref) in enumerate(zip(names, ref_out, strict=True))
+    ]
+    pairs += [(n, r, base_inplace.get(n)) for n, r in ref_inplace.items()]
+    stored = {spec[0]: spec[2] for spec in specs}
+    stored.update({n: inputs[n].dtype for n in ref_inplace if isinstance(inputs[n], torch.Tensor)})
+    for name, ref, base in pairs:
+        usable = isinstance(base, torch.Tensor) and tuple(base.shape) == tuple(ref.shape)
+        eager = error(base, ref).rel_l2 if usable else None
+        tol = tolerance(op.contract, dtype, stored.get(name, dtype), eager)
+        targets.append((name, ref, base if usable else None, tol, eager))
+    return _Expected(specs, targets)
+
+
+def tolerance(contract, dtype: torch.dtype, stored: torch.dtype, eager: float | None):
+    """The contract's tolerance for a case in ``dtype`` on a target stored as ``stored``.
+
+    A fixed contract tolerance is keyed by the case's dtype; the derived one takes its floor
+    from the target's own format (float32 scales of a bfloat16 op get float32's floor).
+    """
+    tol, source = contract.tolerance_for(dtype, eager)
+    if source == "contract" or stored == dtype:
+        return tol, source
+    return contract.tolerance_for(stored, eager)
+
+
+class _Trial:
+    """The state of one trial: guarded inputs and outputs, results of each call."""
+
+    def __init__(self, case: CaseResult, op, subject: Subject, device, use_out: bool, trial: int):
+        self.case, self.op, self.subject = case, op, subject
+        self.device, self.use_out, self.trial = device, use_out, trial
+        self.inplace = set(op.contract.inplace)
+
+    def fail(self, failures: list[Failure], call: str) -> None:
+        have = {(f.cls, f.target) for f in self.case.failures}
+        for f in failures:
+            if (f.cls, f.target) not in have:
+                f.trial, f.call = self.trial, call
+                self.case.failures.append(f)
+                have.add((f.cls, f.target))
+
+    def setup(self, inputs: dict, exp: _Expected) -> None:
+        self.inputs = inputs
+        self.guards = {
+            k: _buffers.guard(k, v, around_input=True)
+            for k, v in inputs.items()
+            if isinstance(v, torch.Tensor)
+        }
+        self.outs = None
+        if self.use_out:
+            self.outs = [_buffers.output(n, s, d, dev) for n, s, d, dev in exp.specs]
+
+    def load(self, inputs: dict) -> None:
+        """Write ``inputs``' values into the guarded input buffers (same addresses)."""
+        for k, g in self.guards.items():
+            g.view.copy_(inputs[k])
+
+    def call(self, exp: _Expected, poison: int, label: str):
+        """Call the subject; check contract, canaries, inputs. Returns {target: tensor}."""
+        if self.outs is not None:
+            for o in self.outs:
+                _buffers.poison(o.view, poison)
+        kwargs = {k: self.guards[k].view if k in self.guards else v for k, v in self.inputs.items()}
+        if self.outs is not None:
+            views = [o.view for o in self.outs]
+            kwargs[self.op.out_arg] = views[0] if len(views) == 1 else tuple(views)
+        if self.subject.prepare is not None:
+            kwargs = self.subject.prepare(kwargs)
+        try:
+            # NaN and Inf inputs are intended: numpy (under the interpreter) need not say so.
+            with np.errstate(all="ignore"):
+                result = self.subject.fn(**kwargs)
+            if torch.device(self.device).type == "cuda":
+                torch.cuda.synchronize()
+        except Exception as exc:  # the candidate's own failure is a verdict, not a crash
+            text = str(exc).splitlines()[0] if str(exc) else ""
+            msg = f"the call raised {type(exc).__name__}: {text}"
+            self.fail([Failure("contract", "call", msg)], label)
+            return None
+        got, failures = _checks.contract(result, exp.specs, self.outs)
+        guards = list(self.guards.values()) + (self.outs or [])
+        failures += _checks.canaries(guards)
+        for k, g in self.guards.items():
+            if k not in self.inplace:
+                failures += _checks.unchanged(k, g.view, self.inputs[k])
+        self.fail(failures, label)
+        if got is None:
+            return None
+        results = {
+            spec[0]: t.detach().clone()
+            for spec, t in zip(exp.specs, got, strict=True)
+            if t is not None
+        }
+        for k in self.inplace:
+            if k in self.guards:
+                results[k] = self.guards[k].view.detach().clone()
+        return results
+
+    def judge(self, exp: _Expected, results: dict, label: str, previous=None):
+        """Values and NaN pattern of every target.
+
+        ``previous`` = (expected, results) of the call before new values were written into the
+        same buffers: a wrong result bitwise equal to that call's correct one is cached.
+        """
+        for name, ref, base, tol, eager in exp.targets:
+            if name not in results:
+                continue
+            m, failures = _checks.values(name, results[name], ref, base, tol, eager)
+            self.case.add_measure(m)
+            if failures and previous is not None and _stale(name, results[name], *previous):
+                failures = [
+                    Failure(
+                        "cached result",
+                        name,
+                        "new values written into the same input buffers gave the previous "
+                        "call's result, bitwise: it was reused, not computed. "
+                        + failures[0].message,
+                        failures[0].indices,
+                        failures[0].got,
+                        failures[0].expected,
+                    )
+                ]
+            self.fail(failures, label)
+
+
+def _stale(name: str, got: torch.Tensor, prev_exp: _Expected, prev_results: dict) -> bool:
+    """Whether ``got`` is bitwise the previous call's result, which was right for its inputs."""
+    if name not in prev_results or bool(_checks.differs(got, prev_results[name]).any()):
+        return False
+    for target, ref, _, (tol, _source), _ in prev_exp.targets:
+        if target == name:
+            return error(prev_results[name], ref).rel_l2 <= tol
+    return False
+
+
+def run_case(
+    op,
+    subject: Subject,
+    shape,
+    shape_set: str,
+    dtype: torch.dtype,
+    device,
+    seed: int,
+    trials: int,
+    baseline: Callable | None,
+    dist_offset: int = 0,
+) -> CaseResult:
+    """Verify ``subject`` on one shape and dtype (see the module docstring)."""
+    started = time.perf_counter()
+    case = CaseResult(
+        op.name, subject.name, shape_set, shape.label, shape.key, str(dtype).removeprefix("torch.")
+    )
+    use_out = accepts(subject.fn, op.out_arg) and subject.prepare is None
+    if not use_out:
+        case.notes.append(
+            "no out= argument: outputs were allocated by the candidate, so they could not be "
+            "poisoned or guarded by canaries (inputs and in-place arguments still are)"
+        )
+    for t in range(trials):
+        dist = DISTRIBUTIONS[(dist_offset + t) % len(DISTRIBUTIONS)]
+        tseed = derive_seed(seed, op.name, shape.key, str(dtype), t)
+        specials = t == trials - 1
+        inputs = op.inputs(shape, dtype, device, seed=tseed, dist=dist)
+        where = inject_specials(inputs, tseed) if specials else None
+        case.trials.append({"seed": tseed, "dist": dist, "specials": where})
+        exp = expected(op, inputs, baseline, dtype, device)
+        trial = _Trial(case, op, subject, device, use_out, t)
+        trial.setup(inputs, exp)
+        first = trial.call(exp, 0, "first")
+        if first is None:
+            break
+        trial.judge(exp, first, "first")
+        trial.load(inputs)
+        second = trial.call(exp, 1, "repeat")
+        if second is None:
+            break
+        _compare_calls(trial, op, exp, first, second)
+        if t == 0:
+            new_dist = DISTRIBUTIONS[(dist_offset + t + 1) % len(DISTRIBUTIONS)]
+            new_inputs = op.inputs(shape, dtype, device, seed=tseed + 1, dist=new_dist)
+            new_exp = expected(op, new_inputs, baseline, dtype, device)
+            trial.inputs = new_inputs
+            trial.load(new_inputs)
+            third = trial.call(new_exp, 0, "new values")
+            if third is not None:
+                trial.judge(new_exp, third, "new values", previous=(exp, second))
+    case.seconds = time.perf_counter() - started
+    return case
+
+
+def _compare_calls(trial: _Trial, op, exp: _Expected, first: dict, second: dict) -> None:
+    failures = []
+    outputs = {spec[0] for spec in exp.specs}
+    for name, ref, *_ in exp.targets:
+        if name not in first or name not in second:
+            continue
+        a, b = first[name], second[name]
+        never = torch.zeros(a.shape, dtype=torch.bool)
+        if trial.outs is not None and name in outputs:
+            never = _checks.unwritten(name, a, b)
+            if bool(never.any()):
+                failures.append(_checks.unwritten_failure(name, never, b, ref))
+        diff = _checks.differs(a, b) & ~never
+        if bool(diff.any()) and not op.contract.nondeterministic:
+            indices, got, exp_values = _buffers.first(diff, b, a)
+            failures.append(
+                Failure(
+                    "nondeterministic",
+                    name,
+                    f"{int(diff.sum())} element(s) differ bitwise between two calls on the same "
+                    "inputs with different output poisons (a race, or a read of the output "
+                    "buffer or other uninitialised memory); shown: second call, expected = first",
+                    indices,
+                    got,
+                    exp_values,
+                )
+            )
+    trial.fail(failures, "repeat")
+    if op.contract.nondeterministic:
+        trial.judge(exp, second, "repeat")

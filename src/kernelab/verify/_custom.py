@@ -1,0 +1,117 @@
+"""Verifying a callable against a user's own reference and input generator (unknown ops).
+
+The input generator is called as ``make_inputs(seed=..., dist=..., device=...)`` (each keyword
+only if it accepts it) and returns the inputs dict; ``dist`` is one of
+``kernelab.ops._inputs.DISTRIBUTIONS``. The reference is called on float64 CPU copies of the
+inputs (the truth) and on the inputs as generated (the baseline the tolerance is derived from,
+as eager torch is for registered ops). Nothing is declared in place: any change to an input is
+reported.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+
+import torch
+
+from kernelab.ops import Contract, Cost, Op, Shape, as_tuple
+from kernelab.verify._case import Subject
+from kernelab.verify._runner import (
+    DEFAULT_TRIALS,
+    _check_common,
+    default_device,
+    new_seed,
+    run_subject,
+)
+from kernelab.verify._types import Report
+
+
+def _kwargs_for(fn: Callable, **available) -> dict:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return available
+    return {k: v for k, v in available.items() if k in params}
+
+
+def custom_op(reference: Callable, make_inputs: Callable, device, name: str = "custom") -> Op:
+    """An unregistered op built from a user's reference and input generator."""
+
+    def generate(seed: int, dist: str = "normal") -> dict:
+        inputs = make_inputs(**_kwargs_for(make_inputs, seed=seed, dist=dist, device=device))
+        if not isinstance(inputs, dict) or not all(isinstance(k, str) for k in inputs):
+            raise TypeError(
+                f"inputs: expected the generator to return a dict of argument name -> value, "
+                f"got {type(inputs).__name__}"
+            )
+        return inputs
+
+    sample = generate(0)
+    floats = [
+        v.dtype for v in sample.values() if isinstance(v, torch.Tensor) and v.is_floating_point()
+    ]
+    dtype = floats[0] if floats else torch.float32
+    n_out = len(
+        as_tuple(
+            reference(
+                **{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in sample.items()}
+            )
+        )
+    )
+    shape = Shape("user inputs", {})
+
+    def make(shape_, dtype_, device_, gen, dist):
+        return generate(int(gen.initial_seed()), dist)
+
+    return Op(
+        name,
+        description="a user's op: their reference and input generator",
+        reference=reference,
+        make_inputs=make,
+        shapes={"representative": lambda: [shape], "edge": lambda: [shape]},
+        cost=lambda inputs: Cost(0.0, 0.0),
+        contract=Contract(),
+        dtypes=(dtype,),
+        outputs=tuple(f"out{i}" if n_out > 1 else "out" for i in range(n_out)),
+        out_arg=None,
+    )
+
+
+def verify_custom(
+    fn: Callable,
+    reference: Callable,
+    make_inputs: Callable,
+    device: str | torch.device | None = None,
+    seed: int | None = None,
+    trials: int = DEFAULT_TRIALS,
+    name: str = "candidate",
+    progress: Callable[[str], None] | None = None,
+) -> Report:
+    """Verify ``fn`` against ``reference`` on inputs from ``make_inputs`` (module docstring)."""
+    _check_common(trials, seed)
+    for arg, value in (("fn", fn), ("reference", reference), ("inputs", make_inputs)):
+        if not callable(value):
+            raise TypeError(f"{arg}: expected a callable, got {type(value).__name__}")
+    device = str(device or default_device())
+    seed = new_seed() if seed is None else seed
+    op = custom_op(reference, make_inputs, device)
+    report = Report(seed, device, trials, ["representative"])
+    started = time.perf_counter()
+    run_subject(
+        report,
+        op,
+        Subject(name, fn),
+        ["representative"],
+        op.dtypes,
+        device,
+        trials,
+        0,
+        reference,
+        progress,
+    )
+    report.seconds = time.perf_counter() - started
+    return report

@@ -1,0 +1,255 @@
+"""Which cases a verify run covers, and the Python API that runs them."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+
+from kernelab._loader import check_signature
+from kernelab.ops import Op, all_ops, get
+from kernelab.ops._model import dtype_name
+from kernelab.verify._case import Subject, run_case
+from kernelab.verify._types import Report
+
+#: Trials per shape and dtype (each trial: three calls of the candidate; see _case).
+DEFAULT_TRIALS = 2
+
+#: On CPU, batch sizes (rows, tokens) are cut to these for the interpreter; labels show it.
+CPU_CAPS = {"representative": 4}
+CPU_CAP_OTHER = 64
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def new_seed() -> int:
+    """A fresh run seed (METHOD.md: the default seed changes from run to run)."""
+    return secrets.randbelow(2**31 - 1)
+
+
+def _ops(ops) -> list[Op]:
+    if ops is None:
+        return all_ops()
+    if isinstance(ops, str | Op):
+        ops = [ops]
+    return [o if isinstance(o, Op) else get(o) for o in ops]
+
+
+def _shape_sets(op: Op, shape_sets) -> list[str]:
+    if isinstance(shape_sets, str):
+        shape_sets = [shape_sets]
+    names: list[str] = []
+    for s in shape_sets:
+        if s == "all":
+            names += list(op.shape_sets)
+        elif s in op.shape_sets:
+            names.append(s)
+        else:
+            raise ValueError(
+                f"shape_sets: expected 'all' or one of {sorted(op.shape_sets)}, got {s!r}"
+            )
+    return list(dict.fromkeys(names))
+
+
+def _dtype(d) -> torch.dtype:
+    if isinstance(d, torch.dtype):
+        return d
+    found = getattr(torch, str(d), None)
+    if not isinstance(found, torch.dtype):
+        raise ValueError(f"dtypes: expected dtype names such as bfloat16, got {d!r}")
+    return found
+
+
+def shapes_for(op: Op, shape_set: str, device, cap: int | None):
+    """The shapes of a set, batch size capped on CPU, duplicates (after capping) dropped."""
+    if cap is None:
+        cap = CPU_CAPS.get(shape_set, CPU_CAP_OTHER) if torch.device(device).type == "cpu" else 0
+    seen, out = set(), []
+    for s in op.shapes(shape_set):
+        r = s.reduced(cap) if cap else s
+        if r.key not in seen:
+            seen.add(r.key)
+            out.append(r)
+    return out
+
+
+def run_subject(
+    report: Report,
+    op: Op,
+    subject: Subject,
+    shape_sets: Sequence[str],
+    dtypes: Iterable[torch.dtype],
+    device,
+    trials: int,
+    cap: int | None,
+    baseline: Callable | None,
+    progress: Callable[[str], None] | None = None,
+    shapes: Sequence | None = None,
+) -> None:
+    dist_offset = 0
+    for shape_set in shape_sets:
+        chosen = shapes_for(op, shape_set, device, cap) if shapes is None else list(shapes)
+        for shape in chosen:
+            for dtype in dtypes:
+                if progress:
+                    progress(f"verify {op.name}/{subject.name} {shape_set} {shape.label} {dtype}")
+                report.cases.append(
+                    run_case(
+                        op,
+                        subject,
+                        shape,
+                        shape_set,
+                        dtype,
+                        device,
+                        report.seed,
+                        trials,
+                        baseline,
+                        dist_offset,
+                    )
+                )
+                dist_offset += trials
+
+
+def _check_common(trials: int, seed) -> None:
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise ValueError(f"trials: expected a positive integer, got {trials!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"seed: expected a non-negative integer, got {seed!r}")
+
+
+def verify(
+    ops=None,
+    variants: Sequence[str] | None = None,
+    shape_sets: str | Sequence[str] = ("representative", "edge"),
+    dtypes: Sequence | None = None,
+    device: str | torch.device | None = None,
+    seed: int | None = None,
+    trials: int = DEFAULT_TRIALS,
+    cap: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Report:
+    """Verify registered ops' variants; see the package docstring for what is checked.
+
+    ``variants`` None: every variant that runs here, except ``compile`` on CPU (inductor
+    builds C++, which is slow: name it to include it). ``cap``: batch size limit (None: 4 for
+    representative and 64 for other shape sets on CPU, none on GPUs; 0: none).
+    """
+    _check_common(trials, seed)
+    device = str(device or default_device())
+    dev_type = torch.device(device).type
+    seed = new_seed() if seed is None else seed
+    selected = _ops(ops)
+    report = Report(
+        seed, device, trials, [shape_sets] if isinstance(shape_sets, str) else list(shape_sets)
+    )
+    started = time.perf_counter()
+    if variants is not None:
+        known = {v for op in selected for v in op.variants}
+        unknown = [v for v in variants if v not in known]
+        if unknown:
+            raise ValueError(f"variants: expected names among {sorted(known)}, got {unknown}")
+    wanted_dtypes = None if dtypes is None else [_dtype(d) for d in dtypes]
+    for op in selected:
+        sets = _shape_sets(op, shape_sets)
+        op_dtypes = (
+            op.dtypes if wanted_dtypes is None else [d for d in wanted_dtypes if d in op.dtypes]
+        )
+        for d in wanted_dtypes or ():
+            if d not in op.dtypes:
+                report.skipped.append(f"{op.name}: dtype {dtype_name(d)} not supported by the op")
+        baseline = op.variants["torch"].fn if "torch" in op.variants else None
+        for variant in op.variants.values():
+            if variants is not None and variant.name not in variants:
+                continue
+            ok, why = variant.runs_on(dev_type)
+            if not ok:
+                report.skipped.append(f"{op.name}/{variant.name}: {why}")
+                continue
+            if variant.kind == "compile" and dev_type == "cpu" and variants is None:
+                report.skipped.append(
+                    f"{op.name}/{variant.name}: torch.compile builds C++ on CPU (slow); "
+                    "ask for it with --variant compile"
+                )
+                continue
+            subject = Subject(variant.name, variant.fn, variant.prepare)
+            run_subject(
+                report, op, subject, sets, op_dtypes, device, trials, cap, baseline, progress
+            )
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def input_names(op: Op) -> list[str]:
+    """The argument names an op passes (its input dict's keys, on its first shape)."""
+    shape = min(
+        (s for name in op.shape_sets for s in op.shapes(name)),
+        key=lambda s: _numel(s.dims),
+    )
+    try:
+        return list(op.inputs(shape, op.dtypes[0], "meta", seed=0).keys())
+    except Exception:  # an input generator that cannot work on "meta": use the CPU
+        return list(op.inputs(shape, op.dtypes[0], "cpu", seed=0).keys())
+
+
+def _numel(dims) -> int:
+    n = 1
+    for v in dims.values():
+        n *= max(int(v), 1)
+    return n
+
+
+def verify_candidate(
+    fn: Callable,
+    op,
+    shape_sets: str | Sequence[str] = ("representative", "edge"),
+    dtypes: Sequence | None = None,
+    device: str | torch.device | None = None,
+    seed: int | None = None,
+    trials: int = DEFAULT_TRIALS,
+    cap: int | None = None,
+    name: str = "candidate",
+    progress: Callable[[str], None] | None = None,
+    shapes: Sequence | None = None,
+) -> Report:
+    """Verify any callable with a registered op's signature (called as ``fn(**inputs)``).
+
+    ``shapes``: explicit ``Shape`` objects instead of the op's shape sets (labelled "given").
+    """
+    _check_common(trials, seed)
+    if not callable(fn):
+        raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
+    (op,) = _ops(op)
+    check_signature(fn, input_names(op))
+    device = str(device or default_device())
+    seed = new_seed() if seed is None else seed
+    report = Report(
+        seed, device, trials, [shape_sets] if isinstance(shape_sets, str) else list(shape_sets)
+    )
+    started = time.perf_counter()
+    op_dtypes = op.dtypes if dtypes is None else [_dtype(d) for d in dtypes]
+    for d in op_dtypes:
+        if d not in op.dtypes:
+            raise ValueError(
+                f"dtypes: op {op.name!r} takes {[dtype_name(x) for x in op.dtypes]}, "
+                f"got {dtype_name(d)}"
+            )
+    baseline = op.variants["torch"].fn if "torch" in op.variants else None
+    run_subject(
+        report,
+        op,
+        Subject(name, fn),
+        ["given"] if shapes is not None else _shape_sets(op, shape_sets),
+        op_dtypes,
+        device,
+        trials,
+        cap,
+        baseline,
+        progress,
+        shapes,
+    )
+    report.seconds = time.perf_counter() - started
+    return report

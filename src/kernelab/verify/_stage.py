@@ -1,0 +1,51 @@
+"""The verify stage of ``kernelab run``: every variant that runs here, on representative and
+edge shapes, every dtype, one trial per case (``kernelab verify`` runs the default count);
+one cell per op × variant: pass or the failure class, with the worst error / tolerance."""
+
+from __future__ import annotations
+
+from kernelab.stages import Cell, StageReport
+from kernelab.verify._runner import verify
+
+#: Trials per case in ``kernelab run`` (every check still runs; fewer input draws).
+RUN_TRIALS = 1
+
+
+def stage(ops, device, progress=None) -> StageReport:
+    report = verify(ops, device=_device_name(device), trials=RUN_TRIALS, progress=progress)
+    out = StageReport("verify")
+    out.skipped = [f"{line}" for line in report.skipped]
+    for line in report.skipped:
+        key, _, why = line.partition(": ")
+        op, _, variant = key.partition("/")
+        if variant:
+            out.cells[(op, variant)] = Cell("skip", why)
+    by_variant: dict[tuple[str, str], list] = {}
+    for case in report.cases:
+        by_variant.setdefault((case.op, case.variant), []).append(case)
+    for key, cases in by_variant.items():
+        worst = max((c.worst_ratio for c in cases), default=0.0)
+        failed = [c for c in cases if not c.passed]
+        data = {
+            "cases": len(cases),
+            "failed": len(failed),
+            "worst_ratio": worst,
+            "seed": report.seed,
+            "classes": list(dict.fromkeys(k for c in failed for k in c.classes)),
+        }
+        if failed:
+            first = failed[0]
+            text = (
+                f"fail: {first.failure_class} ({len(failed)}/{len(cases)} cases), "
+                f"worst {worst:.2f}× tol; e.g. {first.shape_set} {first.shape} {first.dtype}"
+            )
+            out.cells[key] = Cell("fail", text, data)
+        else:
+            out.cells[key] = Cell("pass", f"pass: {len(cases)} cases, worst {worst:.2f}× tol", data)
+    return out
+
+
+def _device_name(device) -> str:
+    kind = getattr(device, "type", None) or str(device)
+    index = getattr(device, "index", None)
+    return kind if kind == "cpu" or index is None else f"{kind}:{index}"

@@ -1,0 +1,252 @@
+"""Verdicts: failure classes, per-case results, and the report of a whole verify run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Failure classes, most specific first: a case's class is the first of these it shows.
+CLASSES = (
+    "contract",
+    "out-of-bounds write",
+    "mutated input",
+    "unwritten elements",
+    "nondeterministic",
+    "cached result",
+    "wrong values",
+    "NaN mismatch",
+)
+
+#: How many offending elements a failure lists.
+SHOWN = 5
+
+
+@dataclass
+class Failure:
+    """One thing a candidate got wrong, with the first offending elements.
+
+    ``target`` names the output or argument concerned; ``indices`` are element indices in it
+    (for canaries: offsets from the start of the buffer's first element, negative before it);
+    ``got`` and ``expected`` are the values at those indices.
+    """
+
+    cls: str
+    target: str
+    message: str
+    indices: list[list[int]] = field(default_factory=list)
+    got: list = field(default_factory=list)
+    expected: list = field(default_factory=list)
+    trial: int = 0
+    call: str = ""
+
+    def __post_init__(self):
+        if self.cls not in CLASSES:
+            raise ValueError(f"cls: expected one of {CLASSES}, got {self.cls!r}")
+
+    def as_dict(self) -> dict:
+        return {
+            "class": self.cls,
+            "target": self.target,
+            "message": self.message,
+            "indices": self.indices,
+            "got": self.got,
+            "expected": self.expected,
+            "trial": self.trial,
+            "call": self.call,
+        }
+
+    def line(self) -> str:
+        where = ""
+        if self.indices:
+            shown = ", ".join(
+                f"{tuple(i)}: {g!r} (expected {e!r})"
+                for i, g, e in zip(self.indices, self.got, self.expected, strict=False)
+            )
+            where = f" — first at {shown}"
+        return f"{self.cls}: {self.target}: {self.message}{where}"
+
+
+@dataclass
+class Measure:
+    """Worst error of one output or in-place argument over a case's trials."""
+
+    target: str
+    rel_l2: float
+    max_abs: float
+    max_rel: float
+    worst_index: list[int] | None
+    worst_got: float | None
+    worst_expected: float | None
+    tolerance: float
+    tolerance_source: str
+    eager_error: float | None
+
+    @property
+    def ratio(self) -> float:
+        if self.tolerance > 0:
+            return self.rel_l2 / self.tolerance
+        return 0.0 if self.rel_l2 == 0 else float("inf")
+
+    def as_dict(self) -> dict:
+        return {
+            "target": self.target,
+            "rel_l2": self.rel_l2,
+            "max_abs": self.max_abs,
+            "max_rel": self.max_rel,
+            "worst_index": self.worst_index,
+            "worst_got": self.worst_got,
+            "worst_expected": self.worst_expected,
+            "tolerance": self.tolerance,
+            "tolerance_source": self.tolerance_source,
+            "eager_error": self.eager_error,
+            "ratio": self.ratio,
+        }
+
+
+@dataclass
+class CaseResult:
+    """One op × variant × shape × dtype, over all its trials."""
+
+    op: str
+    variant: str
+    shape_set: str
+    shape: str
+    shape_key: str
+    dtype: str
+    trials: list[dict] = field(default_factory=list)  # {seed, dist, specials}
+    measures: dict[str, Measure] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    @property
+    def failure_class(self) -> str | None:
+        """The most specific failure class shown, or None when the case passed."""
+        found = {f.cls for f in self.failures}
+        return next((c for c in CLASSES if c in found), None)
+
+    @property
+    def classes(self) -> list[str]:
+        found = {f.cls for f in self.failures}
+        return [c for c in CLASSES if c in found]
+
+    @property
+    def worst_ratio(self) -> float:
+        return max((m.ratio for m in self.measures.values()), default=0.0)
+
+    def add_measure(self, m: Measure) -> None:
+        old = self.measures.get(m.target)
+        if old is None or m.ratio > old.ratio:
+            self.measures[m.target] = m
+
+    def as_dict(self) -> dict:
+        return {
+            "op": self.op,
+            "variant": self.variant,
+            "shape_set": self.shape_set,
+            "shape": self.shape,
+            "shape_key": self.shape_key,
+            "dtype": self.dtype,
+            "passed": self.passed,
+            "failure_class": self.failure_class,
+            "classes": self.classes,
+            "worst_ratio": self.worst_ratio,
+            "trials": self.trials,
+            "measures": [m.as_dict() for m in self.measures.values()],
+            "failures": [f.as_dict() for f in self.failures],
+            "notes": self.notes,
+            "seconds": round(self.seconds, 4),
+        }
+
+
+@dataclass
+class AuditEntry:
+    """One null candidate against one op: it must fail; if it passes the op is broken."""
+
+    op: str
+    null: str
+    target: str
+    dtype: str
+    caught: bool
+    failure_class: str | None
+    worst_ratio: float
+    cases: int = 0
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        return {
+            "op": self.op,
+            "null": self.null,
+            "target": self.target,
+            "dtype": self.dtype,
+            "cases": self.cases,
+            "caught": self.caught,
+            "failure_class": self.failure_class,
+            "worst_ratio": self.worst_ratio,
+            "note": self.note,
+        }
+
+
+@dataclass
+class Report:
+    """Everything a verify run found; ``passed`` is True only if every case passed."""
+
+    seed: int
+    device: str
+    trials: int
+    shape_sets: list[str]
+    cases: list[CaseResult] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    audit: list[AuditEntry] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def broken_ops(self) -> list[str]:
+        """Ops with a null candidate that passed: their contract or inputs are too weak."""
+        return list(dict.fromkeys(a.op for a in self.audit if not a.caught))
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.cases) and not self.broken_ops
+
+    def groups(self) -> dict[tuple[str, str, str], list[CaseResult]]:
+        """Cases grouped by (op, variant, shape set), in the order they ran."""
+        out: dict[tuple[str, str, str], list[CaseResult]] = {}
+        for c in self.cases:
+            out.setdefault((c.op, c.variant, c.shape_set), []).append(c)
+        return out
+
+    def as_dict(self) -> dict:
+        groups = []
+        for (op, variant, shape_set), cases in self.groups().items():
+            failed = [c for c in cases if not c.passed]
+            classes = [k for c in failed for k in c.classes]
+            groups.append(
+                {
+                    "op": op,
+                    "variant": variant,
+                    "shape_set": shape_set,
+                    "passed": not failed,
+                    "cases": len(cases),
+                    "failed": len(failed),
+                    "classes": list(dict.fromkeys(classes)),
+                    "worst_ratio": max((c.worst_ratio for c in cases), default=0.0),
+                }
+            )
+        return {
+            "schema": "kernelab.verify/1",
+            "passed": self.passed,
+            "seed": self.seed,
+            "device": self.device,
+            "trials": self.trials,
+            "shape_sets": self.shape_sets,
+            "seconds": round(self.seconds, 3),
+            "groups": groups,
+            "cases": [c.as_dict() for c in self.cases],
+            "skipped": self.skipped,
+            "audit": [a.as_dict() for a in self.audit],
+            "broken_ops": self.broken_ops,
+        }

@@ -1,0 +1,261 @@
+"""verify on ops of every shape the op model allows: several outputs, float8 and integer
+outputs, in-place arguments, integer inputs; seeds, tolerances, the report, the run stage."""
+
+import pytest
+import torch
+
+from kernelab.ops import Variant
+from kernelab.verify import CLASSES, stage, verify, verify_candidate, verify_custom
+from kernelab.verify._buffers import PAD, bits, guard, output, poison, poison_value
+from tests.flawed import toy_ops
+
+SEED = 7
+
+
+def _classes(report):
+    return {c.failure_class for c in report.cases if not c.passed}
+
+
+# --- buffers ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int32, torch.int64]
+)
+def test_two_poisons_differ_and_floats_poison_with_nan(dtype):
+    t = torch.empty(3, dtype=dtype)
+    poison(t, 0)
+    first = bits(t).clone()
+    poison(t, 1)
+    assert not torch.equal(first, bits(t))
+    if dtype.is_floating_point:
+        assert torch.isnan(torch.full((1,), poison_value(dtype, 0), dtype=dtype).float()).all()
+
+
+def test_guard_keeps_strides_and_reports_writes_past_the_end_and_in_gaps():
+    base = torch.randn(3, 8)
+    strided = base[:, :5]
+    g = guard("x", strided, around_input=False)
+    assert g.view.stride() == strided.stride() and torch.equal(g.view, strided)
+    assert g.broken_canaries()[0] == 0
+    flat = g.buffer
+    flat[PAD + 6] = 0.0  # a gap between rows
+    flat[PAD + 2 * 8 + 5] = 0.0  # just past the last element
+    count, offsets, _ = g.broken_canaries()
+    assert count == 2 and offsets == [6, 21]
+
+
+def test_output_buffer_detects_a_write_before_the_start():
+    o = output("out", (2, 3), torch.float32, "cpu")
+    o.buffer[PAD - 1] = 1.0
+    assert o.broken_canaries()[:2] == (1, [-1])
+
+
+# --- several outputs, float8, integers, in place --------------------------------------------
+
+
+def test_float8_values_and_scales_pass_when_right():
+    op = toy_ops.quant_op()
+    report = verify(ops=[op], device="cpu", seed=SEED, trials=2)
+    assert report.passed, [f.line() for c in report.cases for f in c.failures]
+    measures = report.cases[0].measures
+    assert set(measures) == {"values", "scales"}
+    assert measures["values"].tolerance_source.endswith("eager torch")
+
+
+def test_unwritten_float8_values_and_float32_scales_are_caught():
+    def tail_unwritten(x, out=None):
+        q, s = toy_ops.quant_torch(x)
+        out[0][:-1].copy_(q[:-1])
+        out[1][:-1].copy_(s[:-1])
+        return out
+
+    report = verify_candidate(tail_unwritten, toy_ops.quant_op(), device="cpu", seed=SEED)
+    failures = [f for c in report.cases for f in c.failures if f.cls == "unwritten elements"]
+    assert {f.target for f in failures} == {"values", "scales"}
+    assert _classes(report) == {"unwritten elements"}
+
+
+def test_wrong_output_dtype_is_a_contract_failure():
+    def bf16_values(x, out=None):
+        q, s = toy_ops.quant_torch(x)
+        return q.to(torch.bfloat16), s
+
+    report = verify_candidate(bf16_values, toy_ops.quant_op(), device="cpu", seed=SEED)
+    assert _classes(report) == {"contract"}
+    msgs = [f.message for c in report.cases for f in c.failures]
+    assert any("dtype bfloat16, expected float8_e4m3fn" in m for m in msgs)
+
+
+def test_integer_outputs_are_poisoned_with_sentinels():
+    def last_unwritten(x, out=None):
+        out[:-1].copy_(x.argmax(dim=-1)[:-1])
+        return out
+
+    assert verify(ops=[toy_ops.argmax_op()], device="cpu", seed=SEED).passed
+    report = verify_candidate(last_unwritten, toy_ops.argmax_op(), device="cpu", seed=SEED)
+    assert _classes(report) == {"unwritten elements"}
+
+
+def test_in_place_argument_with_integer_input():
+    op = toy_ops.scale_rows_op()
+    assert verify(ops=[op], device="cpu", seed=SEED).passed
+
+    def not_in_place(q, pos):
+        return q * (pos[:, None].to(q.dtype) + 0.5)
+
+    def bumps_positions(q, pos):
+        toy_ops.scale_rows_ref(q, pos)
+        pos.add_(1)
+        return q
+
+    report = verify_candidate(not_in_place, op, device="cpu", seed=SEED)
+    assert {(f.cls, f.target) for c in report.cases for f in c.failures} == {("wrong values", "q")}
+    report = verify_candidate(bumps_positions, op, device="cpu", seed=SEED)
+    assert _classes(report) == {"mutated input"}
+    assert {f.target for c in report.cases for f in c.failures} == {"pos"}
+
+
+def test_declared_nondeterminism_is_not_a_failure():
+    from dataclasses import replace
+
+    op = toy_ops.double_op()
+
+    def noisy(x, out=None):
+        y = 2 * x * (1 + 3e-7 * torch.rand(()).item())
+        return out.copy_(y)
+
+    assert _classes(verify_candidate(noisy, op, device="cpu", seed=SEED)) == {"nondeterministic"}
+    op.contract = replace(op.contract, nondeterministic=True)
+    assert verify_candidate(noisy, op, device="cpu", seed=SEED).passed
+
+
+# --- seeds, selection, report ------------------------------------------------------------------
+
+
+def _small(seed):
+    op = toy_ops.double_op()
+    return verify([op], variants=["torch"], shape_sets="all", seed=seed, trials=2, device="cpu")
+
+
+def _strip(d):
+    if isinstance(d, dict):
+        return {k: _strip(v) for k, v in d.items() if k != "seconds"}
+    if isinstance(d, list):
+        return [_strip(v) for v in d]
+    return d
+
+
+def test_a_seed_repeats_a_run_exactly_and_another_seed_draws_other_inputs():
+    a, b, c = _small(11), _small(11), _small(12)
+    assert _strip(a.as_dict()) == _strip(b.as_dict())
+    seeds = lambda r: [t["seed"] for case in r.cases for t in case.trials]  # noqa: E731
+    assert seeds(a) != seeds(c)
+    dists = {t["dist"] for case in a.cases for t in case.trials}
+    assert len(dists) >= 4  # distributions are spread across cases and trials
+
+
+def test_report_json_shape_and_tolerance_source():
+    d = _small(3).as_dict()
+    assert d["schema"] == "kernelab.verify/1" and d["passed"] is True and d["seed"] == 3
+    case = d["cases"][0]
+    assert {"op", "variant", "shape_set", "shape", "dtype", "passed", "failure_class"} <= set(case)
+    m = case["measures"][0]
+    assert {"rel_l2", "max_abs", "max_rel", "worst_index", "tolerance", "tolerance_source"} <= set(
+        m
+    )
+    assert sum(g["cases"] for g in d["groups"]) == len(d["cases"])
+    assert {g["shape_set"] for g in d["groups"]} == {"representative", "edge"}
+
+
+def test_compile_is_skipped_on_cpu_unless_named():
+    op = toy_ops.double_op(compile_variant=True)
+    report = verify([op], device="cpu", seed=1, trials=1)
+    assert any(
+        "toy_double/compile" in line and "--variant compile" in line for line in report.skipped
+    )
+    assert {c.variant for c in report.cases} == {"torch"}
+
+
+def test_representative_shapes_are_capped_on_cpu_and_labelled():
+    report = verify(
+        ["rmsnorm"],
+        variants=["torch"],
+        shape_sets="representative",
+        dtypes=["bfloat16"],
+        trials=1,
+        device="cpu",
+        seed=2,
+    )
+    assert all("[rows→4]" in c.shape or "x" in c.shape for c in report.cases)
+    assert any("[rows→4]" in c.shape for c in report.cases)
+    keys = [c.shape_key for c in report.cases]
+    assert len(keys) == len(set(keys))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"variants": ["nosuch"]}, "variants: expected names among"),
+        ({"shape_sets": "huge"}, "shape_sets: expected 'all' or one of"),
+        ({"dtypes": ["float99"]}, "dtypes: expected dtype names"),
+        ({"trials": 0}, "trials: expected a positive integer"),
+    ],
+)
+def test_bad_arguments_name_themselves(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        verify(["rmsnorm"], device="cpu", **kwargs)
+
+
+def test_failure_classes_are_the_documented_ones():
+    assert CLASSES == (
+        "contract",
+        "out-of-bounds write",
+        "mutated input",
+        "unwritten elements",
+        "nondeterministic",
+        "cached result",
+        "wrong values",
+        "NaN mismatch",
+    )
+
+
+def test_custom_reference_and_inputs_for_an_unknown_op():
+    def make_inputs(seed, dist="normal"):
+        g = torch.Generator().manual_seed(seed)
+        return {"a": torch.randn(5, 7, generator=g), "b": torch.randn(5, 7, generator=g)}
+
+    def ref(a, b):
+        return a * b + a
+
+    def good(a, b):
+        return torch.addcmul(a, a, b)
+
+    def bad(a, b):
+        return (a * b + a).half().float()
+
+    assert verify_custom(good, ref, make_inputs, device="cpu", seed=1).passed
+    report = verify_custom(bad, ref, make_inputs, device="cpu", seed=1)
+    assert _classes(report) == {"wrong values"}
+
+
+# --- the run stage ----------------------------------------------------------------------------
+
+
+def test_run_stage_cells_say_pass_or_the_failure_class():
+    op = toy_ops.double_op()
+    op.add_variant(Variant("zeros", lambda x, out=None: out.zero_(), "triton"))
+    report = stage([op], torch.device("cpu"))
+    ok, bad = report.cells[("toy_double", "torch")], report.cells[("toy_double", "zeros")]
+    assert ok.status == "pass" and "× tol" in ok.text
+    assert bad.status == "fail" and "wrong values" in bad.text and "× tol" in bad.text
+    assert report.failed
+
+
+@pytest.mark.slow
+def test_rmsnorm_kernel_passes_on_every_dtype_and_both_shape_sets():
+    report = verify(["rmsnorm"], variants=["kernelab", "torch"], device="cpu", trials=1)
+    assert report.passed, [(c.shape, c.dtype, f.line()) for c in report.cases for f in c.failures]
+    assert {c.dtype for c in report.cases} == {"float32", "float16", "bfloat16"}
+    assert {c.shape_set for c in report.cases} == {"representative", "edge"}
+    assert {c.variant for c in report.cases} == {"kernelab", "torch"}

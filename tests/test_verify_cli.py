@@ -1,0 +1,133 @@
+"""``kernelab verify`` from the command line: tables, --json, users' kernels, clear errors."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kernelab.cli import app
+
+runner = CliRunner()
+SRC = Path(__file__).resolve().parents[1] / "src"
+FAST = ["--shapes", "representative", "--dtype", "float32", "--trials", "1", "--device", "cpu"]
+
+GOOD = """
+import torch
+
+def my_rmsnorm(x, weight, eps=1e-6, residual=None, out=None):
+    if residual is not None:
+        residual.add_(x)
+        x = residual
+    xf = x.float()
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+    return y if out is None else out.copy_(y)
+
+def skips_last_row(x, weight, eps=1e-6, residual=None, out=None):
+    y = my_rmsnorm(x, weight, eps, residual)
+    if out is None:
+        out = torch.empty_like(y)
+    out[:-1].copy_(y[:-1])
+    return out
+
+def wrong_args(x, w):
+    return x
+"""
+
+CUSTOM = """
+import torch
+
+def inputs(seed, dist="normal"):
+    g = torch.Generator().manual_seed(seed)
+    return {"a": torch.randn(6, 5, generator=g)}
+
+def ref(a):
+    return torch.softmax(a, dim=-1)
+
+def mine(a):
+    e = torch.exp(a - a.amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+"""
+
+
+@pytest.fixture
+def user_file(tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text(GOOD)
+    return path
+
+
+def test_verify_prints_a_table_and_the_seed_and_exits_0():
+    result = runner.invoke(app, ["verify", "rmsnorm", "--variant", "torch", *FAST, "--seed", "9"])
+    assert result.exit_code == 0, result.output
+    assert "kernelab verify" in result.output and "seed 9" in result.output
+    assert "all passed" in result.output and "--seed 9" in result.output
+
+
+def test_json_is_the_documented_schema():
+    result = runner.invoke(app, ["verify", "rmsnorm", "--variant", "torch", *FAST, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["schema"] == "kernelab.verify/1" and data["passed"] is True
+    assert {"seed", "device", "trials", "groups", "cases", "skipped", "audit"} <= set(data)
+
+
+def test_candidate_from_a_file_outside_the_project(user_file):
+    args = ["verify", "--candidate", f"{user_file}:my_rmsnorm", "--op", "rmsnorm", *FAST]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "candidate" in result.output and "pass" in result.output
+
+
+def test_a_flawed_candidate_fails_with_its_class_and_exit_1(user_file):
+    args = ["verify", "--candidate", f"{user_file}:skips_last_row", "--op", "rmsnorm", *FAST]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1
+    assert "unwritten elements" in result.output and "FAILED" in result.output
+
+
+def test_reference_and_inputs_for_an_unknown_op(tmp_path):
+    path = tmp_path / "custom.py"
+    path.write_text(CUSTOM)
+    args = ["verify", "--candidate", f"{path}:mine", "--reference", f"{path}:ref"]
+    result = runner.invoke(app, [*args, "--inputs", f"{path}:inputs", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+
+
+def test_audit_reports_rmsnorm_sound():
+    result = runner.invoke(app, ["verify", "rmsnorm", "--audit", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert "rmsnorm: sound" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--candidate", "/no/such/file.py:f", "--op", "rmsnorm"], "no such file"),
+        (["--candidate", "{f}:nosuch", "--op", "rmsnorm"], "has no attribute 'nosuch'"),
+        (["--candidate", "{f}:wrong_args", "--op", "rmsnorm"], "does not accept"),
+        (["--candidate", "{f}:my_rmsnorm"], "expected --op NAME"),
+        (["--candidate", "{f}:my_rmsnorm", "--op", "nosuchop"], "op: expected one of"),
+        (["--reference", "{f}:my_rmsnorm"], "--reference: expected --candidate"),
+        (["rmsnorm", "--shapes", "huge"], "--shapes: expected one of"),
+        (["rmsnorm", "--variant", "nosuch"], "variants: expected names among"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(user_file, args, words):
+    args = [a.replace("{f}", str(user_file)) for a in args]
+    result = runner.invoke(app, ["verify", *args, "--device", "cpu"])
+    assert result.exit_code == 2, result.output
+    assert words in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) <= 3  # one logical line, maybe wrapped
+
+
+def test_candidate_in_a_subprocess(user_file):
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    cmd = [sys.executable, "-m", "kernelab", "verify"]
+    cmd += ["--candidate", f"{user_file}:my_rmsnorm", "--op", "rmsnorm", *FAST, "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=user_file.parent)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["passed"] is True

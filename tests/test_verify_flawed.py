@@ -1,0 +1,71 @@
+"""The corpus of flawed kernels: each is caught, with its failure class named; correct
+kernels on the same cases never are."""
+
+from collections import Counter
+
+import pytest
+import torch
+
+from kernelab.ops import RMSNORM, Shape
+from kernelab.verify import verify_candidate
+from tests.flawed.rmsnorm_flaws import TORCH_FLAWS, TRITON_FLAWS, triton_flaw
+
+#: Small cases that still reach every path a flaw hides in: a partial block (300 and 96 columns
+#: in blocks of 512 and 128), several rows, the fused residual, a single row.
+SHAPES = [
+    Shape("5x300 +res", {"rows": 5, "cols": 300}, {"residual": True}, batch_dim="rows"),
+    Shape("3x96", {"rows": 3, "cols": 96}, {}, batch_dim="rows"),
+    Shape("1x40", {"rows": 1, "cols": 40}, {}, batch_dim="rows"),
+]
+DTYPES = (torch.float32, torch.bfloat16)
+SEED = 20261130
+
+
+def _verdict(fn):
+    report = verify_candidate(
+        fn, "rmsnorm", shapes=SHAPES, dtypes=DTYPES, device="cpu", seed=SEED, trials=2
+    )
+    failing = [c for c in report.cases if not c.passed]
+    return report, failing, Counter(c.failure_class for c in failing)
+
+
+def _assert_caught_as(fn, expected):
+    report, failing, primary = _verdict(fn)
+    assert not report.passed and failing
+    # The class named is the flaw's, on most failing cases; details name it too.
+    assert primary.most_common(1)[0][0] == expected, primary
+    failure = next(f for c in failing for f in c.failures if f.cls == expected)
+    assert failure.message and failure.target
+    if expected not in ("contract", "wrong values"):
+        assert failure.indices, failure  # the first offending elements are shown
+
+
+@pytest.mark.parametrize("name", list(TRITON_FLAWS))
+def test_triton_flaw_is_caught_with_its_class(name, tmp_path):
+    expected, fn = triton_flaw(name, tmp_path)
+    _assert_caught_as(fn, expected)
+
+
+@pytest.mark.parametrize("name", list(TORCH_FLAWS))
+def test_torch_flaw_is_caught_with_its_class(name):
+    expected, factory = TORCH_FLAWS[name]
+    _assert_caught_as(factory(), expected)
+
+
+@pytest.mark.parametrize("variant", ["kernelab", "torch"])
+def test_correct_kernels_on_the_same_cases_pass(variant):
+    report, failing, _ = _verdict(RMSNORM.variants[variant].fn)
+    assert report.passed, [f.line() for c in failing for f in c.failures]
+    assert 0.0 < max(c.worst_ratio for c in report.cases) <= 1.0
+
+
+def test_unmutated_launcher_through_the_swap_passes(tmp_path):
+    # The swap used by the Triton flaws is itself harmless: an identity "mutation" passes.
+    from tests.flawed.rmsnorm_flaws import rmsnorm_module, with_kernel
+    from tests.mutants import mutate
+
+    same = mutate(
+        rmsnorm_module._rmsnorm_kernel, "row_ok = rows < n_rows", "row_ok = rows < n_rows", tmp_path
+    )
+    report, failing, _ = _verdict(with_kernel(same))
+    assert report.passed, [f.line() for c in failing for f in c.failures]
