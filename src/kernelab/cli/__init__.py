@@ -23,6 +23,7 @@ app = typer.Typer(
 COMMANDS = (
     "kernelab.cli.ops_cmd",
     "kernelab.cli.run_cmd",
+    "kernelab.cli.inspect_cmd",
 )
 
 
