@@ -15,7 +15,7 @@ from collections import Counter
 _RES = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 _PTX_MEM = re.compile(r"\b(ld|st)\.global((?:\.[A-Za-z0-9_:]+)+)")
 _PTX_CP_ASYNC = re.compile(
-    r"\bcp\.async\.(?:ca|cg)\.shared(?:::\w+)?\.global[^;]*?,\s*(\d+)\s*[;,]"
+    r"\bcp\.async\.(?:ca|cg)\.shared(?:::\w+)?\.global[^;]*?\],\s*(0x[0-9a-fA-F]+|\d+)\s*[;,]"
 )
 _PTX_TMA = re.compile(r"\bcp\.async\.bulk\.tensor\.\S+")
 _PTX_TC = {
@@ -47,7 +47,7 @@ def ptx_memory(ptx: str) -> tuple[Counter, Counter]:
         if width is not None:
             (loads if m.group(1) == "ld" else stores)[width] += 1
     for m in _PTX_CP_ASYNC.finditer(ptx):
-        loads[int(m.group(1)) * 8] += 1
+        loads[int(m.group(1), 0) * 8] += 1
     return loads, stores
 
 
