@@ -11,7 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 #: ``module:function`` of each stage, in the order they run and appear as table columns.
-RUN_STAGES: tuple[str, ...] = ("kernelab.verify:stage",)
+RUN_STAGES: tuple[str, ...] = (
+    "kernelab.verify:stage",
+    "kernelab.inspect:stage",
+)
 
 
 @dataclass

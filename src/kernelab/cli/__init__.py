@@ -26,6 +26,7 @@ COMMANDS = (
     "kernelab.cli.verify_cmd",
     "kernelab.cli.tune_cmd",
     "kernelab.cli.model_bench_cmd",
+    "kernelab.cli.inspect_cmd",
 )
 
 

@@ -1,0 +1,209 @@
+"""``kernelab inspect``: what the compiler made of each kernel, per target, without a GPU."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kernelab.cli._common import console, emit_json, err_console, select_ops, user_errors
+
+_SEV = {"error": "bold red", "warn": "yellow", "info": "cyan"}
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("inspect")
+    @user_errors
+    def inspect_command(
+        ops: list[str] = typer.Argument(None, help="Ops to inspect (default: all)."),
+        target: str = typer.Option(
+            None, "--target", "-t", help="Comma-separated: sm_80,sm_90,sm_100,gfx942 (default)."
+        ),
+        space: bool = typer.Option(False, "--space", help="Every config of the tuning space."),
+        dtype: str = typer.Option(None, "--dtype", help="Comma-separated dtypes (default: all)."),
+        kernel: str = typer.Option(
+            None, "--kernel", help="A user's kernel: path/to/file.py:kernel (@triton.jit)."
+        ),
+        signature: str = typer.Option(
+            None,
+            "--signature",
+            help="With --kernel: types, constexprs and options, e.g. "
+            "'*fp16:16,*fp16:16,i32:16,BLOCK=1024,num_warps=4' (see kernelab.inspect.signature).",
+        ),
+        check: bool = typer.Option(False, "--check", help="Fail on regressions vs the baseline."),
+        update_baseline: bool = typer.Option(
+            False, "--update-baseline", help="Rewrite the baseline from this run."
+        ),
+        baseline_path: str = typer.Option(
+            "inspect-baseline.json", "--baseline", help="Baseline file (JSON)."
+        ),
+        jobs: int = typer.Option(None, "--jobs", "-j", help="Compiler processes (default: CPUs)."),
+        no_cache: bool = typer.Option(False, "--no-cache", help="Compile even when cached."),
+        all_rows: bool = typer.Option(
+            False, "--all", help="Show every config, not one per kernel."
+        ),
+        json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    ):
+        """Compile kernels for GPU targets on this machine and report registers, spills, shared
+        memory, occupancy, load/store widths and tensor-core use, with findings."""
+        from kernelab.inspect import baseline as bl
+        from kernelab.inspect.compile import triton_version
+        from kernelab.inspect.report import analyze_spec
+        from kernelab.inspect.stage import Inspection, inspect_ops
+        from kernelab.inspect.targets import parse_targets
+
+        targets = parse_targets(target)
+        if jobs is not None and jobs < 1:
+            raise ValueError(f"jobs: expected at least 1, got {jobs}")
+        if signature and not kernel:
+            raise ValueError("signature: needs --kernel path/to/file.py:kernel")
+        if kernel and (check or update_baseline or ops or space):
+            raise ValueError("kernel: --kernel inspects one user kernel; drop OPS/--check/--space")
+        started = time.perf_counter()
+        if kernel:
+            from kernelab._loader import load_callable
+            from kernelab.inspect.signature import parse_signature
+
+            if not signature:
+                raise ValueError("signature: --kernel needs --signature (argument types)")
+            spec = parse_signature(load_callable(kernel, "kernel"), signature)
+            result = Inspection(
+                analyze_spec(spec, targets, use_cache=not no_cache), [], triton_version()
+            )
+        else:
+            selected = select_ops(ops)
+            with Progress(
+                TextColumn("inspect"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total} compiled"),
+                TimeElapsedColumn(),
+                console=err_console,
+                transient=True,
+                disable=json,
+            ) as progress:
+                task = progress.add_task("compile", total=None)
+                result = inspect_ops(
+                    selected,
+                    targets,
+                    space=space,
+                    dtypes=[d.strip() for d in dtype.split(",")] if dtype else None,
+                    jobs=jobs,
+                    use_cache=not no_cache,
+                    progress=lambda d, n: progress.update(task, completed=d, total=n),
+                )
+        elapsed = time.perf_counter() - started
+        comparison = None
+        if check:
+            comparison = bl.compare(
+                result.reports,
+                bl.load(baseline_path),
+                ops=[o.name for o in selected],
+                targets=[t.name for t in targets],
+            )
+        if update_baseline:
+            bl.write(baseline_path, result.reports, merge=bool(ops) or target is not None)
+        if json:
+            emit_json(
+                {
+                    "triton": result.triton,
+                    "seconds": round(elapsed, 2),
+                    "skipped": result.skipped,
+                    "reports": [r.as_dict() for r in result.reports],
+                    "check": None if comparison is None else vars(comparison),
+                }
+            )
+        else:
+            _print(result, elapsed, all_rows)
+            if comparison is not None:
+                _print_check(comparison, baseline_path)
+            if update_baseline:
+                console.print(f"baseline written: {escape(baseline_path)}")
+        if comparison is not None and comparison.failed:
+            raise typer.Exit(1)
+
+
+def _print(result, elapsed: float, all_rows: bool) -> None:
+    reps = result.reports
+    if not all_rows:
+        # One row per op/kernel/target: the one with the most findings, then lowest occupancy.
+        best: dict[tuple, object] = {}
+        for r in reps:
+            k = (r.op, r.kernel, r.target)
+            score = (len(r.findings) + (10 if not r.ok else 0),
+                     -((r.occupancy or {}).get("occupancy", 1.0)))  # fmt: skip
+            if k not in best or score > best[k][0]:
+                best[k] = (score, r)
+        shown = [v[1] for v in best.values()]
+    else:
+        shown = reps
+    table = Table(title=f"kernelab inspect (triton {escape(result.triton)})")
+    for col in ("op", "kernel", "target", "config", "regs", "spill B", "shared", "occupancy",
+                "loads/stores", "tensor cores"):  # fmt: skip
+        table.add_column(col)
+    for r in shown:
+        f = r.facts or {}
+        occ = r.occupancy
+        if r.error:
+            table.add_row(r.op or "", r.kernel, r.target, escape(r.config), "", "", "", "",
+                          f"[red]{escape(r.error)}[/]", "")  # fmt: skip
+            continue
+        table.add_row(
+            r.op or "",
+            r.kernel,
+            r.target,
+            escape(r.config),
+            str(f.get("registers")),
+            str(f.get("spill_bytes") or 0),
+            f"{f.get('shared_bytes', 0) / 1024:.1f} KB",
+            f"{occ['occupancy']:.0%} ({occ['limiter']})" if occ else "?",
+            _widths(f),
+            "+".join(f"{k}×{v}" for k, v in sorted((f.get("tensor_cores") or {}).items()))
+            + (" tma" if f.get("tma") else ""),
+        )
+    console.print(table)
+    lines = []
+    for r in shown:
+        for fd in r.findings:
+            lines.append(
+                f"  [{_SEV[fd.severity]}]{fd.severity}[/] {escape(r.kernel)} {r.target} "
+                f"[dim]{escape(r.label)}[/]: {escape(fd.message)}"
+                + (f" → {escape(fd.suggestion)}" if fd.suggestion else "")
+            )
+    if lines:
+        console.print("Findings:")
+        for line in lines:
+            console.print(line)
+    for line in result.skipped:
+        console.print(f"[yellow]skipped:[/] {escape(line)}")
+    cached = sum(r.cached for r in reps)
+    console.print(
+        f"[dim]{len(reps)} kernel×target×config, {cached} from cache, {elapsed:.1f} s, "
+        f"compiled by triton {escape(result.triton)}[/]"
+    )
+
+
+def _widths(f: dict) -> str:
+    def fmt(d):
+        return " ".join(f"{k}b×{v}" for k, v in d.items()) or "-"
+
+    return f"{fmt(f.get('loads', {}))} / {fmt(f.get('stores', {}))}"
+
+
+def _print_check(c, path: str) -> None:
+    for note in c.notes:
+        console.print(f"[dim]{escape(note)}[/]")
+    if c.new:
+        console.print(f"[cyan]{len(c.new)} not in the baseline (new)[/]")
+    if c.missing:
+        console.print(f"[yellow]{len(c.missing)} in the baseline but not inspected now[/]")
+    for line in c.improvements:
+        console.print(f"[green]improved:[/] {escape(line)}")
+    if c.regressions:
+        console.print(f"[bold red]{len(c.regressions)} regression(s) against {escape(path)}:[/]")
+        for line in c.regressions:
+            console.print(f"  [red]✗[/] {escape(line)}")
+    else:
+        console.print(f"[green]✓ no regressions against {escape(path)}[/]")

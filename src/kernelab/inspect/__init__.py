@@ -1,0 +1,41 @@
+"""inspect: what the compiler made of each kernel, for sm_80, sm_90, sm_100 and gfx942, without
+a GPU.
+
+Public API (the autotuner's too):
+
+- :func:`analyze` (a :class:`kernelab.ops.Launch`, a target) → :class:`KernelReport`:
+  registers, spills, shared memory, occupancy and its limiter, global load/store widths,
+  tensor-core instructions, TMA, 32-bit offsets, and findings with suggestions.
+- :func:`prune` (a launch, a target) → :class:`Verdict`: whether a config spills, exceeds
+  shared memory, cannot reach one block per SM, or loses tensor cores.
+- :func:`inspect_ops` (ops, targets) → reports for every launch the ops would make;
+  :func:`parse_signature` and :func:`analyze_spec` for users' own kernels.
+- :mod:`kernelab.inspect.baseline`: the CI gate.
+
+Nothing compiles at import.
+"""
+
+from kernelab.inspect.findings import Finding
+from kernelab.inspect.report import KernelReport, Verdict, analyze, analyze_spec, prune
+from kernelab.inspect.signature import parse_signature
+from kernelab.inspect.spec import Spec, from_launch
+from kernelab.inspect.stage import inspect_ops, stage
+from kernelab.inspect.targets import DEFAULT_TARGETS, TARGETS, Target, parse_targets
+
+__all__ = [
+    "DEFAULT_TARGETS",
+    "TARGETS",
+    "Finding",
+    "KernelReport",
+    "Spec",
+    "Target",
+    "Verdict",
+    "analyze",
+    "analyze_spec",
+    "from_launch",
+    "inspect_ops",
+    "parse_signature",
+    "parse_targets",
+    "prune",
+    "stage",
+]

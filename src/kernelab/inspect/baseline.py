@@ -1,0 +1,180 @@
+"""The CI gate: compare reports with a committed baseline file, and rewrite it.
+
+The baseline is JSON (parsed, never executed): per key (op/kernel/target/dtype/shape) the
+registers, spilled bytes, shared memory, load and store widths and tensor-core instructions,
+plus the triton version that compiled them. ``--update-baseline`` writes it sorted and indented
+so the same reports always give the same bytes.
+
+What is compared, and when:
+- spills (new or more local memory), vectorisation (more global accesses narrower than 128
+  bits, or a narrower widest load), tensor cores (a kind that was there is gone), and the
+  ability to launch (shared memory or registers beyond the target's limit): always, since a
+  newer Triton should not lose these;
+- registers (more than ``REGISTER_SLACK``): only when the same triton version compiled both,
+  since register allocation legitimately moves between compiler versions.
+Keys in the baseline but not in the reports, and new keys, are listed but do not fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from kernelab.inspect.findings import VECTOR_BITS, narrow_accesses
+from kernelab.inspect.report import KernelReport
+
+FORMAT = 1
+DEFAULT_PATH = "inspect-baseline.json"
+
+
+def register_slack(base: int) -> int:
+    """Registers a kernel may grow before the gate fails: 8, or 10% for large kernels."""
+    return max(8, base // 10)
+
+
+def entry(rep: KernelReport) -> dict:
+    f = rep.facts or {}
+    if rep.error:
+        return {"error": rep.error}
+    return {
+        "registers": f.get("registers"),
+        "spill_bytes": f.get("spill_bytes") or 0,
+        "shared_bytes": f.get("shared_bytes", 0),
+        "loads": f.get("loads", {}),
+        "stores": f.get("stores", {}),
+        "narrow_accesses": narrow_accesses(f),
+        "tensor_cores": sorted(f.get("tensor_cores") or {}),
+        "launchable": rep.ok,
+    }
+
+
+def build(reports: Sequence[KernelReport]) -> dict:
+    versions = sorted({r.triton for r in reports if r.triton})
+    return {
+        "format": FORMAT,
+        "triton": versions[0] if len(versions) == 1 else versions,
+        "entries": {r.key: entry(r) for r in sorted(reports, key=lambda r: r.key)},
+    }
+
+
+def dumps(data: dict) -> bytes:
+    return orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+
+
+def write(path: str | Path, reports: Sequence[KernelReport], merge: bool = False) -> dict:
+    """Write the baseline for ``reports``; with ``merge``, keep entries of keys not inspected
+    now (e.g. when only some ops or targets were inspected)."""
+    data = build(reports)
+    if merge and Path(path).exists():
+        old = load(path)
+        entries = dict(old["entries"])
+        entries.update(data["entries"])
+        data["entries"] = dict(sorted(entries.items()))
+    Path(path).write_bytes(dumps(data))
+    return data
+
+
+def load(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"baseline: no such file {str(p)!r} (write one: --update-baseline)")
+    try:
+        data = orjson.loads(p.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"baseline: {str(p)!r} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+        raise ValueError(f"baseline: {str(p)!r} has no 'entries' object")
+    if data.get("format") != FORMAT:
+        raise ValueError(f"baseline: format: expected {FORMAT}, got {data.get('format')!r}")
+    return data
+
+
+@dataclass
+class Comparison:
+    regressions: list[str] = field(default_factory=list)
+    improvements: list[str] = field(default_factory=list)
+    new: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.regressions)
+
+
+def _widest(d: dict) -> int:
+    return max((int(k) for k in d), default=0)
+
+
+def compare(
+    reports: Sequence[KernelReport],
+    baseline: dict,
+    ops: Sequence[str] | None = None,
+    targets: Sequence[str] | None = None,
+) -> Comparison:
+    """Regressions of ``reports`` against ``baseline``. Baseline keys of ``ops`` on
+    ``targets`` (default: those in the reports) that were not inspected are listed missing."""
+    out = Comparison()
+    entries = baseline["entries"]
+    base_version = baseline.get("triton")
+    versions = {r.triton for r in reports if r.triton}
+    same_version = versions == {base_version}
+    if not same_version:
+        out.notes.append(
+            f"baseline compiled by triton {base_version}, now {', '.join(sorted(versions))}: "
+            "registers not compared (spills, vectorisation, tensor cores and launchability are)"
+        )
+    seen = set()
+    for rep in sorted(reports, key=lambda r: r.key):
+        seen.add(rep.key)
+        base = entries.get(rep.key)
+        if base is None:
+            out.new.append(rep.key)
+            continue
+        now = entry(rep)
+        where = f"{rep.kernel} on {rep.target} [{rep.key}]"
+        if "error" in now:
+            if "error" not in base:
+                out.regressions.append(f"{where}: no longer compiles: {now['error']}")
+            continue
+        if "error" in base:
+            out.improvements.append(f"{where}: compiles now")
+            continue
+        if now["spill_bytes"] > base.get("spill_bytes", 0):
+            out.regressions.append(
+                f"{where}: spills {base.get('spill_bytes', 0)} → {now['spill_bytes']} "
+                "bytes per thread"
+            )
+        b_narrow, b_wide = base.get("narrow_accesses", 0), _widest(base.get("loads", {}))
+        n_wide = _widest(now["loads"])
+        if now["narrow_accesses"] > b_narrow or (n_wide < b_wide and n_wide < VECTOR_BITS):
+            out.regressions.append(
+                f"{where}: lost vectorisation: widest load {b_wide} → {n_wide} bits, accesses "
+                f"narrower than 128 bits {b_narrow} → {now['narrow_accesses']}"
+            )
+        lost = [k for k in base.get("tensor_cores", []) if k not in now["tensor_cores"]]
+        if lost:
+            out.regressions.append(
+                f"{where}: lost tensor cores: {'+'.join(base.get('tensor_cores', []))} → "
+                f"{'+'.join(now['tensor_cores']) or 'none'}"
+            )
+        if base.get("launchable", True) and not now["launchable"]:
+            out.regressions.append(f"{where}: can no longer launch (shared memory or registers)")
+        b_regs, n_regs = base.get("registers"), now["registers"]
+        if same_version and b_regs is not None and n_regs is not None:
+            if n_regs > b_regs + register_slack(b_regs):
+                out.regressions.append(f"{where}: registers {b_regs} → {n_regs} per thread")
+            elif n_regs < b_regs - register_slack(b_regs):
+                out.improvements.append(f"{where}: registers {b_regs} → {n_regs}")
+    ops_in = set(ops) if ops is not None else {r.op for r in reports}
+    targets_in = set(targets) if targets is not None else {r.target for r in reports}
+
+    def in_scope(key: str) -> bool:
+        parts = key.split("/")
+        return len(parts) > 2 and parts[0] in ops_in and parts[2] in targets_in
+
+    out.missing = sorted(k for k in entries if k not in seen and in_scope(k))
+    return out

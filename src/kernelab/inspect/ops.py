@@ -1,0 +1,89 @@
+"""Which compilations the registered ops would really make: their declared launches."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from kernelab.inspect.report import Job
+from kernelab.inspect.spec import from_launch
+from kernelab.inspect.targets import Target
+from kernelab.ops._model import dtype_name
+
+
+@dataclass
+class Plan:
+    jobs: list[Job] = field(default_factory=list)
+    #: Ops (or shapes) not inspected, and why: one line each.
+    skipped: list[str] = field(default_factory=list)
+
+
+def _max_elements(op, shape, dtype) -> int | None:
+    """Elements of the largest tensor this shape creates (meta tensors: nothing allocated)."""
+    try:
+        inputs = op.inputs(shape, dtype, "meta")
+    except Exception:
+        return None
+    sizes = [v.numel() for v in inputs.values() if isinstance(v, torch.Tensor)]
+    return max(sizes) if sizes else None
+
+
+def _dtypes(op, names: Sequence[str] | None) -> list[torch.dtype]:
+    """The op's dtypes that are named (all when none are); an op that takes none of the
+    named dtypes is inspected in its first dtype rather than not at all."""
+    if not names:
+        return list(op.dtypes)
+    return [d for d in op.dtypes if dtype_name(d) in names] or list(op.dtypes[:1])
+
+
+def plan(
+    ops,
+    targets: Sequence[Target],
+    space: bool = False,
+    dtypes: Sequence[str] | None = None,
+    shape_set: str = "representative",
+) -> Plan:
+    """Jobs for every kernel each op launches for each shape of ``shape_set``, every dtype
+    (or those named), every target; with ``space``, for every config of its tuning space."""
+    out = Plan()
+    for op in ops:
+        if op.launches is None:
+            out.skipped.append(f"{op.name}: declares no launches (nothing to compile)")
+            continue
+        if space and op.tuning_space is None:
+            out.skipped.append(f"{op.name}: declares no tuning space; default configs only")
+        for dtype in _dtypes(op, dtypes):
+            for shape in op.shapes(shape_set):
+                configs = [None]
+                if space and op.tuning_space is not None:
+                    configs = list(op.tuning_space(shape, dtype)) or [None]
+                try:
+                    launch_sets = [(c, op.launches(shape, dtype, c)) for c in configs]
+                except Exception as exc:
+                    out.skipped.append(
+                        f"{op.name} {shape.label} {dtype_name(dtype)}: launches failed: "
+                        f"{type(exc).__name__}: {exc}"
+                    )
+                    continue
+                n_el = _max_elements(op, shape, dtype)
+                for config, launches in launch_sets:
+                    seen: dict[str, int] = {}
+                    for launch in launches:
+                        try:
+                            spec = from_launch(launch, n_el, f"{shape.label} {dtype_name(dtype)}")
+                        except TypeError as exc:
+                            out.skipped.append(f"{op.name}: {exc}")
+                            continue
+                        base = f"{op.name}/{spec.name}"
+                        n = seen[base] = seen.get(base, 0) + 1
+                        kname = spec.name if n == 1 else f"{spec.name}#{n}"
+                        tail = f"{dtype_name(dtype)}/{shape.key}"
+                        if config is not None:
+                            tail += f"/{spec.config_text()}"
+                        for t in targets:
+                            out.jobs.append(
+                                Job(spec, t, f"{op.name}/{kname}/{t.name}/{tail}", op.name)
+                            )
+    return out

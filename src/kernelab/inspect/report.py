@@ -1,0 +1,170 @@
+"""Reports: one per kernel × target × config, for ops' launches and for users' kernels."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kernelab.inspect import runner
+from kernelab.inspect.findings import Finding, findings, narrow_accesses, occupancy_of, widths
+from kernelab.inspect.spec import Spec, from_launch
+from kernelab.inspect.targets import TARGETS, Target
+
+
+@dataclass
+class KernelReport:
+    """What the compiler made of one kernel for one target and config."""
+
+    key: str  # stable name: op/kernel/target/dtype/shape (baseline key)
+    op: str | None
+    kernel: str
+    target: str
+    label: str  # shape and dtype, or the user's signature
+    config: str  # constexprs, warps, stages
+    facts: dict | None = None  # registers, spills, shared, loads, stores, tensor cores, ...
+    occupancy: dict | None = None
+    findings: list[Finding] = field(default_factory=list)
+    error: str | None = None
+    triton: str | None = None
+    cached: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not any(f.severity == "error" for f in self.findings)
+
+    def summary(self) -> str:
+        """E.g. '128-bit, 0 spills, occ 100%', or the first finding."""
+        if self.error:
+            return f"compile error: {self.error}"
+        f = self.facts or {}
+        occ = self.occupancy
+        parts = [widths(f), f"{f.get('spill_bytes') or 0} spills"]
+        if f.get("tensor_cores"):
+            parts.append("+".join(sorted(f["tensor_cores"])))
+        if occ:
+            parts.append(f"occ {occ['occupancy']:.0%}")
+        return ", ".join(parts)
+
+    def as_dict(self) -> dict:
+        return {
+            "key": self.key,
+            "op": self.op,
+            "kernel": self.kernel,
+            "target": self.target,
+            "label": self.label,
+            "config": self.config,
+            "facts": self.facts,
+            "occupancy": self.occupancy,
+            "findings": [x.as_dict() for x in self.findings],
+            "error": self.error,
+            "triton": self.triton,
+            "cached": self.cached,
+        }
+
+
+@dataclass
+class Job:
+    spec: Spec
+    target: Target
+    key: str
+    op: str | None = None
+
+
+def _target(t: str | Target) -> Target:
+    if isinstance(t, Target):
+        return t
+    if t not in TARGETS:
+        raise ValueError(f"target: expected one of {list(TARGETS)}, got {t!r}")
+    return TARGETS[t]
+
+
+def analyze_jobs(
+    jobs: Sequence[Job],
+    workers: int | None = None,
+    use_cache: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[KernelReport]:
+    """Compile (or read from the cache) every job, then the aligned counterfactuals needed."""
+    first = runner.run([(j.spec, j.target) for j in jobs], workers, use_cache, progress)
+    need = [
+        i
+        for i, (j, r) in enumerate(zip(jobs, first, strict=True))
+        if "facts" in r and narrow_accesses(r["facts"]) and j.spec.missing_alignment()
+    ]
+    aligned = runner.run(
+        [(jobs[i].spec.all_aligned(), jobs[i].target) for i in need], workers, use_cache
+    )
+    aligned_of = {i: a.get("facts") for i, a in zip(need, aligned, strict=True)}
+    reports = []
+    for i, (job, res) in enumerate(zip(jobs, first, strict=True)):
+        rep = KernelReport(
+            key=job.key,
+            op=job.op,
+            kernel=job.spec.name,
+            target=job.target.name,
+            label=job.spec.label,
+            config=job.spec.config_text(),
+            triton=res.get("triton"),
+            cached=bool(res.get("cached")),
+        )
+        if "error" in res:
+            rep.error = res["error"]
+        else:
+            facts = res["facts"]
+            occ = occupancy_of(facts, job.target)
+            rep.facts = facts
+            rep.occupancy = occ.as_dict() if occ else None
+            rep.findings = findings(
+                facts,
+                job.target,
+                occ,
+                job.spec.missing_alignment(),
+                aligned_of.get(i),
+                job.spec.max_elements,
+            )
+        reports.append(rep)
+    return reports
+
+
+def analyze_spec(
+    spec: Spec, targets: Sequence[str | Target] = ("sm_90",), use_cache: bool = True
+) -> list[KernelReport]:
+    jobs = [
+        Job(spec, t, f"{spec.name}/{t.name}/{spec.identity()[:8]}")
+        for t in (_target(x) for x in targets)
+    ]
+    return analyze_jobs(jobs, use_cache=use_cache)
+
+
+def analyze(
+    launch, target: str | Target = "sm_90", max_elements: int | None = None, use_cache=True
+) -> KernelReport:
+    """Analyse one :class:`kernelab.ops.Launch` for one target (the autotuner's entry point)."""
+    spec = from_launch(launch, max_elements=max_elements)
+    return analyze_spec(spec, (target,), use_cache)[0]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    keep: bool
+    reasons: tuple[str, ...]
+
+
+def prune(launch, target: str | Target = "sm_90", report: KernelReport | None = None) -> Verdict:
+    """Whether a config is worth timing on ``target``: it must compile, not spill, fit in
+    shared memory, reach one block per SM, and keep tensor cores where the kernel has a dot."""
+    rep = report or analyze(launch, target)
+    reasons = []
+    if rep.error:
+        reasons.append(f"does not compile: {rep.error}")
+    else:
+        kinds = {f.kind for f in rep.findings}
+        if "spills" in kinds:
+            reasons.append(f"spills {rep.facts.get('spill_bytes') or 0} bytes per thread")
+        if "shared-limit" in kinds:
+            reasons.append(f"needs {rep.facts['shared_bytes']} bytes of shared memory")
+        if rep.occupancy is not None and rep.occupancy["blocks_per_sm"] < 1:
+            reasons.append(f"cannot reach one block per SM ({rep.occupancy['limiter']})")
+        if "no-tensor-cores" in kinds:
+            reasons.append("loses tensor cores")
+    return Verdict(not reasons, tuple(reasons))

@@ -1,0 +1,128 @@
+"""Compile many (spec, target) pairs: cached, deduplicated, in parallel processes.
+
+The cache holds the parsed facts (small JSON, never code) of each compilation under
+``kernelab._flags.cache_dir()/inspect``, keyed by the kernel's source key (Triton's hash of
+the kernel and every helper it calls), the compile identity (signature, constexprs,
+specialisations, warps, stages), the target, the triton version and this parser's version.
+Worker processes are forked, so they see every kernel the parent has loaded (a user's file, a
+kernel built at run time) without pickling it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+
+import orjson
+
+from kernelab import _flags
+from kernelab.inspect import parse
+from kernelab.inspect.compile import compile_artifacts, triton_version
+from kernelab.inspect.spec import Spec
+from kernelab.inspect.targets import Target
+
+#: Bumped whenever parsing changes what a cached entry would hold.
+PARSER_VERSION = 1
+
+_JOBS: list[tuple[Spec, Target]] = []
+
+
+def cache_key(spec: Spec, target: Target) -> str:
+    text = "|".join(
+        (spec.source_key(), spec.identity(), target.name, triton_version(), str(PARSER_VERSION))
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _cache_path(key: str):
+    return _flags.cache_dir() / "inspect" / key[:2] / f"{key}.json"
+
+
+def _read(key: str) -> dict | None:
+    path = _cache_path(key)
+    try:
+        data = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) and ("facts" in data or "error" in data) else None
+
+
+def _write(key: str, data: dict) -> None:
+    path = _cache_path(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(orjson.dumps(data))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache only costs time
+
+
+def compile_one(spec: Spec, target: Target) -> dict:
+    """Compile and parse; ``{"facts": ..., "triton": ...}`` or ``{"error": ...}``."""
+    try:
+        art = compile_artifacts(spec, target)
+    except Exception as exc:  # a kernel that does not compile is a result, not a crash
+        first = str(exc).strip().splitlines()
+        return {"error": f"{type(exc).__name__}: {first[0] if first else ''}"[:500]}
+    return {"facts": parse.parse(art), "triton": art["triton"]}
+
+
+def _work(index: int) -> dict:
+    spec, target = _JOBS[index]
+    return compile_one(spec, target)
+
+
+def default_jobs() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def run(
+    pairs: Sequence[tuple[Spec, Target]],
+    jobs: int | None = None,
+    use_cache: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[dict]:
+    """Results for each pair, in order, each with ``cached`` (bool) added."""
+    global _JOBS
+    keys = [cache_key(s, t) for s, t in pairs]
+    results: dict[str, dict] = {}
+    todo: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        if key in results or key in todo:
+            continue
+        hit = _read(key) if use_cache else None
+        if hit is not None:
+            results[key] = {**hit, "cached": True}
+        else:
+            todo[key] = i
+    jobs = default_jobs() if jobs is None else max(1, jobs)
+    done = 0
+    if progress:
+        progress(done, len(todo))
+    fork_ok = "fork" in multiprocessing.get_all_start_methods()
+    if jobs > 1 and len(todo) > 1 and fork_ok:
+        _JOBS = [pairs[i] for i in todo.values()]
+        try:
+            ctx = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
+                for key, data in zip(todo, pool.map(_work, range(len(_JOBS))), strict=True):
+                    _write(key, data)
+                    results[key] = {**data, "cached": False}
+                    done += 1
+                    if progress:
+                        progress(done, len(todo))
+        finally:
+            _JOBS = []
+    else:
+        for key, i in todo.items():
+            data = compile_one(*pairs[i])
+            _write(key, data)
+            results[key] = {**data, "cached": False}
+            done += 1
+            if progress:
+                progress(done, len(todo))
+    return [results[k] for k in keys]

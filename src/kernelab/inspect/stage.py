@@ -1,0 +1,74 @@
+"""Inspect every op's launches, and the ``kernelab run`` stage (sm_90 by default)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kernelab.inspect.ops import plan
+from kernelab.inspect.report import KernelReport, analyze_jobs
+from kernelab.inspect.targets import Target, parse_targets
+from kernelab.stages import Cell, StageReport
+
+#: Target of the ``kernelab run`` stage.
+RUN_TARGET = "sm_90"
+
+
+@dataclass
+class Inspection:
+    reports: list[KernelReport] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    triton: str = ""
+
+
+def inspect_ops(
+    ops,
+    targets: str | Sequence[Target] | None = None,
+    space: bool = False,
+    dtypes: Sequence[str] | None = None,
+    jobs: int | None = None,
+    use_cache: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+) -> Inspection:
+    """Compile (or read cached) every kernel each op launches for its representative shapes."""
+    from kernelab.inspect.compile import triton_version
+
+    tgts = parse_targets(targets) if targets is None or isinstance(targets, str) else targets
+    p = plan(ops, list(tgts), space=space, dtypes=dtypes)
+    reports = analyze_jobs(p.jobs, jobs, use_cache, progress)
+    return Inspection(reports, p.skipped, triton_version())
+
+
+def stage(ops, device=None, progress=None) -> StageReport:
+    """One cell per op: its worst sm_90 kernel summary, or its first finding."""
+    report = StageReport("inspect sm_90")
+
+    def tick(done: int, total: int) -> None:
+        if progress:
+            progress(f"inspect: compiled {done}/{total} for {RUN_TARGET}")
+
+    result = inspect_ops(ops, RUN_TARGET, dtypes=("bfloat16",), progress=tick)
+    report.skipped.extend(result.skipped)
+    by_op: dict[str, list[KernelReport]] = {}
+    for rep in result.reports:
+        by_op.setdefault(rep.op, []).append(rep)
+    for op in ops:
+        reps = by_op.get(op.name)
+        if not reps:
+            if op.launches is None:
+                report.cells[(op.name, "*")] = Cell("skip", "no launches declared")
+            continue
+        errors = [r for r in reps if not r.ok]
+        warns = [(r, f) for r in reps for f in r.findings if f.severity == "warn"]
+        data = {"kernels": len(reps), "triton": result.triton}
+        if errors:
+            r = errors[0]
+            text = r.error or next(f.message for f in r.findings if f.severity == "error")
+            report.cells[(op.name, "kernelab")] = Cell("fail", f"{r.kernel}: {text}", data)
+        elif warns:
+            r, f = warns[0]
+            report.cells[(op.name, "kernelab")] = Cell("info", f"{r.kernel}: {f.message}", data)
+        else:
+            worst = min(reps, key=lambda r: (r.occupancy or {}).get("occupancy", 1.0))
+            report.cells[(op.name, "kernelab")] = Cell("pass", worst.summary(), data)
+    return report
