@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 #: ``module:function`` of each stage, in the order they run and appear as table columns.
-RUN_STAGES: tuple[str, ...] = ("kernelab.smoke:stage",)
+RUN_STAGES: tuple[str, ...] = ("kernelab.smoke:stage", "kernelab.bench:stage")
 
 
 @dataclass
