@@ -25,6 +25,7 @@ COMMANDS = (
     "kernelab.cli.run_cmd",
     "kernelab.cli.compare_cmd",
     "kernelab.cli.history_cmd",
+    "kernelab.cli.report_cmd",
     "kernelab.cli.bench_cmd",
     "kernelab.cli.ceilings_cmd",
 )
