@@ -141,15 +141,16 @@ def _categories(cases: list[dict]) -> list[tuple[tuple, str]]:
 
 def _bars_frame(cats, series, title, ylabel, values, center=None):
     n_cat, n_ser = max(len(cats), 1), max(len(series), 1)
-    width = max(560, min(1400, 90 + n_cat * (22 * n_ser + 18)))
-    cv = Canvas(width, 380, title, margin=(56, 20, 90, 80))
+    width = max(600, min(1400, 140 + n_cat * (22 * n_ser + 18)))
+    cv = Canvas(width, 400, title, margin=(56, 20, 110, 120))
     ys = Scale.fit([*values, *([center] if center else [])], cv.y0, cv.y1, pad=0.12)
     cv.axes(None, ys, "", ylabel, "", "s" if center is None else "×")
     band = (cv.x1 - cv.x0) / n_cat
     bar = min(28.0, (band - 12) / n_ser)
     for i, (_, label) in enumerate(cats):
         cx = cv.x0 + band * (i + 0.5)
-        cv.text(cx, cv.y0 + 14, label[:28], 10, "end", "#333", rotate=-35)
+        short = label if len(label) <= 30 else "…" + label[-29:]
+        cv.text(cx, cv.y0 + 14, short, 10, "end", "#333", rotate=-35)
     return cv, ys, band, bar
 
 

@@ -201,6 +201,22 @@ def _run_speedups(baseline: dict, run: dict, op: str) -> list[dict]:
     return rows
 
 
+def _op_charts(name, cases, colors, baseline_variant, baseline, run) -> list[str]:
+    """Latency and speedup charts of one op's cases (one dtype)."""
+    out = [charts.latency(cases, colors, f"{name}: latency per shape")]
+    vs = _variant_speedups(cases, baseline_variant)
+    if vs:
+        title = f"{name}: speedup over {baseline_variant}"
+        out.append(charts.speedup(vs, colors, title, f"{baseline_variant} time / variant time"))
+    if baseline is not None:
+        mine = {id(c) for c in cases}
+        rs = [r for r in _run_speedups(baseline, run, cases[0]["op"]) if id(r["case"]) in mine]
+        if rs:
+            title = f"{name}: speedup over run {baseline['id']}"
+            out.append(charts.speedup(rs, colors, title, "baseline time / this run's time"))
+    return out
+
+
 def render(
     runs: list[dict],
     baseline: dict | None = None,
@@ -236,30 +252,14 @@ def render(
         out.append("</div>")
         for op in dict.fromkeys(c["op"] for c in run["cases"]):
             cases = [c for c in run["cases"] if c["op"] == op]
-            out.append(f'<h3>{esc(op)}</h3><div class="charts">')
-            out.append(charts.latency(cases, colors, f"{op}: latency per shape"))
-            vs = _variant_speedups(cases, baseline_variant)
-            if vs:
-                out.append(
-                    charts.speedup(
-                        vs,
-                        colors,
-                        f"{op}: speedup over {baseline_variant}",
-                        f"{baseline_variant} time / variant time",
-                    )
-                )
-            if baseline is not None:
-                rs = _run_speedups(baseline, run, op)
-                if rs:
-                    out.append(
-                        charts.speedup(
-                            rs,
-                            colors,
-                            f"{op}: speedup over run {baseline['id']}",
-                            "baseline time / this run's time",
-                        )
-                    )
-            out.append("</div>")
+            out.append(f"<h3>{esc(op)}</h3>")
+            dtypes = list(dict.fromkeys(c["dtype"] for c in cases))
+            for dtype in dtypes:
+                group = [c for c in cases if c["dtype"] == dtype]
+                name = f"{op} · {dtype}" if len(dtypes) > 1 else op
+                out.append('<div class="charts">')
+                out.extend(_op_charts(name, group, colors, baseline_variant, baseline, run))
+                out.append("</div>")
             out.append(_case_table(cases))
         prov = orjson.dumps(run.get("provenance") or {}, option=orjson.OPT_INDENT_2, default=str)
         out.append(f"<h3>provenance</h3><pre>{esc(prov.decode())}</pre></section>")

@@ -86,10 +86,10 @@ def si(v: float, unit: str = "") -> str:
         return f"0{unit}"
     for suffix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(v) >= scale:
-            return f"{v / scale:g}{suffix}{unit}"
+            return f"{v / scale:.3g}{suffix}{unit}"
     for suffix, scale in (("", 1.0), ("m", 1e-3), ("µ", 1e-6), ("n", 1e-9), ("p", 1e-12)):
         if abs(v) >= scale:
-            return f"{v / scale:g}{suffix}{unit}"
+            return f"{v / scale:.3g}{suffix}{unit}"
     return f"{v:g}{unit}"
 
 
