@@ -124,3 +124,36 @@ def test_writer_killed_mid_transaction_leaves_the_ledger_consistent(tmp_path):
         assert db.history("rmsnorm") == []
         after = db.record_run("bench", [], {"device": {}}, label="after")  # writable again
         assert db.resolve("after") == after
+
+
+def test_concurrent_bench_commands_all_land_in_one_ledger(tmp_path):
+    from kernelab.hardware import detect
+
+    path = str(tmp_path / "bench.sqlite")
+    key = detect("cpu").key
+    with ledger.open(path) as db:  # stored ceilings: no process needs to measure them
+        db.put_ceiling(key, "copy_bytes_per_s", 1e10, "B/s", "test")
+        db.put_ceiling(key, "matmul_flops_float32", 1e11, "FLOP/s", "test")
+    args = ["--device", "cpu", "--ledger", path, "--shape", "decode 1x4096", "--dtype"]
+    args += ["float32", "--variants", "torch", "--max-time", "0.2", "--min-samples", "5"]
+    args += ["--max-rows", "8"]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "kernelab", "bench", "rmsnorm", *args, "--label", f"p{k}"],
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(3)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+    with ledger.open(path) as db:
+        runs = db.list_runs(kind="bench")
+        assert sorted(r["label"] for r in runs) == ["p0", "p1", "p2"]
+        for r in runs:
+            run = db.get_run(r["id"])
+            assert run["cases"] and all(len(c["samples"]) >= 5 for c in run["cases"])
+        assert db.check() == "ok"
