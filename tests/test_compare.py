@@ -160,15 +160,18 @@ def test_drift_within_a_run_widens_the_noise_band():
 
 
 def test_invalid_flag_and_too_few_samples_are_never_wins(db_path):
-    cases_a = make_cases(1, shapes=("s1", "s2"), variants=("kernelab",))
-    cases_b = make_cases(2, scale=0.1, shapes=("s1", "s2"), variants=("kernelab",))
+    cases_a = make_cases(1, shapes=("s1", "s2", "s3"), variants=("kernelab",))
+    cases_b = make_cases(2, scale=0.1, shapes=("s1", "s2", "s3"), variants=("kernelab",))
     cases_b[0]["flags"] = ["below-floor: invalid"]
     cases_b[1]["samples"] = cases_b[1]["samples"][:2]
+    cases_a[2]["metrics"]["valid"] = False  # a slow-looking baseline the bench rejected
+    cases_a[2]["flags"] = ["host/device disagreement"]
     result = compare_runs(
         {"id": "a", "cases": cases_a}, {"id": "b", "cases": cases_b}, threshold=0.05
     )
-    assert [c.verdict for c in result.cases] == ["invalid", "ambiguous"]
+    assert [c.verdict for c in result.cases] == ["invalid", "ambiguous", "invalid"]
     assert "below-floor" in result.cases[0].note and "too few" in result.cases[1].note
+    assert result.cases[2].note.startswith("baseline time marked invalid: host/device")
 
 
 def test_unmatched_cases_are_listed(db_path):

@@ -94,12 +94,15 @@ def test_measured_ceilings_from_the_ledger_beat_the_datasheet(db):
     assert ceil["flops_source"]["bfloat16"] == "datasheet H200 SXM"
 
 
-def test_invalid_cases_are_drawn_hollow(db, tmp_path):
-    cases = synthetic_cases(1, variants=("kernelab",))
+def test_invalid_cases_are_drawn_hollow_and_pale(db, tmp_path):
+    cases = [c for c in synthetic_cases(1, variants=("kernelab", "torch")) if c["op"] == "rmsnorm"]
     cases[0]["flags"] = ["below-floor: invalid"]
+    cases[2]["metrics"]["valid"] = False  # marked by the bench without an "invalid" flag
     db.record_run("bench", cases, provenance())
     page = report_html.write(db, None, tmp_path / "r.html").read_text()
-    assert page.count('fill="white" stroke=') == 1
+    assert page.count('fill="white" stroke=') == 2  # hollow on the roofline
+    assert page.count('fill-opacity="0.35"') == 4  # pale latency bars and speedup bars
+    assert page.count('<td class="flag">invalid') == 2
 
 
 def test_log_scale_ticks_are_readable():

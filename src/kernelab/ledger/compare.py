@@ -17,8 +17,9 @@ dtype, device, mode). For each pair:
 * verdict ``slower`` when the whole interval lies above 1 and ``ratio - 1 > noise``;
   ``faster`` when the whole interval lies below 1 and ``1 - ratio > noise``; otherwise
   ``ambiguous`` (the interval straddles 1, or the change is within the noise, or a run has
-  fewer than ``MIN_SAMPLES`` samples). ``invalid`` when either case carries a flag that
-  marks its time invalid (for example a time below the speed-of-light floor).
+  fewer than ``MIN_SAMPLES`` samples). ``invalid`` when the bench marked either time invalid
+  (``metrics["valid"]`` false, or a flag containing "invalid": below the speed-of-light
+  floor, wrong outputs, work left running), so an invalid time is never a win or a loss.
 * ``regression``: verdict ``slower`` and ``ratio > 1 + threshold`` (default 5 %). Any
   regression makes ``kernelab compare`` exit with status 1.
 """
@@ -97,6 +98,9 @@ def half_drift(samples) -> float:
 
 
 def _invalid(case: dict) -> bool:
+    """The bench marked this time invalid (``metrics.valid`` false, or an "invalid" flag)."""
+    if (case.get("metrics") or {}).get("valid") is False:
+        return True
     return any("invalid" in str(f).lower() for f in case.get("flags") or [])
 
 
@@ -181,9 +185,9 @@ def compare_cases(
         ratio = mb / ma
     if _invalid(a) or _invalid(b):
         verdict = "invalid"
-        note = "a time is flagged invalid: " + ", ".join(
-            str(f) for f in (a.get("flags") or []) + (b.get("flags") or []) if "invalid" in f
-        )
+        which = " and ".join(n for n, c in (("baseline", a), ("candidate", b)) if _invalid(c))
+        flags = [str(f) for c in (a, b) if _invalid(c) for f in c.get("flags") or []]
+        note = f"{which} time marked invalid" + (": " + "; ".join(flags) if flags else "")
     elif len(sa) < MIN_SAMPLES or len(sb) < MIN_SAMPLES or not (ma and mb):
         verdict = "ambiguous"
         note = f"too few samples for an interval (need {MIN_SAMPLES} in each run)"

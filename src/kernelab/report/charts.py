@@ -199,7 +199,10 @@ def speedup(rows: list[dict], colors: Colors, title: str, ylabel: str) -> str:
         )
         if r.get("verdict"):
             extra += f", {r['verdict']}"
-        cv.rect(x + 1, min(y, one), bar - 2, abs(one - y), colors(c["variant"]), tip(c, extra))
+        pale = 0.35 if invalid(c) or r.get("invalid") else None
+        cv.rect(
+            x + 1, min(y, one), bar - 2, abs(one - y), colors(c["variant"]), tip(c, extra), pale
+        )
         if _pos(r.get("lo")) and _pos(r.get("hi")):
             cv.line(x + bar / 2, ys(r["lo"]), x + bar / 2, ys(r["hi"]), "#111", 1.2)
     cv.legend([(s, colors(s)) for s in series])

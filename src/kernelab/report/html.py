@@ -152,7 +152,10 @@ def _case_table(cases: list[dict]) -> str:
             (fmt.percent(m.get("pct_roofline")), "n"),
             (m.get("bound") or "-", ""),
             (m.get("ceiling_source") or "-", ""),
-            (", ".join(c.get("flags") or []) or "", "flag"),
+            (
+                "; ".join((["invalid"] if charts.invalid(c) else []) + list(c.get("flags") or [])),
+                "flag",
+            ),
         ]
         body.append(
             "<tr>"
@@ -167,16 +170,16 @@ def _case_table(cases: list[dict]) -> str:
 
 def _variant_speedups(cases: list[dict], baseline_variant: str) -> list[dict]:
     base = {
-        (c["shape_key"], c["dtype"], c["mode"]): charts.median_of(c)
+        (c["shape_key"], c["dtype"], c["mode"]): c
         for c in cases
         if c["variant"] == baseline_variant
     }
     rows = []
     for c in cases:
         b = base.get((c["shape_key"], c["dtype"], c["mode"]))
-        t = charts.median_of(c)
-        if c["variant"] != baseline_variant and b and t:
-            rows.append({"case": c, "speedup": b / t})
+        tb, t = (charts.median_of(b) if b else None), charts.median_of(c)
+        if c["variant"] != baseline_variant and tb and t:
+            rows.append({"case": c, "speedup": tb / t, "invalid": charts.invalid(b)})
     return rows
 
 
@@ -196,6 +199,7 @@ def _run_speedups(baseline: dict, run: dict, op: str) -> list[dict]:
                     "lo": 1 / r.ci_high if r.ci_high else None,
                     "hi": 1 / r.ci_low if r.ci_low else None,
                     "verdict": r.verdict,
+                    "invalid": r.verdict == "invalid",
                 }
             )
     return rows
