@@ -2,8 +2,8 @@
 
 ``open(url)`` takes ``None`` (``KERNELAB_LEDGER``, else ``ledger.sqlite`` in kernelab's data
 folder), a file path, ``sqlite:///relative/path`` or ``sqlite:////absolute/path``, or
-``:memory:``. A server URL (``postgresql://...``) is recognised and refused with a clear
-error in this version (:mod:`kernelab.ledger._server`). The schema is documented in
+``:memory:``. A server URL (``postgresql://user@host/db``) goes through SQLAlchemy, an
+optional extra (:mod:`kernelab.ledger._server`). The schema is documented in
 :mod:`kernelab.ledger.schema`.
 """
 

@@ -13,23 +13,17 @@ import random
 import sqlite3
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from kernelab.ledger._base import LedgerError, check_version, now_iso
 from kernelab.ledger.schema import APP, DDL, SCHEMA_VERSION
+
+__all__ = ["LedgerError", "SQLiteBackend", "now_iso"]
 
 BUSY_TIMEOUT_S = 30.0
 RETRY_FOR_S = 120.0
 _MAGIC = b"SQLite format 3\x00"
-
-
-class LedgerError(ValueError):
-    """The ledger cannot be used: foreign, newer, corrupt or locked for too long."""
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
 def _busy(exc: sqlite3.OperationalError) -> bool:
@@ -92,38 +86,14 @@ class SQLiteBackend:
             raise LedgerError(f"ledger {self.path}: could not switch to WAL mode (got {mode})")
         self.conn.execute("PRAGMA synchronous = NORMAL")
 
-    def _tables(self) -> set[str]:
-        rows = self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-        return {r[0] for r in rows} - {"sqlite_sequence"}
-
     def _check_version(self) -> bool:
         """True when the file already holds a usable kernelab schema."""
-        tables = self._tables()
+        rows = self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        tables = {r[0] for r in rows}
+        found = None
         if "schema_version" in tables:
-            rows = self.conn.execute("SELECT app, version FROM schema_version").fetchall()
-            if len(rows) != 1:
-                raise LedgerError(
-                    f"ledger {self.path}: schema_version holds {len(rows)} rows, expected 1 "
-                    "(corrupt ledger)"
-                )
-            app, version = rows[0]
-            if app != APP:
-                raise LedgerError(
-                    f"ledger {self.path}: belongs to {app!r}, not {APP!r}; refusing to use it"
-                )
-            if not isinstance(version, int) or version > SCHEMA_VERSION:
-                raise LedgerError(
-                    f"ledger {self.path}: schema version {version} is newer than this kernelab "
-                    f"understands ({SCHEMA_VERSION}); upgrade kernelab to read it"
-                )
-            return True
-        if tables:
-            names = ", ".join(sorted(tables))
-            raise LedgerError(
-                f"ledger {self.path}: a foreign SQLite database (tables: {names}), not a "
-                "kernelab ledger; refusing to use or overwrite it"
-            )
-        return False
+            found = self.conn.execute("SELECT app, version FROM schema_version").fetchall()
+        return check_version(self.path, tables, found)
 
     def _create_schema(self) -> None:
         def create(conn: sqlite3.Connection) -> None:
@@ -187,6 +157,10 @@ class SQLiteBackend:
             return self._retry(lambda: self.conn.execute(sql, params).fetchall())
         except sqlite3.Error as exc:
             raise self._error(exc) from None
+
+    def check(self) -> str:
+        """SQLite's integrity check: "ok" or the problems found."""
+        return "; ".join(str(r[0]) for r in self.query("PRAGMA integrity_check"))
 
     def close(self) -> None:
         self.conn.close()

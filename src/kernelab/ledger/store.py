@@ -393,9 +393,8 @@ class Ledger:
         return orjson.loads(rows[0][0]) if rows else None
 
     def check(self) -> str:
-        """SQLite's integrity check: "ok" or the problems found."""
-        rows = self._db.query("PRAGMA integrity_check")
-        return "; ".join(str(r[0]) for r in rows)
+        """The database's integrity check: "ok" or the problems found."""
+        return self._db.check()
 
 
 __all__ = ["Ledger", "LedgerError", "pack_samples", "unpack_samples"]
