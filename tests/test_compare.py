@@ -228,6 +228,10 @@ def test_history_shows_a_case_over_time(db_path):
     assert len(rows) == 18 and rows[0]["label"] == "v0"
     empty = runner.invoke(app, ["history", "nosuchop", "--ledger", db_path])
     assert empty.exit_code == 0 and "no stored cases" in empty.output
+    runs = runner.invoke(app, ["history", "--ledger", db_path, "--json"])
+    assert [r["id"] for r in json.loads(runs.output)["runs"]] == ids[::-1]
+    table = runner.invoke(app, ["history", "--ledger", db_path])
+    assert table.exit_code == 0 and all(i in table.output for i in ids) and "v2" in table.output
 
 
 def test_cli_escapes_markup_in_names(db_path):

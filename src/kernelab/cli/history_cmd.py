@@ -72,11 +72,42 @@ def history_rows(db, op: str, **filters) -> list[dict]:
     return rows
 
 
+_RUN_COLUMNS = ["created", "id", "kind", "label", "device", "commit", "n_cases"]
+
+
+def _show_runs(runs: list[dict], json: bool, csv: bool) -> None:
+    from kernelab.report import fmt
+
+    if json:
+        emit_json({"runs": runs})
+        return
+    if csv:
+        sys.stdout.write(fmt.to_csv(runs, _RUN_COLUMNS))
+        return
+    if not runs:
+        console.print("the ledger holds no runs", highlight=False, markup=False)
+        return
+    table = Table(title="recent runs (newest first)", title_justify="left")
+    for col in ("time (UTC)", "run", "kind", "label", "device", "commit", "cases"):
+        table.add_column(col, justify="right" if col == "cases" else "left")
+    for r in runs:
+        table.add_row(
+            r["created"][:19].replace("T", " "),
+            r["id"],
+            escape(r["kind"]),
+            escape(r["label"] or "-"),
+            escape(r["device"] or "-"),
+            (r["commit"] or "-")[:10],
+            str(r["n_cases"]),
+        )
+    console.print(table)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("history")
     @user_errors
     def history_command(
-        op: str = typer.Argument(..., help="Op name, e.g. rmsnorm."),
+        op: str = typer.Argument(None, help="Op name, e.g. rmsnorm (none: list recent runs)."),
         variant: str = typer.Option(None, help="Only this variant."),
         shape: str = typer.Option(None, help="Only this shape key."),
         dtype: str = typer.Option(None, help="Only this dtype."),
@@ -89,7 +120,8 @@ def register(app: typer.Typer) -> None:
         json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
         csv: bool = typer.Option(False, "--csv", help="Print CSV."),
     ):
-        """Show how an op's cases measured over time, oldest first."""
+        """Show how an op's cases measured over time, oldest first; without an op, the
+        ledger's recent runs."""
         from kernelab import ledger
         from kernelab.report import fmt
 
@@ -97,6 +129,11 @@ def register(app: typer.Typer) -> None:
             raise ValueError("--json, --csv: choose one output format")
         if limit < 1:
             raise ValueError(f"--limit: expected at least 1, got {limit}")
+        if op is None:
+            with ledger.open(ledger_url) as db:
+                runs = db.list_runs(kind=None, limit=limit)
+            _show_runs(runs, json, csv)
+            return
         with ledger.open(ledger_url) as db:
             rows = history_rows(
                 db,
