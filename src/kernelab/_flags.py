@@ -6,6 +6,7 @@
 |                     | Triton's interpreter instead of the torch implementation (tests).   |
 | KERNELAB_LEDGER     | results ledger: a path to an SQLite file or a database URL.         |
 | KERNELAB_CACHE_DIR  | where compiled-artifact and measurement caches live.                |
+| KERNELAB_DATA_DIR   | where the default ledger lives (else $XDG_DATA_HOME/kernelab).      |
 | KERNELAB_SHARED     | the folder with the shared device facts and traces (tests).         |
 """
 
@@ -33,6 +34,15 @@ def cache_dir() -> Path:
         return Path(base)
     xdg = _get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "kernelab"
+
+
+def data_dir() -> Path:
+    """Where kernelab keeps its data (the default ledger)."""
+    base = _get("KERNELAB_DATA_DIR")
+    if base:
+        return Path(base)
+    xdg = _get("XDG_DATA_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".local" / "share") / "kernelab"
 
 
 def ledger_url() -> str | None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 RUN_STAGES: tuple[str, ...] = (
     "kernelab.verify:stage",
     "kernelab.inspect:stage",
+    "kernelab.bench:stage",
 )
 
 

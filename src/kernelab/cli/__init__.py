@@ -27,6 +27,11 @@ COMMANDS = (
     "kernelab.cli.tune_cmd",
     "kernelab.cli.model_bench_cmd",
     "kernelab.cli.inspect_cmd",
+    "kernelab.cli.compare_cmd",
+    "kernelab.cli.history_cmd",
+    "kernelab.cli.report_cmd",
+    "kernelab.cli.bench_cmd",
+    "kernelab.cli.ceilings_cmd",
 )
 
 

@@ -1,0 +1,128 @@
+"""The Python API of bench: ceilings for a device, candidates, one call to bench ops."""
+
+from __future__ import annotations
+
+import torch
+
+from kernelab.bench import roofline
+from kernelab.bench.cache import cache_bytes
+from kernelab.bench.runner import BenchConfig, BenchResult, Subject, run
+from kernelab.bench.telemetry import open_telemetry
+from kernelab.bench.timers import timer_for
+
+
+def open_ledger(url: str | None = None):
+    """The results ledger, or None when the ledger package is not available."""
+    try:
+        from kernelab import ledger
+    except ImportError:
+        return None
+    return ledger.open(url=url)
+
+
+def ceilings_for(info, db=None, measure_if_missing: bool = True, progress=None):
+    """Stored measured ceilings, else datasheet peaks; a CPU without either is measured now.
+
+    Returns (Ceilings, note): the note says what was done ("" when ceilings were stored).
+    """
+    stored = db.ceilings(info.key) if db is not None else {}
+    if stored:
+        return roofline.resolve(info, stored), ""
+    if info.spec is not None:
+        return roofline.resolve(info), (
+            f"no measured ceilings stored for {info.key}: using datasheet peaks "
+            "(run `kernelab ceilings` to measure)"
+        )
+    if not measure_if_missing:
+        return roofline.resolve(info), (
+            f"no ceilings for {info.key}: no floor, no % of roofline "
+            "(run `kernelab ceilings` to measure)"
+        )
+    rows = roofline.measure(info, cache_bytes(info)[0], progress)
+    if db is not None:
+        for r in rows:
+            db.put_ceiling(info.key, r["name"], r["value"], r["unit"], r["source"])
+    now = {r["name"]: {**r, "measured": "now"} for r in rows}
+    return roofline.resolve(info, now), (
+        f"no ceilings stored for {info.key}: measured them now"
+        + (" and stored them" if db is not None else "")
+    )
+
+
+def candidate(spec: str, op) -> Subject:
+    """A user's ``file.py:function`` as a subject for ``op`` (its signature is checked)."""
+    from kernelab._loader import check_signature, load_callable
+
+    fn = load_callable(spec)
+    shape = op.shapes("representative")[0]
+    names = list(op.inputs(shape, op.dtypes[0], "meta").keys())
+    check_signature(fn, names)
+    name = spec.rpartition(":")[2]
+    return Subject(f"candidate:{name}", fn, "candidate")
+
+
+def bench(
+    ops,
+    device: str | None = None,
+    cfg: BenchConfig | None = None,
+    *,
+    candidate: Subject | None = None,
+    ceilings=None,
+    db=None,
+    progress=None,
+) -> BenchResult:
+    """Bench ``ops`` (Op objects) on ``device``; see :class:`BenchConfig` for the knobs."""
+    from kernelab.hardware import detect
+
+    info = detect(device)
+    cfg = cfg or BenchConfig()
+    note = ""
+    if ceilings is None:
+        ceilings, note = ceilings_for(info, db, progress=progress)
+    dev = "cpu" if info.type == "cpu" else f"cuda:{info.index}"
+    timer = timer_for(dev, threads=torch.get_num_threads())
+    telemetry = open_telemetry(info)
+    result = run(
+        ops,
+        info,
+        cfg,
+        ceilings,
+        timer=timer,
+        telemetry=telemetry,
+        candidate=candidate,
+        progress=progress,
+    )
+    if note:
+        result.skipped.insert(0, note)
+    if info.type != "cpu" and not telemetry.available:
+        result.skipped.append(
+            "telemetry: install nvidia-ml-py (NVIDIA) or amdsmi (AMD) for clocks, power, energy"
+        )
+    return result
+
+
+def floors(spec, ops, shape_set: str = "representative", dtypes=None) -> list[dict]:
+    """Datasheet speed-of-light floor of every shape of ``ops`` on the device ``spec``."""
+    ceil = roofline.datasheet(spec)
+    rows = []
+    for op in ops:
+        for shape in op.shapes(shape_set):
+            for dt in dtypes or op.dtypes:
+                if dt not in op.dtypes:
+                    continue
+                cost = op.cost(op.inputs(shape, dt, "meta"))
+                r = roofline.roofline(cost, 1.0, ceil, dt)
+                rows.append(
+                    {
+                        "op": op.name,
+                        "shape_label": shape.label,
+                        "shape_key": shape.key,
+                        "dtype": str(dt).removeprefix("torch."),
+                        "bytes": cost.bytes,
+                        "flops": cost.flops,
+                        "floor_s": r["floor_s"],
+                        "bound": r["bound"],
+                        "ceiling_source": r["ceiling_source"],
+                    }
+                )
+    return rows

@@ -1,0 +1,160 @@
+"""Integrity checks around a timed loop (METHOD.md, "Known ways a kernel or harness fools
+itself"). Each returns a flag naming the class of cheat, or nothing.
+
+- the outputs of the timed calls, checked against the float64 reference after the loop;
+- work left running after return: the output read right after return differs from the same
+  output read after the device is synchronised and new host threads have finished;
+- the synchronised host clock against the timer: a disagreement beyond dispatch overhead;
+- results cached by pointer (fresh values written into the same buffers) or by shape or call
+  count (fresh inputs at new addresses);
+- a time below the speed-of-light floor (see :mod:`kernelab.bench.roofline`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from kernelab.numerics import error, special_mismatch
+from kernelab.ops import as_tuple
+
+#: Host-clock time per call may exceed the timer's by this factor (plus dispatch) before the
+#: two are said to disagree: enough for noise on a busy host, far below a hidden workload.
+HOST_FACTOR = 2.0
+HOST_SLACK_S = 5e-6
+#: How long to wait for work left behind before reading outputs a second time.
+SETTLE_S = 0.01
+JOIN_TIMEOUT_S = 5.0
+
+
+def clone_inputs(inputs: dict) -> dict:
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+def bitwise_equal(a, b) -> bool:
+    """Same bits (NaN equals NaN), for tensors or tuples of tensors."""
+    a, b = as_tuple(a), as_tuple(b)
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+            if x is not y and x != y:
+                return False
+            continue
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return False
+        xb = x.detach().contiguous().reshape(-1).view(torch.uint8)
+        yb = y.detach().contiguous().reshape(-1).view(torch.uint8)
+        if not torch.equal(xb, yb):
+            return False
+    return True
+
+
+def snapshot(result) -> tuple:
+    return tuple(r.detach().clone() if isinstance(r, torch.Tensor) else r for r in as_tuple(result))
+
+
+@dataclass
+class Reference:
+    """The float64 reference for one input set and the tolerance per checked tensor."""
+
+    outputs: tuple
+    inplace: dict
+    tolerances: list[float]
+
+    @classmethod
+    def build(cls, op, inputs: dict, dtype: torch.dtype) -> Reference:
+        outs, inplace = op.run_reference(inputs)
+        eager = None
+        if "torch" in op.variants:
+            args = clone_inputs(inputs)
+            eager_out = as_tuple(op.variants["torch"](**args))
+            eager = list(eager_out) + [args[n] for n in inplace]
+        refs = list(outs) + list(inplace.values())
+        tols = []
+        for i, ref in enumerate(refs):
+            base = error(eager[i], ref).rel_l2 if eager is not None else None
+            tols.append(op.contract.tolerance_for(dtype, base)[0])
+        return cls(outs, inplace, tols)
+
+    def check(self, result, inputs: dict) -> str | None:
+        """None when ``result`` (and the in-place arguments in ``inputs``) are right."""
+        got = list(as_tuple(result))
+        if len(got) != len(self.outputs):
+            return f"expected {len(self.outputs)} output(s), got {len(got)}"
+        got += [inputs[n] for n in self.inplace]
+        refs = list(self.outputs) + list(self.inplace.values())
+        for i, (g, r, tol) in enumerate(zip(got, refs, self.tolerances, strict=True)):
+            if not isinstance(g, torch.Tensor):
+                return f"output {i} is {type(g).__name__}, not a tensor"
+            if tuple(g.shape) != tuple(r.shape):
+                return f"output {i} has shape {tuple(g.shape)}, expected {tuple(r.shape)}"
+            if bool(special_mismatch(g, r).any()):
+                return f"output {i}: NaN/Inf pattern differs from the reference"
+            err = error(g, r).rel_l2
+            if not err <= tol:
+                return f"output {i}: error {err:.2e} > tolerance {tol:.2e}"
+        return None
+
+
+def new_threads(before: set) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t not in before and t.is_alive()]
+
+
+def settle(timer, before: set) -> int:
+    """Synchronise the device and join host threads started since ``before``; count them."""
+    timer.sync()
+    left = new_threads(before)
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    for t in left:
+        t.join(max(0.0, deadline - time.monotonic()))
+    time.sleep(SETTLE_S)
+    timer.sync()
+    return len(left)
+
+
+def returned_early(fn, timer) -> tuple[bool, int, object]:
+    """Call once; compare the output read at return with the output after settling.
+
+    Returns (outputs changed after return, threads left running, the settled result).
+    """
+    timer.sync()
+    before = set(threading.enumerate())
+    result = fn()
+    early = snapshot(result)
+    threads = settle(timer, before)
+    return not bitwise_equal(early, snapshot(result)), threads, result
+
+
+def host_clock(fn, timer, calls: int) -> tuple[float, int]:
+    """Per-call seconds of ``calls`` calls on the host clock, until all their work is done.
+
+    The clock stops after the device is synchronised and host threads the calls started have
+    finished. Returns (seconds per call, threads that were still running at return).
+    """
+    timer.sync()
+    before = set(threading.enumerate())
+    t0 = time.perf_counter_ns()
+    for _ in range(calls):
+        fn()
+    timer.sync()
+    left = new_threads(before)
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    for t in left:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return (time.perf_counter_ns() - t0) * 1e-9 / calls, len(left)
+
+
+def host_disagrees(host_s: float, timed_s: float, dispatch_s: float) -> bool:
+    """Whether the synchronised host time exceeds the timer's beyond dispatch overhead."""
+    return host_s > HOST_FACTOR * timed_s + dispatch_s + HOST_SLACK_S
+
+
+def refill(inputs: dict, fresh: dict) -> None:
+    """Write ``fresh`` values into the tensors of ``inputs`` (same addresses, new data)."""
+    for k, v in inputs.items():
+        if isinstance(v, torch.Tensor) and isinstance(fresh.get(k), torch.Tensor):
+            v.copy_(fresh[k])

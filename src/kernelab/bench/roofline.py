@@ -1,0 +1,189 @@
+"""Ceilings and the roofline: what a measured time is worth against the speed of light.
+
+A ceiling is a memory bandwidth and a compute rate per dtype. Measured ceilings (``kernelab
+ceilings``: a large device copy counting bytes read plus written, a large matmul) are used
+where stored; datasheet peaks from :mod:`kernelab.hardware` otherwise; every result says which.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from kernelab.bench.timers import timer_for
+from kernelab.ops._model import dtype_name
+
+COPY = "copy_bytes_per_s"
+MATMUL = "matmul_flops_"  # + dtype name, e.g. matmul_flops_bfloat16
+
+#: A measured copy is a practical ceiling a kernel may beat by a little (fewer DRAM page
+#: switches, no read-for-ownership); only a time this far below the measured floor is invalid.
+MEASURED_SLACK = 0.10
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """Memory bandwidth (bytes/s) and compute peaks (FLOP/s by dtype name), with sources."""
+
+    device_key: str
+    bandwidth: float | None = None
+    bandwidth_source: str = "none"
+    flops: dict[str, float] = field(default_factory=dict)
+    flops_source: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def measured(self) -> bool:
+        return self.bandwidth_source.startswith("measured")
+
+    def peak(self, dtype: torch.dtype | str) -> tuple[float | None, str]:
+        name = dtype if isinstance(dtype, str) else dtype_name(dtype)
+        if name in self.flops:
+            return self.flops[name], self.flops_source.get(name, "?")
+        return None, "none"
+
+    def source(self, dtype: torch.dtype | str) -> str:
+        _, fsrc = self.peak(dtype)
+        return f"memory: {self.bandwidth_source}; compute: {fsrc}"
+
+    def as_dict(self) -> dict:
+        return {
+            "device_key": self.device_key,
+            "bandwidth_bytes_per_s": self.bandwidth,
+            "bandwidth_source": self.bandwidth_source,
+            "flops": dict(self.flops),
+            "flops_source": dict(self.flops_source),
+        }
+
+
+_SPEC_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8"}
+
+
+def datasheet(spec, device_key: str | None = None) -> Ceilings:
+    """Ceilings from a :class:`~kernelab.hardware.DeviceSpec` (datasheet peaks)."""
+    src = f"datasheet {spec.name}"
+    flops = {d: spec.peak_for(s) for d, s in _SPEC_DTYPES.items() if spec.peak_for(s)}
+    return Ceilings(
+        device_key or spec.name, spec.hbm_bytes_per_s, src, flops, dict.fromkeys(flops, src)
+    )
+
+
+def resolve(info, stored: dict[str, dict] | None = None) -> Ceilings:
+    """Measured ceilings where stored for this device, datasheet peaks for the rest.
+
+    ``stored`` is the ledger's ``{name: {value, unit, source, measured}}`` for ``info.key``.
+    """
+    base = datasheet(info.spec, info.key) if info.spec is not None else Ceilings(info.key)
+    bandwidth, bsrc = base.bandwidth, base.bandwidth_source
+    flops, fsrc = dict(base.flops), dict(base.flops_source)
+    for name, row in (stored or {}).items():
+        when = str(row.get("measured") or "")[:19]
+        src = f"measured {when} ({row.get('source', '')})".replace(" ()", "")
+        if name == COPY:
+            bandwidth, bsrc = float(row["value"]), src
+        elif name.startswith(MATMUL):
+            dt = name.removeprefix(MATMUL)
+            flops[dt], fsrc[dt] = float(row["value"]), src
+    return Ceilings(info.key, bandwidth, bsrc, flops, fsrc)
+
+
+def roofline(cost, seconds: float, ceilings: Ceilings, dtype, *, in_cache: bool = False) -> dict:
+    """Achieved rates, the floor, % of roofline, the bound, and whether the time is plausible.
+
+    ``in_cache``: the working set may sit in cache (hot mode, small data), so the memory term
+    of the floor does not apply and only the compute term can make a time invalid.
+    """
+    peak, _ = ceilings.peak(dtype)
+    bw = ceilings.bandwidth
+    t_mem = cost.bytes / bw if bw else 0.0
+    t_flop = cost.flops / peak if peak else 0.0
+    floor = max(t_mem, t_flop) if (bw or peak) else None
+    gate = t_flop if in_cache else floor
+    out = {
+        "gbps": cost.bytes / seconds / 1e9 if seconds > 0 else None,
+        "tflops": cost.flops / seconds / 1e12 if seconds > 0 else None,
+        "bytes": cost.bytes,
+        "flops": cost.flops,
+        "floor_s": floor,
+        "bound": None if floor is None else ("compute" if t_flop > t_mem else "memory"),
+        "pct_roofline": (100.0 * floor / seconds) if floor and seconds > 0 else None,
+        "ceiling_source": ceilings.source(dtype),
+        "below_floor": False,
+    }
+    if gate:
+        slack = MEASURED_SLACK if ceilings.measured else 0.0
+        out["below_floor"] = seconds < gate * (1.0 - slack)
+    return out
+
+
+# --- measuring ceilings ------------------------------------------------------------------
+
+
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+def measure_copy(device, nbytes: int, samples: int = 10) -> float:
+    """Copy bandwidth in bytes/s, counting bytes read plus written, of a ``nbytes`` copy."""
+    dev = torch.device(device)
+    gen = torch.Generator(device=dev.type).manual_seed(0)
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=dev, generator=gen)
+    dst = torch.empty_like(src)
+    timer = timer_for(dev)
+    dst.copy_(src)
+    timer.sync()
+    times, _ = timer.samples(lambda: dst.copy_(src), samples)
+    return 2 * nbytes / _median(times)
+
+
+def measure_matmul(device, n: int, dtype: torch.dtype, samples: int = 5) -> float:
+    """FLOP/s of an ``n``³ matmul on random data (never zeros: they run faster)."""
+    dev = torch.device(device)
+    gen = torch.Generator(device=dev.type).manual_seed(0)
+    a = torch.randn((n, n), device=dev, generator=gen).to(dtype)
+    b = torch.randn((n, n), device=dev, generator=gen).to(dtype)
+    timer = timer_for(dev)
+    torch.matmul(a, b)
+    timer.sync()
+    times, _ = timer.samples(lambda: torch.matmul(a, b), samples)
+    return 2 * n**3 / _median(times)
+
+
+def measure(info, cache_size: int, progress=None) -> list[dict]:
+    """Measure the device's copy bandwidth and matmul rates; rows ready for the ledger.
+
+    GPU: a 1 GiB copy (far beyond any L2) and 8192³ matmuls in bf16 and fp16; CPU: a copy of
+    at least four times the last-level cache and a 1024³ float32 matmul (modest, a second).
+    """
+    dev = "cpu" if info.type == "cpu" else f"cuda:{info.index}"
+    if info.type == "cpu":
+        nbytes = max(4 * cache_size, 64 * 2**20)
+        plans = [(1024, torch.float32)]
+    else:
+        nbytes = max(4 * cache_size, 2**30)
+        plans = [(8192, torch.bfloat16), (8192, torch.float16), (4096, torch.float32)]
+    if progress:
+        progress(f"ceilings: copy {nbytes / 2**20:.0f} MiB")
+    rows = [
+        {
+            "name": COPY,
+            "value": measure_copy(dev, nbytes),
+            "unit": "B/s",
+            "source": f"copy {nbytes / 2**20:.0f} MiB, read+write",
+        }
+    ]
+    for n, dtype in plans:
+        if progress:
+            progress(f"ceilings: matmul {n}³ {dtype_name(dtype)}")
+        value = measure_matmul(dev, n, dtype)
+        if math.isfinite(value) and value > 0:
+            rows.append(
+                {
+                    "name": MATMUL + dtype_name(dtype),
+                    "value": value,
+                    "unit": "FLOP/s",
+                    "source": f"matmul {n}^3 {dtype_name(dtype)}",
+                }
+            )
+    return rows

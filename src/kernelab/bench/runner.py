@@ -1,0 +1,439 @@
+"""The bench runner: every subject of a case timed in one process, in interleaved order.
+
+A subject is a zero-argument closure over inputs made outside the timed region (the op's
+inputs, then the variant's ``prepare``); only the call is timed. For each case (op, shape,
+dtype) the runner warms every subject up until its times are stable, then takes batches of
+samples round-robin (the order rotating each round) until each subject meets the stopping
+rule, and checks its timed outputs, its clocks and its caching before it reports a number.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from kernelab.bench import integrity
+from kernelab.bench.cache import Flush, cache_bytes, tensor_bytes
+from kernelab.bench.roofline import Ceilings, roofline
+from kernelab.bench.stats import StopRule, stable, summarize
+from kernelab.bench.telemetry import NoTelemetry, energy_per_call
+from kernelab.ops._model import Shape, dtype_name
+
+#: Default stopping rules: the CPU is noisier and slower to sample than a GPU.
+CPU_RULE = StopRule(rel_ci=0.03, min_samples=10, min_time=0.05, max_time=1.0)
+GPU_RULE = StopRule(rel_ci=0.01, min_samples=20, min_time=0.1, max_time=2.0)
+
+#: Wall time aimed at per batch of samples (between two looks at the stopping rule).
+BATCH_S = 0.02
+#: A hot-mode sample holds enough back-to-back calls to last at least this long.
+HOT_SAMPLE_S = 1e-4
+WARMUP_MAX_S = 1.0
+WARMUP_BATCHES = 20
+#: Wall time of the host-clock cross-check, per repetition.
+HOST_CHECK_S = 0.005
+
+INTERPRETED = "Triton interpreter on CPU: correctness only, timing it would be meaningless"
+
+
+@dataclass(frozen=True)
+class Subject:
+    """Something to time: a variant of an op or a user's candidate."""
+
+    name: str
+    fn: Callable[..., object]
+    kind: str
+    prepare: Callable[[dict], dict] | None = None
+
+
+@dataclass
+class BenchConfig:
+    shape_set: str = "representative"
+    dtypes: tuple[torch.dtype, ...] | None = None  # None: every dtype the op declares
+    variants: tuple[str, ...] | None = None  # None: every variant that can be timed here
+    mode: str = "auto"  # "auto" (cold for memory-bound shapes), "cold" or "hot"
+    rule: StopRule | None = None  # None: CPU_RULE or GPU_RULE
+    seed: int = 0
+    compile: bool = False  # time "compile" variants on the CPU (slow to compile there)
+    max_rows: int | None = None  # cap the batch dimension of every shape
+    shapes: tuple[str, ...] | None = None  # keep shapes whose label contains one of these
+    graph_calls: int = 100
+    energy_window_s: float = 0.3  # 0 disables energy measurement
+    budget_s: float | None = None  # stop starting new cases after this many seconds
+
+    def __post_init__(self):
+        if self.mode not in ("auto", "cold", "hot"):
+            raise ValueError(f"mode: expected auto, cold or hot, got {self.mode!r}")
+        if self.graph_calls < 1:
+            raise ValueError(f"graph_calls: expected at least 1, got {self.graph_calls!r}")
+
+
+@dataclass
+class BenchResult:
+    device: dict
+    ceilings: dict
+    config: dict
+    cases: list[dict] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def subjects_for(op, device_type: str, cfg: BenchConfig, candidate=None):
+    """The subjects of ``op`` to time on ``device_type``, and what was left out and why."""
+    subjects, skipped = [], []
+    if candidate is not None:
+        subjects.append(candidate)
+    for variant in op.variants.values():
+        if cfg.variants is not None and variant.name not in cfg.variants:
+            continue
+        ok, why = variant.runs_on(device_type)
+        if not ok:
+            skipped.append(f"{op.name}/{variant.name}: {why}")
+            continue
+        if variant.kind == "triton" and device_type == "cpu":
+            skipped.append(f"{op.name}/{variant.name}: {INTERPRETED}")
+            continue
+        asked = cfg.variants is not None and variant.name in cfg.variants
+        if variant.kind == "compile" and device_type == "cpu" and not (cfg.compile or asked):
+            skipped.append(
+                f"{op.name}/{variant.name}: torch.compile on CPU takes ~20 s to start; "
+                "ask with --compile or --variants compile"
+            )
+            continue
+        subjects.append(Subject(variant.name, variant.fn, variant.kind, variant.prepare))
+    if cfg.variants is not None:
+        unknown = [v for v in cfg.variants if v not in op.variants]
+        if unknown and candidate is None:
+            raise ValueError(
+                f"variants: op {op.name!r} has {sorted(op.variants)}, got unknown {unknown}"
+            )
+    return subjects, skipped
+
+
+def _select_shapes(op, cfg: BenchConfig) -> list[Shape]:
+    shapes = [s for s in op.shapes(cfg.shape_set) if all(v > 0 for v in s.dims.values())]
+    if cfg.shapes:
+        shapes = [s for s in shapes if any(k in s.label for k in cfg.shapes)]
+    if cfg.max_rows:
+        shapes = [s.reduced(cfg.max_rows) for s in shapes]
+    return shapes
+
+
+class _Run:
+    """State of one subject during a case."""
+
+    def __init__(self, subject: Subject, args: dict):
+        self.subject, self.args = subject, args
+        self.pristine = integrity.clone_inputs(args)
+        self.call = lambda: subject.fn(**args)
+        self.samples: list[float] = []
+        self.elapsed = 0.0
+        self.calls = 1
+        self.batch = 3
+        self.done = False
+        self.throttled = 0
+        self.flags: list[str] = []
+        self.metrics: dict = {}
+        self.telemetry: list[dict] = []
+
+
+def bench_case(op, shape, dtype, subjects, info, timer, ceilings: Ceilings, cfg, telemetry=None):
+    """Time every subject on one (shape, dtype); return one case dict per subject."""
+    telemetry = telemetry or NoTelemetry()
+    device = "cpu" if info.type == "cpu" else f"cuda:{info.index}"
+    rule = cfg.rule or (CPU_RULE if info.type == "cpu" else GPU_RULE)
+    inputs = op.inputs(shape, dtype, device, seed=cfg.seed)
+    cost = op.cost(inputs)
+    ref = integrity.Reference.build(op, inputs, dtype)
+    cache_size, cache_source = cache_bytes(info)
+    set_bytes = tensor_bytes(inputs)
+    bound = roofline(cost, 1.0, ceilings, dtype)["bound"] or "memory"
+    mode = cfg.mode if cfg.mode != "auto" else ("cold" if bound == "memory" else "hot")
+    inplace = [n for n in op.contract.inplace if isinstance(inputs.get(n), torch.Tensor)]
+    flush = None
+    if mode == "cold" and set_bytes < 2 * cache_size:
+        flush = Flush(device, cache_size)
+    cold_how = (
+        "none (hot)"
+        if mode == "hot"
+        else (
+            f"flush {flush.nbytes / 2**20:.0f} MiB between samples"
+            if flush
+            else "working set exceeds 2x cache"
+        )
+    )
+
+    runs = []
+    for s in subjects:
+        args = s.prepare(dict(inputs)) if s.prepare else inputs
+        runs.append(_Run(s, args))
+
+    def before_for(run):
+        def before():
+            for n in inplace:
+                run.args[n].copy_(run.pristine[n])
+            if flush is not None:
+                flush()
+
+        return before if (inplace or flush) else None
+
+    # warm-up: first call alone (compilation, autotuning), then batches until stable
+    for run in runs:
+        t0 = time.perf_counter()
+        run.call()
+        timer.sync()
+        run.metrics["first_call_s"] = time.perf_counter() - t0
+        prev, spent, batches = None, 0.0, 0
+        while spent < min(WARMUP_MAX_S, rule.max_time) and batches < WARMUP_BATCHES:
+            batches += 1
+            t0 = time.perf_counter()
+            xs, _ = timer.samples(run.call, 5, run.calls)
+            spent += time.perf_counter() - t0
+            med = sorted(xs)[2]
+            if mode == "hot" and not inplace and med * run.calls < HOT_SAMPLE_S:
+                run.calls = min(1000, max(1, math.ceil(HOT_SAMPLE_S / max(med, 1e-9))))
+                prev = None
+                continue
+            if stable(prev, med):
+                break
+            prev = med
+        run.batch = max(3, min(200, rule.max_samples, int(BATCH_S / max(med * run.calls, 1e-7))))
+        if flush is not None:
+            run.batch = max(3, min(run.batch, 20))
+        run.metrics["warmup_s"] = spent
+        before = before_for(run)
+        if before is not None:
+            before()  # restore in-place arguments after warm-up
+
+    # interleaved rounds
+    snap0 = telemetry.snapshot()
+    rnd = 0
+    while not all(r.done for r in runs):
+        order = runs[rnd % len(runs) :] + runs[: rnd % len(runs)]
+        rnd += 1
+        for run in order:
+            if run.done:
+                continue
+            threads = set(integrity.threading.enumerate())
+            t0 = time.perf_counter()
+            xs, result = timer.samples(run.call, run.batch, run.calls, before_for(run))
+            run.elapsed += time.perf_counter() - t0
+            summary = summarize([*run.samples, *xs])
+            run.done = rule.done(summary, run.elapsed)
+            early = integrity.snapshot(result) if run.done else None
+            if telemetry.throttle():
+                run.throttled += len(xs)
+            run.samples.extend(xs)
+            if run.done:
+                run.metrics.update(summary.as_dict())
+                run.metrics["converged"] = rule.converged(summary, run.elapsed)
+                _after_loop(run, result, early, threads, ref, timer, inplace)
+    snap1 = telemetry.snapshot()
+
+    for run in runs:
+        _device_extras(run, timer, telemetry, cfg, info)
+        if inplace:
+            integrity.refill(run.args, run.pristine)
+    _fresh_checks(op, shape, dtype, device, runs, timer, cfg, inplace)
+
+    in_cache = mode == "hot" and set_bytes <= cache_size
+    for run in runs:
+        m = run.metrics
+        roof = roofline(cost, m["median_s"], ceilings, dtype, in_cache=in_cache)
+        m.update({k: v for k, v in roof.items() if k != "below_floor"})
+        if roof["below_floor"]:
+            run.flags.append("below-floor: invalid (faster than the speed of light; work skipped?)")
+        if not m.get("converged"):
+            run.flags.append(f"noise target not reached (±{m['rel_ci'] * 100:.1f}% of median)")
+        if run.throttled:
+            run.flags.append(f"throttled: {run.throttled} of {m['n']} samples")
+        m["throttled_samples"] = run.throttled
+        m["calls_per_sample"] = run.calls
+        m["valid"] = not any(_invalidates(f) for f in run.flags)
+    baseline = next((r for r in runs if r.subject.name == "torch"), None)
+    cases = []
+    for run in runs:
+        m = run.metrics
+        if baseline is not None and baseline.metrics["valid"] and m["valid"]:
+            m["speedup_vs_torch"] = baseline.metrics["median_s"] / m["median_s"]
+        for key in ("sm_clock_mhz", "temperature_c", "power_w"):
+            if key in snap1:
+                m[key] = snap1[key]
+        cases.append(
+            {
+                "op": op.name,
+                "variant": run.subject.name,
+                "kind": run.subject.kind,
+                "shape_key": shape.key,
+                "shape_label": shape.label,
+                "dtype": dtype_name(dtype),
+                "device": info.key,
+                "mode": mode,
+                "cold_cache": cold_how,
+                "cache_bytes": cache_size,
+                "cache_source": cache_source,
+                "threads": timer.threads,
+                "timer": timer.kind,
+                "seed": cfg.seed,
+                "metrics": m,
+                "flags": run.flags,
+                "telemetry": {"before": snap0, "after": snap1, "source": telemetry.source},
+                "samples": run.samples,
+            }
+        )
+    return cases
+
+
+#: Flags that make a number unusable (the rest are warnings about its quality).
+_INVALID = (
+    "below-floor",
+    "wrong output",
+    "work left running",
+    "threads left running",
+    "host/device disagreement",
+    "results cached",
+)
+
+
+def _invalidates(flag: str) -> bool:
+    return flag.startswith(_INVALID)
+
+
+def _after_loop(run, result, early, threads, ref, timer, inplace) -> None:
+    """Checks right after a subject's last timed batch, before anything else touches it."""
+    left = integrity.settle(timer, threads)
+    if not integrity.bitwise_equal(early, integrity.snapshot(result)):
+        run.flags.append("work left running after return: outputs changed after the call")
+    wrong = ref.check(result, run.args)
+    if wrong:
+        run.flags.append(f"wrong output of timed calls: {wrong}")
+    changed, threads, _ = integrity.returned_early(run.call, timer)
+    if changed and not any(f.startswith("work left") for f in run.flags):
+        run.flags.append("work left running after return: outputs changed after the call")
+    if threads or left:
+        run.flags.append(f"threads left running after return: {max(threads, left)}")
+    med = run.metrics["median_s"]
+    calls = max(3, min(1000, math.ceil(HOST_CHECK_S / max(med, 1e-9))))
+    dispatch = timer.dispatch(run.call, calls) if timer.kind != "host" else 0.0
+    # The same back-to-back loop, on the timer and on the host clock stopped only once all
+    # work is done. Noise only ever adds time, hidden work adds it every time: keep the
+    # fastest of three of each, interleaved.
+    timed, host = math.inf, math.inf
+    for _ in range(3):
+        timed = min(timed, timer.samples(run.call, 1, calls)[0][0])
+        host = min(host, integrity.host_clock(run.call, timer, calls)[0])
+    run.metrics["host_clock_s"] = host
+    if timer.kind != "host":
+        run.metrics["host_dispatch_s"] = dispatch
+    if integrity.host_disagrees(host, timed, dispatch):
+        run.flags.append(
+            f"host/device disagreement: synchronised host clock {host * 1e6:.1f} µs/call vs "
+            f"timer {timed * 1e6:.1f} µs (work left on another stream or thread?)"
+        )
+    for n in inplace:
+        run.args[n].copy_(run.pristine[n])
+
+
+def _device_extras(run, timer, telemetry, cfg, info) -> None:
+    """GPU only: graph-replay kernel time, launch overhead, energy per call."""
+    if timer.kind == "host":
+        return
+    m = run.metrics
+    try:
+        kernel = timer.graph(run.call, cfg.graph_calls)
+        hot, _ = timer.samples(run.call, 5, cfg.graph_calls)
+        eager = sorted(hot)[2]
+        m["graph_kernel_s"] = kernel
+        m["eager_call_s"] = eager
+        m["launch_overhead_s"] = eager - kernel if kernel is not None else None
+    except Exception as exc:  # capture fails for code that syncs or allocates oddly
+        timer.sync()
+        m["graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    if cfg.energy_window_s > 0 and telemetry.available:
+        per = max(1, int(0.005 / max(m["median_s"], 1e-9)))
+        energy = energy_per_call(run.call, timer, telemetry, per, cfg.energy_window_s)
+        if energy:
+            m["joules_per_call"] = energy["joules_per_call"]
+            m["energy_window_s"] = energy["window_s"]
+
+
+def _fresh_checks(op, shape, dtype, device, runs, timer, cfg, inplace) -> None:
+    """Fresh values at the same addresses (pointer caches), then at new addresses."""
+    fresh = op.inputs(shape, dtype, device, seed=cfg.seed + 1)
+    ref = integrity.Reference.build(op, fresh, dtype)
+    for run in runs:
+        s = run.subject
+        prepared = s.prepare(integrity.clone_inputs(fresh)) if s.prepare else fresh
+        integrity.refill(run.args, prepared)
+        before = set(integrity.threading.enumerate())
+        result = run.call()
+        integrity.settle(timer, before)
+        wrong = ref.check(result, run.args)
+        if wrong:
+            run.flags.append(f"results cached by pointer: fresh data at the same address: {wrong}")
+        args = integrity.clone_inputs(prepared)  # new addresses; the old buffers stay alive
+        result = s.fn(**args)
+        integrity.settle(timer, before)
+        wrong = ref.check(result, args)
+        if wrong:
+            run.flags.append(f"results cached by shape or call count: new inputs: {wrong}")
+        integrity.refill(run.args, run.pristine)
+
+
+def run(
+    ops,
+    info,
+    cfg: BenchConfig,
+    ceilings: Ceilings,
+    *,
+    timer,
+    telemetry=None,
+    candidate: Subject | None = None,
+    progress=None,
+) -> BenchResult:
+    """Bench ``ops`` on the device ``info``; cases in order op → shape → dtype."""
+    started = time.perf_counter()
+    rule = cfg.rule or (CPU_RULE if info.type == "cpu" else GPU_RULE)
+    result = BenchResult(
+        info.as_dict(),
+        ceilings.as_dict(),
+        {
+            "shape_set": cfg.shape_set,
+            "mode": cfg.mode,
+            "rule": rule.as_dict(),
+            "seed": cfg.seed,
+            "timer": timer.kind,
+            "threads": timer.threads,
+        },
+    )
+    plan = []
+    for op in ops:
+        subjects, skipped = subjects_for(op, info.type, cfg, candidate)
+        result.skipped.extend(skipped)
+        if not subjects:
+            continue
+        dtypes = cfg.dtypes or op.dtypes
+        for dt in dtypes:
+            if dt not in op.dtypes:
+                result.skipped.append(f"{op.name}: does not take {dtype_name(dt)}")
+        for shape in _select_shapes(op, cfg):
+            for dt in (d for d in dtypes if d in op.dtypes):
+                plan.append((op, shape, dt, subjects))
+    for i, (op, shape, dt, subjects) in enumerate(plan):
+        if cfg.budget_s is not None and time.perf_counter() - started > cfg.budget_s:
+            result.skipped.append(
+                f"time budget of {cfg.budget_s:.0f} s spent: {len(plan) - i} case(s) not run"
+            )
+            break
+        if progress:
+            progress(f"bench {op.name} {shape.label} {dtype_name(dt)} ({i + 1}/{len(plan)})")
+        result.cases.extend(
+            bench_case(
+                op, shape, dt, subjects, info, timer, ceilings, replace(cfg, rule=rule), telemetry
+            )
+        )
+    result.seconds = time.perf_counter() - started
+    return result

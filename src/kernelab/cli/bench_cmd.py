@@ -1,0 +1,213 @@
+"""``kernelab bench``: time ops, variants and a user's candidate, with integrity checks."""
+
+from __future__ import annotations
+
+import typer
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kernelab.cli._common import console, emit_json, err_console, select_ops, user_errors
+
+
+def _dtypes(names: list[str] | None):
+    import torch
+
+    if not names:
+        return None
+    out = []
+    for n in names:
+        dt = getattr(torch, n, None)
+        if not isinstance(dt, torch.dtype):
+            raise ValueError(f"dtype: expected a torch dtype name like bfloat16, got {n!r}")
+        out.append(dt)
+    return tuple(out)
+
+
+def _split(values: list[str] | None) -> tuple[str, ...] | None:
+    if not values:
+        return None
+    return tuple(v.strip() for item in values for v in item.split(",") if v.strip())
+
+
+def _us(x) -> str:
+    return "—" if x is None else f"{x * 1e6:.2f}"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("bench")
+    @user_errors
+    def bench_command(
+        ops: list[str] = typer.Argument(None, help="Ops to time (default: all)."),
+        device: str = typer.Option(None, help="cpu or cuda[:N] (default: the accelerator)."),
+        shape_set: str = typer.Option("representative", "--shapes", help="Shape set."),
+        shape: list[str] = typer.Option(None, help="Keep shapes whose label contains this."),
+        dtype: list[str] = typer.Option(None, help="dtype(s), e.g. bfloat16 (default: all)."),
+        variants: list[str] = typer.Option(None, help="Variant names, comma-separated."),
+        candidate: str = typer.Option(None, help="Your callable: path/to/file.py:function."),
+        op: str = typer.Option(None, "--op", help="The op a --candidate implements."),
+        mode: str = typer.Option("auto", help="auto (cold if memory-bound), cold or hot."),
+        compile: bool = typer.Option(False, "--compile", help="Time torch.compile on CPU."),
+        max_rows: int = typer.Option(None, help="Cap the batch dimension of every shape."),
+        rel_ci: float = typer.Option(None, help="Noise target: CI half-width / median."),
+        min_samples: int = typer.Option(None, help="Minimum samples per case."),
+        max_time: float = typer.Option(None, help="Timeout per case, seconds."),
+        budget: float = typer.Option(None, help="Stop starting cases after this many s."),
+        energy_window: float = typer.Option(0.3, help="Energy window per case, s (0: off)."),
+        seed: int = typer.Option(0, help="Input seed."),
+        label: str = typer.Option(None, help="Label the run in the ledger."),
+        record: bool = typer.Option(True, "--record/--no-record", help="Store in the ledger."),
+        ledger_url: str = typer.Option(None, "--ledger", help="Ledger path or URL."),
+        floors_for: str = typer.Option(
+            None, help="Print datasheet floors for a device (e.g. h200) and exit; no timing."
+        ),
+        json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    ):
+        """Time ops with statistics, cold caches, roofline and integrity checks."""
+        from dataclasses import replace
+
+        from kernelab import bench
+        from kernelab.bench.runner import CPU_RULE, GPU_RULE
+        from kernelab.hardware import detect, lookup
+
+        dtypes = _dtypes(dtype)
+        if floors_for:
+            spec = lookup(floors_for)
+            if spec is None:
+                raise ValueError(
+                    f"floors-for: expected a device of the table (a100, h100, h200, b200, "
+                    f"mi300x), got {floors_for!r}"
+                )
+            rows = bench.floors(spec, select_ops(ops), shape_set, dtypes)
+            _print_floors(spec, rows, json)
+            return
+        if candidate and not op:
+            raise ValueError("op: --candidate needs --op NAME (the op it implements)")
+        if op and not candidate:
+            raise ValueError("candidate: --op is for a --candidate; name ops as arguments")
+        selected = select_ops([op] if op else ops)
+        info = detect(device)
+        rule = CPU_RULE if info.type == "cpu" else GPU_RULE
+        changes = {
+            k: v
+            for k, v in (("rel_ci", rel_ci), ("min_samples", min_samples), ("max_time", max_time))
+            if v is not None
+        }
+        if "max_time" in changes:
+            changes["min_time"] = min(rule.min_time, changes["max_time"])
+        rule = replace(rule, **changes)
+        cfg = bench.BenchConfig(
+            shape_set=shape_set,
+            dtypes=dtypes,
+            variants=_split(variants),
+            mode=mode,
+            rule=rule,
+            seed=seed,
+            compile=compile,
+            max_rows=max_rows,
+            shapes=tuple(shape) if shape else None,
+            energy_window_s=energy_window,
+            budget_s=budget,
+        )
+        subject = bench.candidate(candidate, selected[0]) if candidate else None
+        db = bench.open_ledger(ledger_url) if record else None
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+        ) as progress:
+            task = progress.add_task("starting", total=None)
+            result = bench.bench(
+                selected,
+                device,
+                cfg,
+                candidate=subject,
+                db=db,
+                progress=lambda msg: progress.update(task, description=escape(msg)),
+            )
+        run_id = None
+        if db is not None and result.cases:
+            from kernelab import ledger
+
+            prov = ledger.provenance(
+                info, bench={"config": result.config, "ceilings": result.ceilings}
+            )
+            run_id = db.record_run(kind="bench", cases=result.cases, provenance=prov, label=label)
+        invalid = [c for c in result.cases if not c["metrics"]["valid"]]
+        if json:
+            emit_json(
+                {
+                    "run_id": run_id,
+                    "device": result.device,
+                    "ceilings": result.ceilings,
+                    "config": result.config,
+                    "seconds": round(result.seconds, 2),
+                    "skipped": result.skipped,
+                    "cases": result.cases,
+                }
+            )
+        else:
+            _print_table(result, run_id)
+        if invalid:
+            raise typer.Exit(1)
+
+
+def _print_table(result, run_id) -> None:
+    table = Table(title=f"kernelab bench — {escape(result.device['name'])}")
+    for col in ("op", "shape", "dtype", "variant", "mode", "median µs", "q1–q3 µs", "n", "cv"):
+        table.add_column(col)
+    for col in ("GB/s", "% roof", "vs torch", "flags"):
+        table.add_column(col)
+    for c in result.cases:
+        m = c["metrics"]
+        pct = m.get("pct_roofline")
+        speed = m.get("speedup_vs_torch")
+        flags = "; ".join(c["flags"])
+        style = "bold red" if not m["valid"] else ("yellow" if flags else "")
+        table.add_row(
+            escape(c["op"]),
+            escape(c["shape_label"]),
+            c["dtype"],
+            escape(c["variant"]),
+            c["mode"],
+            "INVALID" if not m["valid"] else _us(m["median_s"]),
+            f"{_us(m['q1_s'])}–{_us(m['q3_s'])}",
+            str(m["n"]),
+            f"{m['cv']:.2f}",
+            "—" if m.get("gbps") is None else f"{m['gbps']:.1f}",
+            "—" if pct is None else f"{pct:.0f}%",
+            "—" if speed is None else f"{speed:.2f}×",
+            f"[{style}]{escape(flags)}[/]" if style else escape(flags),
+        )
+    console.print(table)
+    src = {c["metrics"].get("ceiling_source") for c in result.cases} - {None}
+    for s in sorted(src):
+        console.print(f"[dim]ceiling: {escape(s)}[/]")
+    for line in dict.fromkeys(result.skipped):
+        console.print(f"[yellow]•[/] {escape(line)}")
+    tail = f"{len(result.cases)} case(s), {result.seconds:.1f} s"
+    console.print(f"[dim]{tail}" + (f", ledger run {run_id}" if run_id else "") + "[/]")
+
+
+def _print_floors(spec, rows, json: bool) -> None:
+    if json:
+        emit_json({"device": spec.name, "floors": rows})
+        return
+    table = Table(title=f"speed-of-light floors on {escape(spec.name)} (datasheet)")
+    for col in ("op", "shape", "dtype", "MB moved", "MFLOP", "floor µs", "bound"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            escape(r["op"]),
+            escape(r["shape_label"]),
+            r["dtype"],
+            f"{r['bytes'] / 1e6:.3f}",
+            f"{r['flops'] / 1e6:.3f}",
+            _us(r["floor_s"]),
+            r["bound"] or "—",
+        )
+    console.print(table)
+    if rows:
+        console.print(f"[dim]ceiling: {escape(rows[0]['ceiling_source'])}[/]")

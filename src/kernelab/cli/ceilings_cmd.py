@@ -1,0 +1,67 @@
+"""``kernelab ceilings``: measure the device's copy bandwidth and matmul rates, store them."""
+
+from __future__ import annotations
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from kernelab.cli._common import console, emit_json, err_console, user_errors
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("ceilings")
+    @user_errors
+    def ceilings_command(
+        device: str = typer.Option(None, help="cpu or cuda[:N] (default: the accelerator)."),
+        store: bool = typer.Option(True, "--store/--no-store", help="Store in the ledger."),
+        ledger_url: str = typer.Option(None, "--ledger", help="Ledger path or URL."),
+        json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    ):
+        """Measure copy bandwidth (read + write) and large-matmul rates; store them."""
+        from kernelab.bench import open_ledger, roofline
+        from kernelab.bench.cache import cache_bytes
+        from kernelab.hardware import detect
+
+        info = detect(device)
+        with console.status("measuring", spinner="dots") if not json else _null():
+            rows = roofline.measure(
+                info, cache_bytes(info)[0], lambda m: err_console.log(escape(m))
+            )
+        db = open_ledger(ledger_url) if store else None
+        if db is not None:
+            for r in rows:
+                db.put_ceiling(info.key, r["name"], r["value"], r["unit"], r["source"])
+        sheet = roofline.datasheet(info.spec).as_dict() if info.spec is not None else None
+        if json:
+            emit_json(
+                {"device": info.as_dict(), "key": info.key, "measured": rows, "datasheet": sheet}
+            )
+            return
+        table = Table(title=f"ceilings — {escape(info.key)}")
+        for col in ("ceiling", "measured", "datasheet", "how"):
+            table.add_column(col)
+        for r in rows:
+            value, ds = r["value"], None
+            if sheet is not None:
+                if r["name"] == roofline.COPY:
+                    ds = sheet["bandwidth_bytes_per_s"]
+                else:
+                    ds = sheet["flops"].get(r["name"].removeprefix(roofline.MATMUL))
+            scale, unit = (1e9, "GB/s") if r["unit"] == "B/s" else (1e12, "TFLOP/s")
+            table.add_row(
+                r["name"],
+                f"{value / scale:.1f} {unit}",
+                "—" if ds is None else f"{ds / scale:.1f} {unit}",
+                escape(r["source"]),
+            )
+        console.print(table)
+        console.print("[dim]stored in the ledger[/]" if db is not None else "[dim]not stored[/]")
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,144 @@
+"""``kernelab compare A B``: two ledger runs case by case; exits 1 on a confirmed regression."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from kernelab.cli._common import console, emit_json, user_errors
+
+_CSV_COLUMNS = [
+    "op",
+    "variant",
+    "shape_key",
+    "shape_label",
+    "dtype",
+    "device",
+    "mode",
+    "median_a",
+    "median_b",
+    "n_a",
+    "n_b",
+    "ratio",
+    "ci_low",
+    "ci_high",
+    "noise",
+    "verdict",
+    "regression",
+    "note",
+]
+_STYLE = {"faster": "green", "slower": "red", "ambiguous": "yellow", "invalid": "magenta"}
+
+
+def pick_runs(db, refs: list[str], baseline: str | None, kind: str) -> tuple[str, str]:
+    """(baseline id, candidate id) from the command's arguments."""
+    if len(refs) > 2:
+        raise ValueError(f"runs: expected at most two (baseline, candidate), got {len(refs)}")
+    if len(refs) == 2:
+        if baseline is not None:
+            raise ValueError("--baseline: give either two runs or one run and --baseline")
+        return db.resolve(refs[0], kind=kind), db.resolve(refs[1], kind=kind)
+    candidate = db.resolve(refs[0] if refs else "latest", kind=kind)
+    return db.resolve(baseline or "latest", kind=kind, before=candidate), candidate
+
+
+def _table(result, threshold: float) -> Table:
+    from kernelab.report import fmt
+
+    a, b = result.run_a, result.run_b
+    table = Table(
+        title=escape(
+            f"compare: {a['id']} ({a.get('label') or '-'}) → {b['id']} "
+            f"({b.get('label') or '-'}), B/A of medians, {result.confidence:.0%} interval"
+        ),
+        title_justify="left",
+    )
+    for col in ("op", "variant", "shape", "dtype", "mode", "A", "B", "B/A", "interval", "verdict"):
+        justify = "right" if col in ("A", "B", "B/A", "interval") else "left"
+        table.add_column(col, justify=justify)
+    for c in result.cases:
+        style = _STYLE[c.verdict]
+        verdict = c.verdict + (f" > {threshold:.0%}" if c.regression else "")
+        interval = "-" if c.ci_low is None else f"{c.ci_low:.3f}–{c.ci_high:.3f}"
+        table.add_row(
+            *(escape(x) for x in (c.op, c.variant, c.shape_label, c.dtype, c.mode)),
+            fmt.seconds(c.median_a),
+            fmt.seconds(c.median_b),
+            fmt.ratio(c.ratio),
+            interval,
+            f"[{style}]{verdict}[/]" + (f" ({escape(c.note)})" if c.note else ""),
+        )
+    return table
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("compare")
+    @user_errors
+    def compare_command(
+        runs: list[str] = typer.Argument(
+            None,
+            help="Baseline then candidate: run ids (or unique prefixes), labels, or 'latest'. "
+            "One run: the candidate, compared with --baseline. None: the latest run.",
+        ),
+        baseline: str = typer.Option(
+            None,
+            "--baseline",
+            help="Baseline run when one run (or none) is given; 'latest' (default) is the "
+            "newest run recorded before the candidate.",
+        ),
+        threshold: float = typer.Option(
+            0.05, help="Fail (exit 1) on a confirmed slowdown beyond this fraction."
+        ),
+        noise: float = typer.Option(
+            0.02,
+            help="Smallest change ever called faster or slower (fraction): the spread of "
+            "timing the same code twice, when the samples do not show a larger one.",
+        ),
+        confidence: float = typer.Option(0.95, help="Confidence of the bootstrap interval."),
+        kind: str = typer.Option("bench", help="Kind of runs that 'latest' and labels name."),
+        ledger_url: str = typer.Option(
+            None, "--ledger", help="Ledger path or URL (default: KERNELAB_LEDGER or the data dir)."
+        ),
+        json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+        csv: bool = typer.Option(False, "--csv", help="Print CSV (one row per case)."),
+    ):
+        """Compare two runs case by case: ratio of medians with a bootstrap interval, verdict
+        faster / slower / ambiguous, and exit status 1 on a confirmed regression."""
+        from kernelab import ledger
+        from kernelab.ledger.compare import compare_runs
+        from kernelab.report import fmt
+
+        if json and csv:
+            raise ValueError("--json, --csv: choose one output format")
+        with ledger.open(ledger_url) as db:
+            a_id, b_id = pick_runs(db, list(runs or []), baseline, kind)
+            result = compare_runs(db.get_run(a_id), db.get_run(b_id), threshold, confidence, noise)
+        if json:
+            emit_json(result.as_dict())
+        elif csv:
+            rows = [vars(c) for c in result.cases]
+            sys.stdout.write(fmt.to_csv(rows, _CSV_COLUMNS))
+        else:
+            console.print(_table(result, threshold))
+            for label, missing in (("baseline", result.only_a), ("candidate", result.only_b)):
+                for k in missing:
+                    console.print(
+                        f"only in {label}: {k['op']} {k['variant']} {k['shape_label']} "
+                        f"{k['dtype']} {k['device']} {k['mode']}",
+                        highlight=False,
+                        markup=False,
+                    )
+            for note in result.notes:
+                console.print(f"note: {note}", highlight=False, markup=False)
+            n = result.counts()
+            console.print(
+                f"{n['faster']} faster, {n['slower']} slower, {n['ambiguous']} ambiguous, "
+                f"{n['invalid']} invalid; {n['regressions']} regression(s) beyond "
+                f"{threshold:.0%}; unmatched: {n['only_a']} baseline, {n['only_b']} candidate",
+                highlight=False,
+            )
+        if result.regressions:
+            raise typer.Exit(1)

@@ -1,0 +1,275 @@
+"""Comparing two stored runs case by case, with confidence intervals from the raw samples.
+
+The rule (what ``kernelab compare`` prints and gates on)
+--------------------------------------------------------
+
+Cases of run A (baseline) and run B (candidate) are matched on (op, variant, shape_key,
+dtype, device, mode). For each pair:
+
+* ``ratio`` = median(B) / median(A) of the raw per-sample times (> 1: B is slower).
+* ``ci_low``, ``ci_high``: a percentile bootstrap interval of that ratio (``confidence``,
+  default 95 %), resampling each run's samples with replacement ``resamples`` times with a
+  fixed seed, so the same two runs always give the same interval.
+* ``noise``: how far the same code moves between two timings of itself, estimated from each
+  run as the change between the medians of the first and second half of its samples (the
+  samples are stored in the order they were taken), and never below ``noise_floor``
+  (default 2 %). The larger of A's and B's estimates is used.
+* verdict ``slower`` when the whole interval lies above 1 and ``ratio - 1 > noise``;
+  ``faster`` when the whole interval lies below 1 and ``1 - ratio > noise``; otherwise
+  ``ambiguous`` (the interval straddles 1, or the change is within the noise, or a run has
+  fewer than ``MIN_SAMPLES`` samples). ``invalid`` when the bench marked either time invalid
+  (``metrics["valid"]`` false, or a flag containing "invalid": below the speed-of-light
+  floor, wrong outputs, work left running), so an invalid time is never a win or a loss.
+* ``regression``: verdict ``slower`` and ``ratio > 1 + threshold`` (default 5 %). Any
+  regression makes ``kernelab compare`` exit with status 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+KEY_FIELDS = ("op", "variant", "shape_key", "dtype", "device", "mode")
+MIN_SAMPLES = 4
+SEED = 20240611
+
+
+def case_key(case: dict) -> tuple[str, ...]:
+    return tuple(str(case[k]) for k in KEY_FIELDS)
+
+
+def _median(case: dict) -> float | None:
+    samples = case.get("samples") or []
+    if samples:
+        return float(np.median(samples))
+    m = (case.get("metrics") or {}).get("median_s")
+    return float(m) if isinstance(m, int | float) else None
+
+
+def bootstrap_medians(samples, size: int, rng: np.random.Generator) -> np.ndarray:
+    """Medians of ``size`` bootstrap resamples of ``samples``, drawn exactly in O(size).
+
+    A resample draws indices floor(n·U) of the sorted samples for n uniforms U, so its j-th
+    smallest value is sorted[floor(n·U_(j))], and the j-th order statistic of n uniforms is
+    Beta(j, n - j + 1); the next one is U_(j) + (1 - U_(j))·Beta(1, n - j). This gives the same
+    distribution as resampling and taking np.median, without materialising the resamples.
+    """
+    xs = np.sort(np.asarray(samples, dtype=np.float64))
+    n = xs.size
+
+    def at(u: np.ndarray) -> np.ndarray:
+        return xs[np.minimum((u * n).astype(np.int64), n - 1)]
+
+    if n == 1:
+        return np.full(size, xs[0])
+    m = (n + 1) // 2
+    u1 = rng.beta(m, n - m + 1, size=size)
+    if n % 2:
+        return at(u1)
+    u2 = u1 + (1 - u1) * rng.beta(1, n - m, size=size)
+    return (at(u1) + at(u2)) / 2
+
+
+def bootstrap_ratio(
+    a, b, confidence: float = 0.95, resamples: int = 4000, seed: int = SEED
+) -> tuple[float, float, float]:
+    """median(b)/median(a) and a percentile bootstrap interval for it."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.size == 0 or b.size == 0:
+        raise ValueError("bootstrap_ratio: both sample sets must be non-empty")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence: expected a value in (0, 1), got {confidence!r}")
+    rng = np.random.default_rng(seed)
+    ratios = bootstrap_medians(b, resamples, rng) / bootstrap_medians(a, resamples, rng)
+    tail = (1 - confidence) / 2
+    lo, hi = np.quantile(ratios, [tail, 1 - tail])
+    return float(np.median(b) / np.median(a)), float(lo), float(hi)
+
+
+def half_drift(samples) -> float:
+    """|median(second half) / median(first half) - 1|: the same code timed twice."""
+    x = np.asarray(samples, dtype=np.float64)
+    if x.size < MIN_SAMPLES:
+        return 0.0
+    h = x.size // 2
+    return float(abs(np.median(x[h:]) / np.median(x[:h]) - 1))
+
+
+def _invalid(case: dict) -> bool:
+    """The bench marked this time invalid (``metrics.valid`` false, or an "invalid" flag)."""
+    if (case.get("metrics") or {}).get("valid") is False:
+        return True
+    return any("invalid" in str(f).lower() for f in case.get("flags") or [])
+
+
+@dataclass
+class CaseComparison:
+    op: str
+    variant: str
+    shape_key: str
+    shape_label: str
+    dtype: str
+    device: str
+    mode: str
+    median_a: float | None
+    median_b: float | None
+    n_a: int
+    n_b: int
+    ratio: float | None
+    ci_low: float | None
+    ci_high: float | None
+    noise: float
+    verdict: str  # faster | slower | ambiguous | invalid
+    regression: bool
+    note: str = ""
+
+
+@dataclass
+class Comparison:
+    run_a: dict
+    run_b: dict
+    threshold: float
+    confidence: float
+    noise_floor: float
+    cases: list[CaseComparison] = field(default_factory=list)
+    only_a: list[dict] = field(default_factory=list)
+    only_b: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> list[CaseComparison]:
+        return [c for c in self.cases if c.regression]
+
+    def counts(self) -> dict[str, int]:
+        out = {"faster": 0, "slower": 0, "ambiguous": 0, "invalid": 0}
+        for c in self.cases:
+            out[c.verdict] += 1
+        out["regressions"] = len(self.regressions)
+        out["only_a"] = len(self.only_a)
+        out["only_b"] = len(self.only_b)
+        return out
+
+    def as_dict(self) -> dict:
+        return {
+            "baseline": self.run_a,
+            "candidate": self.run_b,
+            "threshold": self.threshold,
+            "confidence": self.confidence,
+            "noise_floor": self.noise_floor,
+            "counts": self.counts(),
+            "cases": [asdict(c) for c in self.cases],
+            "only_in_baseline": self.only_a,
+            "only_in_candidate": self.only_b,
+            "notes": self.notes,
+        }
+
+
+def compare_cases(
+    a: dict,
+    b: dict,
+    threshold: float = 0.05,
+    confidence: float = 0.95,
+    noise_floor: float = 0.02,
+    resamples: int = 4000,
+) -> CaseComparison:
+    """Compare one baseline case ``a`` with one candidate case ``b`` (see the module rule)."""
+    sa = a.get("samples") or []
+    sb = b.get("samples") or []
+    ma, mb = _median(a), _median(b)
+    noise = max(noise_floor, half_drift(sa), half_drift(sb))
+    ratio = lo = hi = None
+    note = ""
+    if ma and mb:
+        ratio = mb / ma
+    if _invalid(a) or _invalid(b):
+        verdict = "invalid"
+        which = " and ".join(n for n, c in (("baseline", a), ("candidate", b)) if _invalid(c))
+        flags = [str(f) for c in (a, b) if _invalid(c) for f in c.get("flags") or []]
+        note = f"{which} time marked invalid" + (": " + "; ".join(flags) if flags else "")
+    elif len(sa) < MIN_SAMPLES or len(sb) < MIN_SAMPLES or not (ma and mb):
+        verdict = "ambiguous"
+        note = f"too few samples for an interval (need {MIN_SAMPLES} in each run)"
+    else:
+        ratio, lo, hi = bootstrap_ratio(sa, sb, confidence, resamples)
+        if lo <= 1 <= hi:
+            verdict, note = "ambiguous", "interval straddles 1"
+        elif abs(ratio - 1) <= noise:
+            verdict, note = "ambiguous", f"change within noise ({noise:.1%})"
+        else:
+            verdict = "slower" if ratio > 1 else "faster"
+    regression = verdict == "slower" and ratio is not None and ratio > 1 + threshold
+    return CaseComparison(
+        op=b["op"],
+        variant=b["variant"],
+        shape_key=b["shape_key"],
+        shape_label=b.get("shape_label") or b["shape_key"],
+        dtype=b["dtype"],
+        device=b["device"],
+        mode=b["mode"],
+        median_a=ma,
+        median_b=mb,
+        n_a=len(sa),
+        n_b=len(sb),
+        ratio=ratio,
+        ci_low=lo,
+        ci_high=hi,
+        noise=noise,
+        verdict=verdict,
+        regression=regression,
+        note=note,
+    )
+
+
+def _key_dict(case: dict) -> dict:
+    out = {k: case[k] for k in KEY_FIELDS}
+    out["shape_label"] = case.get("shape_label") or case["shape_key"]
+    return out
+
+
+def compare_runs(
+    run_a: dict,
+    run_b: dict,
+    threshold: float = 0.05,
+    confidence: float = 0.95,
+    noise_floor: float = 0.02,
+    resamples: int = 4000,
+) -> Comparison:
+    """Compare two runs as returned by :meth:`Ledger.get_run` (A: baseline, B: candidate)."""
+    if not isinstance(threshold, int | float) or threshold < 0:
+        raise ValueError(f"threshold: expected a fraction >= 0 (0.05 = 5%), got {threshold!r}")
+    if not isinstance(noise_floor, int | float) or noise_floor < 0:
+        raise ValueError(f"noise_floor: expected a fraction >= 0, got {noise_floor!r}")
+    summary = ("id", "kind", "label", "created", "device_key", "device", "commit")
+    result = Comparison(
+        run_a={k: run_a.get(k) for k in summary},
+        run_b={k: run_b.get(k) for k in summary},
+        threshold=float(threshold),
+        confidence=float(confidence),
+        noise_floor=float(noise_floor),
+    )
+    if run_a.get("id") == run_b.get("id"):
+        result.notes.append("baseline and candidate are the same run")
+    if run_a.get("device_key") != run_b.get("device_key"):
+        result.notes.append(
+            f"runs were on different devices: {run_a.get('device_key')!r} vs "
+            f"{run_b.get('device_key')!r}"
+        )
+    cases_a: dict[tuple, dict] = {}
+    for c in run_a.get("cases", []):
+        cases_a.setdefault(case_key(c), c)
+    seen = set()
+    for c in run_b.get("cases", []):
+        key = case_key(c)
+        if key in seen:
+            continue
+        seen.add(key)
+        if key in cases_a:
+            result.cases.append(
+                compare_cases(cases_a[key], c, threshold, confidence, noise_floor, resamples)
+            )
+        else:
+            result.only_b.append(_key_dict(c))
+    result.only_a = [_key_dict(c) for k, c in cases_a.items() if k not in seen]
+    return result

@@ -1,0 +1,209 @@
+"""The report's charts: roofline, per-shape latency, and speedups, as inline SVG."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from kernelab.report import fmt
+from kernelab.report.svg import CEILING, Canvas, Scale, si
+
+Colors = Callable[[str], str]
+
+
+def _pos(v) -> float | None:
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) and v > 0 else None
+
+
+def median_of(case: dict) -> float | None:
+    m = _pos(case["metrics"].get("median_s"))
+    if m is None and case.get("samples"):
+        m = _pos(float(np.median(case["samples"])))
+    return m
+
+
+def quartiles_of(case: dict) -> tuple[float | None, float | None]:
+    q1, q3 = _pos(case["metrics"].get("q1_s")), _pos(case["metrics"].get("q3_s"))
+    if (q1 is None or q3 is None) and len(case.get("samples") or []) >= 4:
+        q1, q3 = (float(v) for v in np.quantile(case["samples"], [0.25, 0.75]))
+    return q1, q3
+
+
+def invalid(case: dict) -> bool:
+    return any("invalid" in str(f).lower() for f in case.get("flags") or []) or (
+        case["metrics"].get("valid") is False
+    )
+
+
+def tip(case: dict, extra: str = "") -> str:
+    parts = [
+        f"{case['op']} · {case['variant']} · {case.get('shape_label') or case['shape_key']}",
+        f"{case['dtype']} · {case['device']} · {case['mode']}",
+        f"median {fmt.seconds(median_of(case))}",
+    ]
+    if extra:
+        parts.append(extra)
+    if case.get("flags"):
+        parts.append("flags: " + ", ".join(case["flags"]))
+    return "\n".join(parts)
+
+
+def roofline(cases: list[dict], ceilings: dict, colors: Colors, title: str) -> str:
+    """Arithmetic intensity (FLOP/byte) against achieved FLOP/s, under the device's roofs.
+
+    ``ceilings``: ``{"bandwidth": bytes/s or None, "bandwidth_source": str,
+    "flops": {dtype: FLOP/s}, "flops_source": {dtype: str}}``.
+    """
+    pts = []
+    for c in cases:
+        m = c["metrics"]
+        flops, nbytes, t = _pos(m.get("flops")), _pos(m.get("bytes")), median_of(c)
+        if flops and nbytes and t:
+            pts.append((flops / nbytes, flops / t, c))
+    bw = _pos(ceilings.get("bandwidth"))
+    dtypes = sorted({c["dtype"] for c in cases})
+    peaks = {d: p for d in dtypes if (p := _pos((ceilings.get("flops") or {}).get(d)))}
+    cv = Canvas(760, 420, title, margin=(56, 30, 50, 80))
+    xs_vals = [p[0] for p in pts] + [p / bw for p in peaks.values() if bw]
+    ys_vals = [p[1] for p in pts] + list(peaks.values())
+    if not pts:
+        cv.axes(Scale(0.1, 100, cv.x0, cv.x1), Scale(1e9, 1e12, cv.y0, cv.y1), "", "")
+        cv.text(cv.x0 + 20, cv.y1 + 40, "no case has both FLOPs and bytes to place", 13)
+        return cv.render("chart roofline")
+    xs = Scale.fit(xs_vals, cv.x0, cv.x1, pad=0.15)
+    ys = Scale.fit(ys_vals, cv.y0, cv.y1, pad=0.15)
+    cv.axes(xs, ys, "arithmetic intensity (FLOP/byte)", "achieved FLOP/s")
+    top = max(peaks.values()) if peaks else None
+    if bw:
+        x_end = top / bw if top else xs.vmax
+        x_start = max(xs.vmin, ys.vmin / bw)
+        x_end = min(max(x_end, x_start), xs.vmax)
+        src = ceilings.get("bandwidth_source") or "?"
+        cv.line(
+            xs(x_start),
+            ys(x_start * bw),
+            xs(x_end),
+            ys(x_end * bw),
+            CEILING,
+            2,
+            tip=f"memory roof {bw / 1e9:.4g} GB/s ({src})",
+        )
+        cv.text(
+            xs(x_start) + 6,
+            ys(x_start * bw) - 8,
+            f"memory {bw / 1e9:.4g} GB/s · {src}",
+            11,
+            color=CEILING,
+        )
+    for d, peak in peaks.items():
+        x_from = max(xs.vmin, peak / bw) if bw else xs.vmin
+        src = (ceilings.get("flops_source") or {}).get(d, "?")
+        cv.line(
+            xs(x_from),
+            ys(peak),
+            cv.x1,
+            ys(peak),
+            CEILING,
+            2,
+            dash="6 3",
+            tip=f"{d} compute roof {si(peak, 'FLOP/s')} ({src})",
+        )
+        cv.text(cv.x1 - 4, ys(peak) - 6, f"{d} {si(peak, 'FLOP/s')} · {src}", 11, "end", CEILING)
+    if not bw and not peaks:
+        cv.text(cv.x0 + 10, cv.y1 + 36, "no ceilings recorded for this run", 12, color="#a00")
+    for ai, perf, c in pts:
+        pct = c["metrics"].get("pct_roofline")
+        extra = f"{ai:.3g} FLOP/byte, {si(perf, 'FLOP/s')}" + (
+            f", {pct:.1f}% of roofline" if isinstance(pct, int | float) else ""
+        )
+        cv.circle(xs(ai), ys(perf), 5, colors(c["variant"]), tip(c, extra), hollow=invalid(c))
+    cv.legend([(v, colors(v)) for v in sorted({c["variant"] for _, _, c in pts})])
+    return cv.render("chart roofline")
+
+
+def _categories(cases: list[dict]) -> list[tuple[tuple, str]]:
+    """Distinct (shape, dtype, mode) of the cases in first-seen order, with a short label."""
+    dtypes = {c["dtype"] for c in cases}
+    modes = {c["mode"] for c in cases}
+    out: dict[tuple, str] = {}
+    for c in cases:
+        key = (c["shape_key"], c["dtype"], c["mode"])
+        label = c.get("shape_label") or c["shape_key"]
+        if len(dtypes) > 1:
+            label += f" {c['dtype']}"
+        if len(modes) > 1:
+            label += f" {c['mode']}"
+        out.setdefault(key, label)
+    return list(out.items())
+
+
+def _bars_frame(cats, series, title, ylabel, values, center=None):
+    n_cat, n_ser = max(len(cats), 1), max(len(series), 1)
+    width = max(600, min(1400, 140 + n_cat * (22 * n_ser + 18)))
+    cv = Canvas(width, 400, title, margin=(56, 20, 110, 120))
+    ys = Scale.fit([*values, *([center] if center else [])], cv.y0, cv.y1, pad=0.12)
+    cv.axes(None, ys, "", ylabel, "", "s" if center is None else "×")
+    band = (cv.x1 - cv.x0) / n_cat
+    bar = min(28.0, (band - 12) / n_ser)
+    for i, (_, label) in enumerate(cats):
+        cx = cv.x0 + band * (i + 0.5)
+        short = label if len(label) <= 30 else "…" + label[-29:]
+        cv.text(cx, cv.y0 + 14, short, 10, "end", "#333", rotate=-35)
+    return cv, ys, band, bar
+
+
+def latency(cases: list[dict], colors: Colors, title: str) -> str:
+    """Median time per shape, one bar per variant, with the interquartile range as a whisker."""
+    cats = _categories(cases)
+    series = sorted({c["variant"] for c in cases})
+    vals = [v for c in cases for v in (median_of(c), *quartiles_of(c)) if v]
+    cv, ys, band, bar = _bars_frame(cats, series, title, "median time (lower is better)", vals)
+    index = {k: i for i, (k, _) in enumerate(cats)}
+    for c in cases:
+        t = median_of(c)
+        if t is None:
+            continue
+        i, j = index[(c["shape_key"], c["dtype"], c["mode"])], series.index(c["variant"])
+        x = cv.x0 + band * i + (band - bar * len(series)) / 2 + bar * j
+        y = ys(t)
+        color = colors(c["variant"])
+        cv.rect(x + 1, y, bar - 2, cv.y0 - y, color, tip(c), 0.35 if invalid(c) else None)
+        q1, q3 = quartiles_of(c)
+        if q1 and q3:
+            cv.line(x + bar / 2, ys(q3), x + bar / 2, ys(q1), "#111", 1.2)
+    cv.legend([(s, colors(s)) for s in series])
+    return cv.render("chart latency")
+
+
+def speedup(rows: list[dict], colors: Colors, title: str, ylabel: str) -> str:
+    """Bars from the 1× line: ``rows`` of {case, speedup, lo, hi (optional)}; > 1 is faster."""
+    cases = [r["case"] for r in rows]
+    cats = _categories(cases)
+    series = sorted({c["variant"] for c in cases})
+    vals = [v for r in rows for v in (r["speedup"], r.get("lo"), r.get("hi")) if _pos(v)]
+    cv, ys, band, bar = _bars_frame(cats, series, title, ylabel, vals, center=1.0)
+    one = ys(1.0)
+    cv.line(cv.x0, one, cv.x1, one, "#111", 1.5, tip="1× (no change)")
+    index = {k: i for i, (k, _) in enumerate(cats)}
+    for r in rows:
+        c, s = r["case"], _pos(r["speedup"])
+        if s is None:
+            continue
+        i, j = index[(c["shape_key"], c["dtype"], c["mode"])], series.index(c["variant"])
+        x = cv.x0 + band * i + (band - bar * len(series)) / 2 + bar * j
+        y = ys(s)
+        extra = f"speedup {s:.3f}×" + (
+            f" ({r['lo']:.3f}–{r['hi']:.3f})" if r.get("lo") and r.get("hi") else ""
+        )
+        if r.get("verdict"):
+            extra += f", {r['verdict']}"
+        pale = 0.35 if invalid(c) or r.get("invalid") else None
+        cv.rect(
+            x + 1, min(y, one), bar - 2, abs(one - y), colors(c["variant"]), tip(c, extra), pale
+        )
+        if _pos(r.get("lo")) and _pos(r.get("hi")):
+            cv.line(x + bar / 2, ys(r["lo"]), x + bar / 2, ys(r["hi"]), "#111", 1.2)
+    cv.legend([(s, colors(s)) for s in series])
+    return cv.render("chart speedup")

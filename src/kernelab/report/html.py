@@ -1,0 +1,300 @@
+"""The self-contained HTML report: one file, inline CSS and SVG, no scripts, nothing fetched.
+
+Every string that comes from a run (names, labels, provenance) is escaped; a Content Security
+Policy forbids scripts and network access as a second guard.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+
+import orjson
+
+from kernelab.report import charts, fmt
+from kernelab.report.svg import PALETTE, esc
+
+#: Names of measured ceilings in the ledger (written by ``kernelab ceilings``).
+_COPY = "copy_bytes_per_s"
+_MATMUL = "matmul_flops_"
+_SPEC_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8"}
+
+_CSS = """
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px;color:#222;
+background:#fff;max-width:1500px}
+h1{font-size:24px;margin:0 0 4px}h2{font-size:19px;margin:28px 0 6px;border-bottom:1px solid
+#ccc;padding-bottom:4px}h3{font-size:16px;margin:20px 0 4px}
+table{border-collapse:collapse;font-size:12px;margin:8px 0}
+th,td{border:1px solid #ddd;padding:3px 7px;text-align:left}td.n{text-align:right;
+font-variant-numeric:tabular-nums}th{background:#f3f3f3}
+.muted{color:#666;font-size:13px}.flag{color:#a00}.charts{display:flex;flex-wrap:wrap;gap:12px}
+svg.chart{background:#fff;border:1px solid #ddd;font-family:system-ui,sans-serif}
+pre{background:#f7f7f7;border:1px solid #e3e3e3;padding:8px;font-size:11px;overflow:auto;
+max-height:420px;white-space:pre-wrap}
+"""
+
+
+def _pos(v) -> float | None:
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) and v > 0 else None
+
+
+def ceilings_of(run: dict, stored: dict | None = None) -> dict:
+    """The ceilings a run was judged against: as the run recorded them, else the ledger's
+    measured ceilings for its device, else the datasheet of its device; each with a source."""
+    prov = run.get("provenance") or {}
+    rec = (prov.get("bench") or {}).get("ceilings") if isinstance(prov, dict) else None
+    rec = rec or (prov.get("ceilings") if isinstance(prov, dict) else None)
+    if isinstance(rec, dict) and ("bandwidth_bytes_per_s" in rec or "flops" in rec):
+        return {
+            "bandwidth": rec.get("bandwidth_bytes_per_s"),
+            "bandwidth_source": rec.get("bandwidth_source") or "recorded with the run",
+            "flops": dict(rec.get("flops") or {}),
+            "flops_source": dict(rec.get("flops_source") or {}),
+        }
+    out: dict = {"bandwidth": None, "bandwidth_source": None, "flops": {}, "flops_source": {}}
+    for name, row in (stored or {}).items():
+        src = f"measured {str(row.get('measured', ''))[:10]}"
+        if name == _COPY:
+            out["bandwidth"], out["bandwidth_source"] = row["value"], src
+        elif name.startswith(_MATMUL):
+            dt = name.removeprefix(_MATMUL)
+            out["flops"][dt], out["flops_source"][dt] = row["value"], src
+    device = prov.get("device") if isinstance(prov, dict) else None
+    spec_name = device.get("spec") if isinstance(device, dict) else None
+    if spec_name:
+        from kernelab.hardware import lookup
+
+        spec = lookup(spec_name)
+        if spec is not None:
+            src = f"datasheet {spec.name}"
+            if out["bandwidth"] is None:
+                out["bandwidth"], out["bandwidth_source"] = spec.hbm_bytes_per_s, src
+            for dt, short in _SPEC_DTYPES.items():
+                peak = spec.peak_for(short)
+                if peak and dt not in out["flops"]:
+                    out["flops"][dt], out["flops_source"][dt] = peak, src
+    return out
+
+
+class _Colors:
+    def __init__(self, names):
+        self.map = {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names)}
+
+    def __call__(self, name: str) -> str:
+        return self.map.get(name, "#777777")
+
+
+def _variant_order(runs: list[dict], baseline_variant: str) -> list[str]:
+    """Our kernels first, then the baseline, then the rest: stable colours across charts."""
+    names = sorted({c["variant"] for r in runs for c in r["cases"]})
+    first = [n for n in names if n.startswith("kernelab") or n.startswith("candidate")]
+    base = [n for n in names if n == baseline_variant and n not in first]
+    return first + base + [n for n in names if n not in first and n not in base]
+
+
+def _run_title(run: dict) -> str:
+    label = f" “{run['label']}”" if run.get("label") else ""
+    return f"{run['kind']} run {run['id']}{label}"
+
+
+def _summary_table(runs: list[dict], baseline: dict | None) -> str:
+    rows = []
+    for r in ([baseline] if baseline else []) + runs:
+        prov = r.get("provenance") or {}
+        git = prov.get("git") or {}
+        commit = (git.get("commit") or "-")[:12] + (" (dirty)" if git.get("dirty") else "")
+        role = "baseline" if r is baseline else "run"
+        rows.append(
+            "<tr>"
+            + "".join(
+                f"<td>{esc(v)}</td>"
+                for v in (
+                    role,
+                    r["id"],
+                    r.get("label") or "-",
+                    r["kind"],
+                    r["created"][:19].replace("T", " "),
+                    r.get("device") or "-",
+                    commit,
+                    len(r["cases"]),
+                )
+            )
+            + "</tr>"
+        )
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("", "id", "label", "kind", "created (UTC)", "device", "commit", "cases")
+    )
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def _case_table(cases: list[dict]) -> str:
+    cols = (
+        "op", "variant", "shape", "dtype", "mode", "median", "q1–q3", "n", "GB/s", "TFLOP/s",
+        "% roofline", "bound", "ceiling", "flags",
+    )  # fmt: skip
+    body = []
+    for c in cases:
+        m = c["metrics"]
+        q1, q3 = charts.quartiles_of(c)
+        cells = [
+            (c["op"], ""),
+            (c["variant"], ""),
+            (c.get("shape_label") or c["shape_key"], ""),
+            (c["dtype"], ""),
+            (c["mode"], ""),
+            (fmt.seconds(charts.median_of(c)), "n"),
+            (f"{fmt.seconds(q1)} – {fmt.seconds(q3)}" if q1 and q3 else "-", "n"),
+            (m.get("n", c.get("n_samples", "-")), "n"),
+            (fmt.number(m.get("gbps")), "n"),
+            (fmt.number(m.get("tflops")), "n"),
+            (fmt.percent(m.get("pct_roofline")), "n"),
+            (m.get("bound") or "-", ""),
+            (m.get("ceiling_source") or "-", ""),
+            (
+                "; ".join((["invalid"] if charts.invalid(c) else []) + list(c.get("flags") or [])),
+                "flag",
+            ),
+        ]
+        body.append(
+            "<tr>"
+            + "".join(
+                f'<td class="{k}">{esc(v)}</td>' if k else f"<td>{esc(v)}</td>" for v, k in cells
+            )
+            + "</tr>"
+        )
+    head = "".join(f"<th>{esc(h)}</th>" for h in cols)
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _variant_speedups(cases: list[dict], baseline_variant: str) -> list[dict]:
+    base = {
+        (c["shape_key"], c["dtype"], c["mode"]): c
+        for c in cases
+        if c["variant"] == baseline_variant
+    }
+    rows = []
+    for c in cases:
+        b = base.get((c["shape_key"], c["dtype"], c["mode"]))
+        tb, t = (charts.median_of(b) if b else None), charts.median_of(c)
+        if c["variant"] != baseline_variant and tb and t:
+            rows.append({"case": c, "speedup": tb / t, "invalid": charts.invalid(b)})
+    return rows
+
+
+def _run_speedups(baseline: dict, run: dict, op: str) -> list[dict]:
+    from kernelab.ledger.compare import case_key, compare_runs
+
+    result = compare_runs(baseline, run)
+    by_key = {case_key(c): c for c in run["cases"] if c["op"] == op}
+    rows = []
+    for r in result.cases:
+        key = (r.op, r.variant, r.shape_key, r.dtype, r.device, r.mode)
+        if key in by_key and r.ratio:
+            rows.append(
+                {
+                    "case": by_key[key],
+                    "speedup": 1 / r.ratio,
+                    "lo": 1 / r.ci_high if r.ci_high else None,
+                    "hi": 1 / r.ci_low if r.ci_low else None,
+                    "verdict": r.verdict,
+                    "invalid": r.verdict == "invalid",
+                }
+            )
+    return rows
+
+
+def _op_charts(name, cases, colors, baseline_variant, baseline, run) -> list[str]:
+    """Latency and speedup charts of one op's cases (one dtype)."""
+    out = [charts.latency(cases, colors, f"{name}: latency per shape")]
+    vs = _variant_speedups(cases, baseline_variant)
+    if vs:
+        title = f"{name}: speedup over {baseline_variant}"
+        out.append(charts.speedup(vs, colors, title, f"{baseline_variant} time / variant time"))
+    if baseline is not None:
+        mine = {id(c) for c in cases}
+        rs = [r for r in _run_speedups(baseline, run, cases[0]["op"]) if id(r["case"]) in mine]
+        if rs:
+            title = f"{name}: speedup over run {baseline['id']}"
+            out.append(charts.speedup(rs, colors, title, "baseline time / this run's time"))
+    return out
+
+
+def render(
+    runs: list[dict],
+    baseline: dict | None = None,
+    stored_ceilings: dict[str, dict] | None = None,
+    baseline_variant: str = "torch",
+    title: str = "kernelab report",
+) -> str:
+    """The report page for ``runs`` (as :meth:`Ledger.get_run` returns them).
+
+    ``baseline``: a run to draw per-case speedups against; ``stored_ceilings``: the ledger's
+    measured ceilings by device key, used when a run did not record its own.
+    """
+    if not runs:
+        raise ValueError("runs: expected at least one run to report")
+    colors = _Colors(_variant_order(runs + ([baseline] if baseline else []), baseline_variant))
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    out = [
+        "<!doctype html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+        "style-src 'unsafe-inline'\">",
+        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{esc(title)}</h1>",
+        f'<p class="muted">generated {esc(now)} · times are medians of raw samples; '
+        "hollow points and pale bars are times flagged invalid</p>",
+        _summary_table(runs, baseline),
+    ]
+    for run in runs:
+        ceil = ceilings_of(run, (stored_ceilings or {}).get(run.get("device_key") or ""))
+        out.append(f"<section><h2>{esc(_run_title(run))} · {esc(run.get('device') or '')}</h2>")
+        out.append('<div class="charts">')
+        out.append(charts.roofline(run["cases"], ceil, colors, f"roofline · {run['id']}"))
+        out.append("</div>")
+        for op in dict.fromkeys(c["op"] for c in run["cases"]):
+            cases = [c for c in run["cases"] if c["op"] == op]
+            out.append(f"<h3>{esc(op)}</h3>")
+            dtypes = list(dict.fromkeys(c["dtype"] for c in cases))
+            for dtype in dtypes:
+                group = [c for c in cases if c["dtype"] == dtype]
+                name = f"{op} · {dtype}" if len(dtypes) > 1 else op
+                out.append('<div class="charts">')
+                out.extend(_op_charts(name, group, colors, baseline_variant, baseline, run))
+                out.append("</div>")
+            out.append(_case_table(cases))
+        prov = orjson.dumps(run.get("provenance") or {}, option=orjson.OPT_INDENT_2, default=str)
+        out.append(f"<h3>provenance</h3><pre>{esc(prov.decode())}</pre></section>")
+    if baseline is not None:
+        prov = orjson.dumps(
+            baseline.get("provenance") or {}, option=orjson.OPT_INDENT_2, default=str
+        )
+        out.append(
+            f"<section><h2>baseline {esc(_run_title(baseline))}: provenance</h2>"
+            f"<pre>{esc(prov.decode())}</pre></section>"
+        )
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def write(
+    db,
+    refs: list[str] | None,
+    out: str | Path,
+    baseline: str | None = None,
+    kind: str = "bench",
+    baseline_variant: str = "torch",
+    title: str = "kernelab report",
+) -> Path:
+    """Render the runs ``refs`` (default: the latest) of ledger ``db`` into the file ``out``."""
+    ids = [db.resolve(r, kind=kind) for r in (refs or ["latest"])]
+    runs = [db.get_run(i) for i in ids]
+    base = db.get_run(db.resolve(baseline, kind=kind, before=ids[0])) if baseline else None
+    stored = {r["device_key"]: db.ceilings(r["device_key"]) for r in runs if r.get("device_key")}
+    html = render(runs, base, stored, baseline_variant, title)
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(html, encoding="utf-8")
+    return path

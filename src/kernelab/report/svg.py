@@ -1,0 +1,186 @@
+"""Inline SVG charts written by hand: scales, axes, marks. Every text is escaped here.
+
+Only what the report needs: a log or linear scale per axis, tick labels, points, bars,
+lines, whiskers, a legend, and ``<title>`` tooltips. Output is a string of SVG markup meant to
+be placed inside an HTML page (no XML namespace needed, nothing fetched).
+"""
+
+from __future__ import annotations
+
+import math
+from html import escape
+
+#: Colours of series, in order; the report's tests look for the first ones in screenshots.
+PALETTE = ("#1f6fd1", "#d9352b", "#1f9e4a", "#f08c00", "#8e44ad", "#00a3a3", "#6d4c41")
+CEILING = "#555555"
+GRID = "#e3e3e3"
+
+
+def esc(value) -> str:
+    return escape(str(value), quote=True)
+
+
+def num(x: float) -> str:
+    return f"{x:.2f}".rstrip("0").rstrip(".")
+
+
+class Scale:
+    """Maps data values onto [lo, hi] pixels, linearly or logarithmically."""
+
+    def __init__(self, vmin: float, vmax: float, lo: float, hi: float, log: bool = True):
+        if log:
+            vmin, vmax = max(vmin, 1e-300), max(vmax, 1e-300)
+        if vmax <= vmin:
+            vmin, vmax = (vmin / 2, vmin * 2) if log else (vmin - 1, vmin + 1)
+        self.vmin, self.vmax, self.lo, self.hi, self.log = vmin, vmax, lo, hi, log
+
+    @classmethod
+    def fit(cls, values, lo: float, hi: float, log: bool = True, pad: float = 0.1) -> Scale:
+        vals = [v for v in values if v is not None and math.isfinite(v) and (v > 0 or not log)]
+        if not vals:
+            vals = [1.0]
+        vmin, vmax = min(vals), max(vals)
+        if log:
+            span = math.log10(vmax) - math.log10(vmin) if vmax > vmin else 1.0
+            f = 10 ** (span * pad) if span else 2.0
+            return cls(vmin / f, vmax * f, lo, hi, True)
+        span = (vmax - vmin) or abs(vmax) or 1.0
+        return cls(min(0.0, vmin - span * pad), vmax + span * pad, lo, hi, False)
+
+    def __call__(self, v: float) -> float:
+        if self.log:
+            v = max(v, self.vmin * 1e-3)
+            t = (math.log10(v) - math.log10(self.vmin)) / (
+                math.log10(self.vmax) - math.log10(self.vmin)
+            )
+        else:
+            t = (v - self.vmin) / (self.vmax - self.vmin)
+        return self.lo + t * (self.hi - self.lo)
+
+    def ticks(self, max_ticks: int = 8) -> list[float]:
+        if self.log:
+            a, b = math.floor(math.log10(self.vmin)), math.ceil(math.log10(self.vmax))
+            step = max(1, math.ceil((b - a) / max_ticks))
+            out = [10.0**e for e in range(a, b + 1, step)]
+            inside = [t for t in out if self.vmin <= t <= self.vmax]
+            if len(inside) < 3:  # a narrow range: 1-2-5 steps, else evenly spaced values
+                out = sorted(m * 10.0**e for e in range(a, b + 1) for m in (1, 2, 5))
+                if len([t for t in out if self.vmin <= t <= self.vmax]) < 3:
+                    out = _linear_ticks(self.vmin, self.vmax, 6)
+        else:
+            out = _linear_ticks(self.vmin, self.vmax, max_ticks)
+        return [t for t in out if self.vmin <= t <= self.vmax]
+
+
+def _linear_ticks(vmin: float, vmax: float, max_ticks: int) -> list[float]:
+    raw = (vmax - vmin) / max_ticks
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    first = math.ceil(vmin / step)
+    return [round(k * step, 12) for k in range(first, int(vmax / step) + 1)]
+
+
+def si(v: float, unit: str = "") -> str:
+    """1.5k, 20M, 3G ... for tick labels."""
+    if v == 0:
+        return f"0{unit}"
+    for suffix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g}{suffix}{unit}"
+    for suffix, scale in (("", 1.0), ("m", 1e-3), ("µ", 1e-6), ("n", 1e-9), ("p", 1e-12)):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g}{suffix}{unit}"
+    return f"{v:g}{unit}"
+
+
+class Canvas:
+    """An SVG element under construction, with a plot area inside margins."""
+
+    def __init__(self, width: int, height: int, title: str, margin=(56, 20, 60, 80)):
+        self.width, self.height = width, height
+        self.top, self.right, self.bottom, self.left = margin
+        self.parts: list[str] = []
+        self.title = title
+
+    @property
+    def x0(self) -> float:
+        return self.left
+
+    @property
+    def x1(self) -> float:
+        return self.width - self.right
+
+    @property
+    def y0(self) -> float:  # bottom of the plot area (SVG y grows downwards)
+        return self.height - self.bottom
+
+    @property
+    def y1(self) -> float:
+        return self.top
+
+    def add(self, markup: str) -> None:
+        self.parts.append(markup)
+
+    def text(self, x, y, s, size=12, anchor="start", color="#222", rotate=None, weight=None):
+        tr = f' transform="rotate({rotate} {num(x)} {num(y)})"' if rotate else ""
+        w = f' font-weight="{weight}"' if weight else ""
+        self.add(
+            f'<text x="{num(x)}" y="{num(y)}" font-size="{size}" text-anchor="{anchor}" '
+            f'fill="{color}"{w}{tr}>{esc(s)}</text>'
+        )
+
+    def line(self, x1, y1, x2, y2, color=CEILING, width=1.0, dash=None, tip=None):
+        d = f' stroke-dasharray="{dash}"' if dash else ""
+        body = f"<title>{esc(tip)}</title>" if tip else ""
+        self.add(
+            f'<line x1="{num(x1)}" y1="{num(y1)}" x2="{num(x2)}" y2="{num(y2)}" '
+            f'stroke="{color}" stroke-width="{width}"{d}>{body}</line>'
+        )
+
+    def rect(self, x, y, w, h, color, tip=None, opacity=None):
+        o = f' fill-opacity="{opacity}"' if opacity is not None else ""
+        body = f"<title>{esc(tip)}</title>" if tip else ""
+        self.add(
+            f'<rect x="{num(x)}" y="{num(y)}" width="{num(max(w, 0.5))}" '
+            f'height="{num(max(h, 0.5))}" fill="{color}"{o}>{body}</rect>'
+        )
+
+    def circle(self, x, y, r, color, tip=None, hollow=False):
+        body = f"<title>{esc(tip)}</title>" if tip else ""
+        fill = f'fill="white" stroke="{color}" stroke-width="2"' if hollow else f'fill="{color}"'
+        self.add(f'<circle cx="{num(x)}" cy="{num(y)}" r="{num(r)}" {fill}>{body}</circle>')
+
+    def axes(self, xs: Scale | None, ys: Scale, xlabel: str, ylabel: str, xunit="", yunit=""):
+        """Frame, grid, ticks and axis titles (``xs=None``: categorical x, no x ticks)."""
+        for t in ys.ticks():
+            y = ys(t)
+            self.line(self.x0, y, self.x1, y, GRID)
+            self.text(self.x0 - 6, y + 4, si(t, yunit), 11, "end", "#444")
+        if xs is not None:
+            for t in xs.ticks():
+                x = xs(t)
+                self.line(x, self.y0, x, self.y1, GRID)
+                self.text(x, self.y0 + 16, si(t, xunit), 11, "middle", "#444")
+        self.add(
+            f'<rect x="{num(self.x0)}" y="{num(self.y1)}" width="{num(self.x1 - self.x0)}" '
+            f'height="{num(self.y0 - self.y1)}" fill="none" stroke="#999"/>'
+        )
+        self.text((self.x0 + self.x1) / 2, self.height - 8, xlabel, 12, "middle")
+        self.text(16, (self.y0 + self.y1) / 2, ylabel, 12, "middle", rotate=-90)
+        self.text(self.x0, 22, self.title, 14, "start", weight="bold")
+
+    def legend(self, items: list[tuple[str, str]], y: float = 40):
+        """One row of swatches under the title."""
+        x = self.x0
+        for label, color in items:
+            self.rect(x, y - 10, 12, 12, color)
+            self.text(x + 16, y, label[:24], 11)
+            x += 30 + 7 * min(len(label), 24)
+
+    def render(self, cls: str = "chart") -> str:
+        return (
+            f'<svg class="{esc(cls)}" width="{self.width}" height="{self.height}" '
+            f'viewBox="0 0 {self.width} {self.height}" role="img" aria-label="{esc(self.title)}">'
+            + "".join(self.parts)
+            + "</svg>"
+        )

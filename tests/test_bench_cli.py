@@ -1,0 +1,119 @@
+"""``kernelab bench`` and ``kernelab ceilings`` on the CPU, and the bench stage of run."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kernelab import ledger
+from kernelab.bench import stage
+from kernelab.bench.roofline import COPY, MATMUL
+from kernelab.cli import app
+from kernelab.hardware import detect
+from kernelab.ops import RMSNORM
+
+runner = CliRunner()
+QUICK = ["--device", "cpu", "--dtype", "float32", "--max-time", "0.2", "--min-samples", "5"]
+
+
+@pytest.fixture
+def db_path(tmp_path, monkeypatch):
+    """A ledger of its own, with CPU ceilings stored (so nothing is measured)."""
+    path = tmp_path / "ledger.sqlite"
+    monkeypatch.setenv("KERNELAB_LEDGER", str(path))
+    db = ledger.open(str(path))
+    key = detect("cpu").key
+    db.put_ceiling(key, COPY, 250e9, "B/s", "test copy")
+    db.put_ceiling(key, MATMUL + "float32", 1e13, "FLOP/s", "test matmul")
+    db.close()
+    return path
+
+
+def test_bench_json_gives_statistics_roofline_and_ceiling_source(db_path):
+    result = runner.invoke(app, ["bench", "rmsnorm", *QUICK, "--shape", "decode 1x4096", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["cases"] and data["run_id"]
+    assert any("Triton interpreter" in s for s in data["skipped"])
+    for case in data["cases"]:
+        m = case["metrics"]
+        assert case["variant"] == "torch" and case["dtype"] == "float32"
+        assert m["q1_s"] <= m["median_s"] <= m["q3_s"] and m["n"] == len(case["samples"])
+        assert m["gbps"] > 0 and 0 < m["pct_roofline"] < 100
+        assert (
+            m["ceiling_source"].startswith("memory: measured")
+            and "test copy" in (m["ceiling_source"])
+        )
+    db = ledger.open(str(db_path))
+    stored = db.get_run(data["run_id"])
+    assert len(stored["cases"]) == len(data["cases"])
+    assert stored["cases"][0]["samples"] == pytest.approx(data["cases"][0]["samples"])
+
+
+def test_cheating_candidate_is_invalid_and_fails(db_path, tmp_path):
+    src = tmp_path / "cand.py"
+    src.write_text(
+        "from kernelab.ops.rmsnorm import rmsnorm_torch\n"
+        "_cache = {}\n"
+        "def fast(x, weight, eps=1e-6, residual=None, out=None):\n"
+        "    key = x.data_ptr()\n"
+        "    if key not in _cache:\n"
+        "        _cache[key] = rmsnorm_torch(x, weight, eps)\n"
+        "    return _cache[key]\n"
+    )
+    args = ["bench", "--candidate", f"{src}:fast", "--op", "rmsnorm", *QUICK]
+    args += ["--shape", "decode 1x4096", "--variants", "torch", "--no-record", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.output
+    cases = json.loads(result.stdout)["cases"]
+    cand = [c for c in cases if c["variant"] == "candidate:fast"]
+    assert cand and all(not c["metrics"]["valid"] for c in cand)
+    assert all(any(f.startswith("results cached by pointer") for f in c["flags"]) for c in cand)
+    assert all("speedup_vs_torch" not in c["metrics"] for c in cand)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--candidate", "x.py:f"], "op: --candidate needs --op"),
+        (["--op", "rmsnorm"], "candidate: --op is for a --candidate"),
+        (["rmsnorm", "--dtype", "float99"], "dtype: expected a torch dtype name"),
+        (["rmsnorm", "--variants", "nosuch", "--device", "cpu"], "variants: op 'rmsnorm'"),
+        (["--floors-for", "z80"], "floors-for: expected a device of the table"),
+        (["rmsnorm", "--mode", "warm", "--device", "cpu"], "mode: expected auto, cold or hot"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message, db_path):
+    result = runner.invoke(app, ["bench", *args, "--no-record"])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_floors_for_h200_without_timing():
+    result = runner.invoke(app, ["bench", "rmsnorm", "--floors-for", "h200", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["device"] == "H200 SXM"
+    assert len(data["floors"]) == 3 * len(RMSNORM.shapes("representative"))
+    assert all(r["floor_s"] > 0 and "datasheet H200" in r["ceiling_source"] for r in data["floors"])
+
+
+def test_ceilings_measures_and_stores(tmp_path, monkeypatch):
+    path = tmp_path / "l.sqlite"
+    result = runner.invoke(app, ["ceilings", "--device", "cpu", "--ledger", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    names = {r["name"] for r in data["measured"]}
+    assert names == {COPY, MATMUL + "float32"}
+    stored = ledger.open(str(path)).ceilings(data["key"])
+    assert set(stored) == names and all(v["value"] > 0 for v in stored.values())
+
+
+def test_bench_stage_times_torch_and_says_what_it_skipped(db_path):
+    report = stage([RMSNORM], detect("cpu"))
+    assert report.stage == "bench"
+    cell = report.cells[("rmsnorm", "torch")]
+    assert cell.status == "pass" and cell.data["cases"] == 2 and "roofline" in cell.text
+    assert report.cells[("rmsnorm", "kernelab")].status == "skip"
+    assert report.cells[("rmsnorm", "compile")].status == "skip"
+    assert any("interpreter" in s for s in report.skipped)

@@ -1,0 +1,146 @@
+"""Planted cheats on the CPU: each must be flagged and none reported as fast."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from kernelab.bench import BenchConfig, Ceilings, StopRule, Subject
+from kernelab.bench.runner import bench_case
+from kernelab.bench.timers import HostTimer
+from kernelab.hardware import detect
+from kernelab.ops import RMSNORM, Shape
+from kernelab.ops.rmsnorm import rmsnorm_torch
+
+RULE = StopRule(rel_ci=0.5, min_samples=5, min_time=0.0, max_time=0.3, max_samples=40)
+SMALL = Shape("small 64x1024", {"rows": 64, "cols": 1024}, {"residual": False}, "rows")
+# 8 MiB in + 8 MiB out: the floor at 250 GB/s is ~67 µs.
+LARGE = Shape("large 512x4096", {"rows": 512, "cols": 4096}, {"residual": False}, "rows")
+# 250 GB/s: many times what this kind of 2-core host copies, yet within reach of a cheat.
+GENEROUS = Ceilings("test", 250e9, "test: 250 GB/s", {}, {})
+
+
+def run(shape, *subjects, mode="hot", ceilings=GENEROUS, variants=("torch",)):
+    subs = [*subjects] + [
+        Subject(v, RMSNORM.variants[v].fn, "torch") for v in variants if v in RMSNORM.variants
+    ]
+    cases = bench_case(
+        RMSNORM,
+        shape,
+        torch.float32,
+        subs,
+        detect("cpu"),
+        HostTimer(),
+        ceilings,
+        BenchConfig(mode=mode, rule=RULE, energy_window_s=0),
+    )
+    return {c["variant"]: c for c in cases}
+
+
+def flagged(case, prefix):
+    return [f for f in case["flags"] if f.startswith(prefix)]
+
+
+def test_honest_variant_is_valid_and_reported():
+    case = run(SMALL)["torch"]
+    m = case["metrics"]
+    assert m["valid"], case["flags"]
+    assert m["n"] >= 5 and len(case["samples"]) == m["n"]
+    assert m["q1_s"] <= m["median_s"] <= m["q3_s"] and m["min_s"] <= m["q1_s"]
+    assert m["gbps"] > 0 and m["floor_s"] > 0 and m["bound"] == "memory"
+    assert m["ceiling_source"].startswith("memory: test")
+    assert case["mode"] == "hot" and case["timer"] == "host" and case["threads"] >= 1
+
+
+def test_thread_left_running_after_return_is_flagged():
+    def early_return(x, weight, eps=1e-6, residual=None, out=None):
+        out = torch.empty_like(x)
+
+        def work():
+            time.sleep(0.03)
+            out.copy_(rmsnorm_torch(x, weight, eps))
+
+        threading.Thread(target=work, daemon=True).start()
+        return out
+
+    case = run(SMALL, Subject("early", early_return, "candidate"), mode="cold")["early"]
+    assert not case["metrics"]["valid"]
+    assert flagged(case, "work left running after return")
+    assert flagged(case, "threads left running after return")
+    assert flagged(case, "host/device disagreement")
+    assert "speedup_vs_torch" not in case["metrics"]
+
+
+def test_results_cached_by_pointer_are_flagged():
+    cache = {}
+
+    def by_pointer(x, weight, eps=1e-6, residual=None, out=None):
+        key = (x.data_ptr(), weight.data_ptr())
+        if key not in cache:
+            cache[key] = rmsnorm_torch(x, weight, eps)
+        return cache[key]
+
+    cases = run(SMALL, Subject("cache", by_pointer, "candidate"))
+    case = cases["cache"]
+    assert not flagged(case, "wrong output")  # the timed outputs themselves are right
+    assert flagged(case, "results cached by pointer")
+    assert not case["metrics"]["valid"] and "speedup_vs_torch" not in case["metrics"]
+    assert cases["torch"]["metrics"]["valid"], cases["torch"]["flags"]
+
+
+def test_result_cached_once_for_all_calls_is_flagged():
+    first = []
+
+    def once(x, weight, eps=1e-6, residual=None, out=None):
+        if not first:
+            first.append(rmsnorm_torch(x, weight, eps))
+        return first[0]
+
+    case = run(SMALL, Subject("once", once, "candidate"), variants=())["once"]
+    assert flagged(case, "results cached by shape or call count")
+    assert not case["metrics"]["valid"]
+
+
+def test_skipping_work_is_below_the_floor_and_invalid():
+    def skip(x, weight, eps=1e-6, residual=None, out=None):
+        return x
+
+    case = run(LARGE, Subject("skip", skip, "candidate"), mode="cold", variants=())["skip"]
+    assert flagged(case, "below-floor: invalid")
+    assert flagged(case, "wrong output of timed calls")
+    assert not case["metrics"]["valid"]
+
+
+def test_honest_variant_is_not_below_a_generous_floor():
+    case = run(LARGE, mode="cold")["torch"]
+    assert not flagged(case, "below-floor")
+    assert case["metrics"]["pct_roofline"] < 100
+
+
+def test_hot_data_in_cache_is_not_held_to_the_memory_floor():
+    def skip(x, weight, eps=1e-6, residual=None, out=None):
+        return x
+
+    case = run(LARGE, Subject("skip", skip, "candidate"), variants=())["skip"]
+    assert case["mode"] == "hot" and not flagged(case, "below-floor")
+    assert flagged(case, "wrong output of timed calls")  # still caught, by its outputs
+
+
+@pytest.mark.parametrize("mode", ["cold", "auto"])
+def test_memory_bound_defaults_to_cold_with_a_flush(mode):
+    case = run(SMALL, mode=mode)["torch"]
+    assert case["mode"] == "cold" and case["cold_cache"].startswith("flush")
+    assert case["metrics"]["calls_per_sample"] == 1
+
+
+def test_in_place_residual_is_restored_and_checked():
+    shape = Shape("res 16x512", {"rows": 16, "cols": 512}, {"residual": True}, "rows")
+    case = run(shape, mode="cold")["torch"]
+    assert case["metrics"]["valid"], case["flags"]
+
+    def forgets_residual(x, weight, eps=1e-6, residual=None, out=None):
+        return rmsnorm_torch(x + residual, weight, eps)  # never writes the residual
+
+    bad = run(shape, Subject("nores", forgets_residual, "candidate"), mode="cold", variants=())
+    assert flagged(bad["nores"], "wrong output of timed calls: output 1")

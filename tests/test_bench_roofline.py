@@ -1,0 +1,89 @@
+"""Ceilings, floors and the roofline: datasheet vs measured, and which one a result used."""
+
+import pytest
+import torch
+
+from kernelab.bench import floors, roofline
+from kernelab.hardware import DEVICES, detect, lookup
+from kernelab.ops import RMSNORM, Cost
+
+H200 = lookup("h200")
+
+
+def test_datasheet_ceilings_of_h200():
+    c = roofline.datasheet(H200)
+    assert c.bandwidth == pytest.approx(4.8e12)
+    assert c.peak(torch.bfloat16) == (pytest.approx(989e12), "datasheet H200 SXM")
+    assert c.peak("float32")[0] == pytest.approx(67e12)
+    assert not c.measured and "datasheet H200 SXM" in c.source(torch.bfloat16)
+
+
+def test_measured_ceilings_replace_datasheet_and_say_so():
+    info = detect("cpu")
+    stored = {
+        roofline.COPY: {"value": 1e10, "unit": "B/s", "source": "copy", "measured": "2026-01-02"},
+        roofline.MATMUL + "float32": {
+            "value": 2e11,
+            "unit": "FLOP/s",
+            "source": "matmul",
+            "measured": "2026-01-02",
+        },
+    }
+    c = roofline.resolve(info, stored)
+    assert c.bandwidth == 1e10 and c.measured
+    assert c.peak(torch.float32) == (2e11, "measured 2026-01-02 (matmul)")
+    assert c.peak(torch.bfloat16) == (None, "none")
+    bare = roofline.resolve(info)
+    assert bare.bandwidth is None and bare.bandwidth_source == "none"
+
+
+def test_roofline_numbers_and_bound():
+    c = roofline.Ceilings("d", 1e12, "sheet", {"float32": 1e13}, {"float32": "sheet"})
+    mem = roofline.roofline(Cost(flops=1e6, bytes=1e9), 2e-3, c, torch.float32)
+    assert mem["bound"] == "memory" and mem["floor_s"] == pytest.approx(1e-3)
+    assert mem["gbps"] == pytest.approx(500.0) and mem["pct_roofline"] == pytest.approx(50.0)
+    assert not mem["below_floor"]
+    comp = roofline.roofline(Cost(flops=1e11, bytes=1e6), 5e-3, c, torch.float32)
+    assert comp["bound"] == "compute" and comp["tflops"] == pytest.approx(20.0)
+    assert comp["below_floor"]  # 5 ms for work that needs 10 ms at the peak
+
+
+def test_below_floor_slack_only_for_measured_ceilings():
+    cost = Cost(flops=0, bytes=1e9)
+    sheet = roofline.Ceilings("d", 1e12, "datasheet X")
+    measured = roofline.Ceilings("d", 1e12, "measured now")
+    assert roofline.roofline(cost, 0.95e-3, sheet, torch.float32)["below_floor"]
+    assert not roofline.roofline(cost, 0.95e-3, measured, torch.float32)["below_floor"]
+    assert roofline.roofline(cost, 0.8e-3, measured, torch.float32)["below_floor"]
+    # hot data that fits in cache is held to the compute term only
+    assert not roofline.roofline(cost, 1e-6, sheet, torch.float32, in_cache=True)["below_floor"]
+
+
+def test_no_ceiling_means_no_floor():
+    r = roofline.roofline(Cost(1e6, 1e6), 1e-3, roofline.Ceilings("cpu"), torch.float32)
+    assert r["floor_s"] is None and r["pct_roofline"] is None and not r["below_floor"]
+    assert r["gbps"] == pytest.approx(1.0)
+    assert r["ceiling_source"] == "memory: none; compute: none"
+
+
+def test_h200_floors_for_every_representative_shape():
+    rows = floors(H200, [RMSNORM], dtypes=(torch.bfloat16,))
+    assert len(rows) == len(RMSNORM.shapes("representative"))
+    for r, shape in zip(rows, RMSNORM.shapes("representative"), strict=True):
+        n = shape.dims["rows"] * shape.dims["cols"]
+        nbytes = 2 * n * 2 + shape.dims["cols"] * 2 + (2 * n * 2 if shape.params["residual"] else 0)
+        assert r["bytes"] == nbytes and r["bound"] == "memory"
+        assert r["floor_s"] == pytest.approx(nbytes / 4.8e12)
+        assert r["shape_label"] == shape.label
+
+
+def test_every_table_device_gives_ceilings():
+    for spec in DEVICES:
+        c = roofline.datasheet(spec)
+        assert c.bandwidth > 0 and c.peak("bfloat16")[0] > c.peak("float32")[0] > 0
+
+
+def test_measure_ceilings_on_cpu_with_small_sizes():
+    bw = roofline.measure_copy("cpu", 1 << 20, samples=3)
+    fl = roofline.measure_matmul("cpu", 64, torch.float32, samples=3)
+    assert bw > 0 and fl > 0
