@@ -1,0 +1,521 @@
+"""Reading a Kineto (PyTorch profiler) Chrome trace into columnar numpy arrays.
+
+The file is read once (gzip-decompressed in memory), the ``traceEvents`` array is cut into
+chunks of a few thousand events at the top-level object boundaries Kineto writes, and each
+chunk is parsed with orjson and turned into columns at once; the parsed dicts of a chunk are
+dropped before the next is parsed, so peak memory stays near the size of the file plus the
+columns. Names are interned into one string table. A trace written without Kineto's line
+layout (e.g. minified) is parsed in one piece.
+
+Times are kept as int64 nanoseconds (Kineto writes microseconds, sometimes with a fraction).
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+# Event kinds (the ``kind`` column).
+CPU_OP, ANNOTATION, RUNTIME, KERNEL, MEMCPY, MEMSET, GPU_ANNOTATION, GPU_SYNC, PYTHON = range(9)
+KIND_NAMES = (
+    "cpu_op",
+    "user_annotation",
+    "runtime",
+    "kernel",
+    "memcpy",
+    "memset",
+    "gpu_user_annotation",
+    "gpu_sync",
+    "python_function",
+)
+GPU_KINDS = (KERNEL, MEMCPY, MEMSET)
+
+#: Category names as Kineto wrote them across versions (lower-cased) -> kind.
+CATEGORIES = {
+    "cpu_op": CPU_OP,
+    "operator": CPU_OP,
+    "user_annotation": ANNOTATION,
+    "cuda_runtime": RUNTIME,
+    "cuda_driver": RUNTIME,
+    "runtime": RUNTIME,
+    "kernel": KERNEL,
+    "gpu_memcpy": MEMCPY,
+    "memcpy": MEMCPY,
+    "gpu_memset": MEMSET,
+    "memset": MEMSET,
+    "gpu_user_annotation": GPU_ANNOTATION,
+    "cuda_sync": GPU_SYNC,
+    "python_function": PYTHON,
+}
+#: Categories that carry nothing this analysis uses (flows, instants, spans, metadata).
+IGNORED = {
+    "ac2g",
+    "async_cpu_to_gpu",
+    "fwdbwd",
+    "forward_backward",
+    "cpu_instant_event",
+    "trace",
+    "overhead",
+    "cuda_profiler_range",
+    "python_function_call",
+    "flow_event",
+    "",
+}
+#: cpu ops whose input shapes are kept (roofline placement, fusion byte counts).
+SHAPED_OPS = frozenset(
+    "aten::" + n
+    for n in [
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "linear",
+        "matmul",
+        "addmv",
+        "add",
+        "add_",
+        "sub",
+        "sub_",
+        "mul",
+        "mul_",
+        "div",
+        "div_",
+        "relu",
+        "relu_",
+        "gelu",
+        "gelu_",
+        "silu",
+        "silu_",
+        "sigmoid",
+        "sigmoid_",
+        "tanh",
+        "tanh_",
+        "threshold_backward",
+        "copy_",
+        "clamp",
+        "clamp_min",
+        "clamp_min_",
+        "neg",
+        "exp",
+        "rsqrt",
+        "pow",
+        "where",
+        "masked_fill",
+        "masked_fill_",
+        "dropout",
+        "native_dropout",
+        "layer_norm",
+        "native_layer_norm",
+        "rms_norm",
+        "_fused_rms_norm",
+        "batch_norm",
+        "native_batch_norm",
+        "cudnn_batch_norm",
+        "group_norm",
+        "native_group_norm",
+        "softmax",
+        "_softmax",
+        "log_softmax",
+        "_log_softmax",
+        "scaled_dot_product_attention",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_flash_attention_forward",
+        "_efficient_attention_forward",
+    ]
+)
+
+_CHUNK_BYTES = 1 << 19
+
+
+class TraceError(ValueError):
+    """The file is not a trace this analysis can read (one line, no traceback)."""
+
+
+@dataclass
+class Trace:
+    """One trace as columns. Row ``i`` of every array is one complete ('X') event we keep."""
+
+    path: str
+    meta: dict
+    strings: list[str]
+    kind: np.ndarray  # int8
+    name: np.ndarray  # int32 index into strings
+    ts: np.ndarray  # int64 ns
+    dur: np.ndarray  # int64 ns
+    pid: np.ndarray  # int64 (device for GPU rows)
+    tid: np.ndarray  # int64 (stream for GPU rows)
+    corr: np.ndarray  # int64 correlation id, -1 if none
+    regs: np.ndarray  # int32 registers per thread, -1 if none
+    shmem: np.ndarray  # int64 bytes of shared memory (static + dynamic), -1 if none
+    block: np.ndarray  # int32 threads per block, -1 if none
+    grid: np.ndarray  # int64 blocks in the grid, -1 if none
+    nbytes: np.ndarray  # int64 bytes of a memcpy / memset, -1 if none
+    shapes: dict[int, tuple[list, list]] = field(default_factory=dict)  # row -> (dims, types)
+    unknown_categories: dict[str, int] = field(default_factory=dict)
+    malformed: int = 0  # 'X' events without a usable ts/dur/name
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    @property
+    def end(self) -> np.ndarray:
+        return self.ts + self.dur
+
+    def names_of(self, rows) -> list[str]:
+        s = self.strings
+        return [s[i] for i in self.name[rows]]
+
+    def device_properties(self) -> list[dict]:
+        props = self.meta.get("deviceProperties")
+        return [p for p in props if isinstance(p, dict)] if isinstance(props, list) else []
+
+    def rank(self) -> int | None:
+        info = self.meta.get("distributedInfo")
+        rank = info.get("rank") if isinstance(info, dict) else None
+        return rank if isinstance(rank, int) else None
+
+
+def _read_bytes(path: Path) -> bytearray:
+    if not path.exists():
+        raise FileNotFoundError(f"trace: no such file {str(path)!r}")
+    if path.is_dir():
+        raise TraceError(f"trace: {str(path)!r} is a folder, expected a .json or .json.gz file")
+    size = path.stat().st_size
+    data = bytearray(size)
+    with open(path, "rb") as fh:
+        fh.readinto(data)
+    if not data:
+        raise TraceError(f"trace: {str(path)!r} is empty (0 bytes)")
+    if data[:2] == b"\x1f\x8b":
+        try:
+            return _gunzip(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceError(f"trace: {str(path)!r} is not a readable gzip file ({exc})") from None
+    return data
+
+
+def _gunzip(data: bytes) -> bytearray:
+    """Decompress into a buffer sized from the gzip trailer (gzip.decompress peaks at twice
+    the output); multi-member files or a trailer that disagrees take the growing path."""
+    size = int.from_bytes(data[-4:], "little") if len(data) >= 18 else 0
+    if size:
+        out = bytearray(size)
+        dest = memoryview(out)
+        d = zlib.decompressobj(31)
+        filled = 0
+        memoryview(data)
+        pending = memoryview(data)
+        while pending and not d.eof:
+            piece = d.decompress(pending, 1 << 20)
+            if filled + len(piece) > size:
+                break
+            dest[filled : filled + len(piece)] = piece
+            filled += len(piece)
+            pending = d.unconsumed_tail if d.unconsumed_tail else b""
+        if d.eof and filled == size and not d.unused_data.strip(b"\x00"):
+            dest.release()
+            return out
+        dest.release()
+        del out, dest
+    return _gunzip_growing(data)
+
+
+def _gunzip_growing(data: bytes) -> bytearray:
+    out = bytearray()
+    view = memoryview(data)
+    pos = 0
+    while pos < len(data):
+        d = zlib.decompressobj(31)
+        step = 1 << 20
+        while pos < len(data) and not d.eof:
+            out += d.decompress(view[pos : pos + step])
+            pos += step
+        out += d.flush()
+        if not d.eof:
+            raise EOFError("the compressed stream is truncated")
+        pos -= len(d.unused_data)
+        if not d.unused_data.strip(b"\x00"):
+            break
+    return out
+
+
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+
+
+def _split_events(data: bytearray) -> tuple[dict, list[tuple[int, int]]] | None:
+    """Top-level fields and the traceEvents array cut into chunks, or None to parse whole.
+
+    Kineto writes each event as ``{`` at a fixed indentation after a newline; JSON strings
+    cannot hold a raw newline, so ``},\\n<indent>{`` only occurs between events (nested
+    objects sit deeper). Each chunk is validated by parsing it; any doubt falls back.
+    """
+    m = _EVENTS_KEY.search(data)
+    if m is None:
+        return None
+    first = re.compile(rb"\s*").match(data, m.end()).end()
+    if first >= len(data) or data[first : first + 1] != b"{":
+        return None
+    indent_start = data.rfind(b"\n", m.end(), first)
+    if indent_start < 0:
+        return None
+    sep = b"},\n" + data[indent_start + 1 : first] + b"{"
+    # The end of the array: the last '}' followed by ']' at the top level.
+    tail = data.rfind(b"]")
+    close = data.rfind(b"}", first, tail)
+    while close > first:
+        after = data[close + 1 : tail].strip()
+        if after == b"":
+            break
+        tail = data.rfind(b"]", first, tail)
+        close = data.rfind(b"}", first, tail)
+    if close <= first:
+        return None
+    try:
+        head = orjson.loads(data[: m.start()].rstrip().rstrip(b",") + b"}")
+        rest = data[tail + 1 :].lstrip().lstrip(b",").strip()
+        trailer = orjson.loads(b"{" + rest) if rest not in (b"}", b"") else {}
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(head, dict) or not isinstance(trailer, dict):
+        return None
+    meta = {**head, **trailer}
+    chunks = []
+    start = first
+    while True:
+        nxt = data.find(sep, start + _CHUNK_BYTES, close + 1)
+        if nxt < 0:
+            chunks.append((start, close + 1))
+            break
+        chunks.append((start, nxt + 1))
+        start = nxt + len(sep) - 1
+    return meta, chunks
+
+
+class _KindMap(dict):
+    """Category string as written -> kind; -1 ignored, -2 unknown (counted)."""
+
+    def __missing__(self, cat):
+        key = cat.lower() if isinstance(cat, str) else ""
+        kind = CATEGORIES.get(key, -1 if key in IGNORED else -2)
+        self[cat] = kind
+        return kind
+
+
+def _col(values: list, dtype) -> np.ndarray:
+    try:
+        return np.array(values, dtype=dtype)
+    except (TypeError, ValueError, OverflowError):
+        return np.array([_int(v) for v in values], dtype=dtype)
+
+
+class _Columns:
+    """Per-chunk numpy columns, concatenated at the end."""
+
+    def __init__(self):
+        self.table: dict[str, int] = {}
+        self.kinds = _KindMap()
+        self.parts: list[dict[str, np.ndarray]] = []
+        self.shapes: dict[int, tuple[list, list]] = {}
+        self.unknown: dict[str, int] = {}
+        self.malformed = 0
+        self.n = 0
+        self.base_us: int | None = None
+
+    def add(self, events: list) -> None:
+        km = self.kinds
+        xs = [e for e in events if type(e) is dict and e.get("ph") == "X"]
+        kinds = [km[e.get("cat")] for e in xs]
+        if -2 in kinds:
+            for e, k in zip(xs, kinds, strict=False):
+                if k == -2:
+                    cat = str(e.get("cat"))
+                    self.unknown[cat] = self.unknown.get(cat, 0) + 1
+        rows = [e for e, k in zip(xs, kinds, strict=False) if k >= 0]
+        kinds = [k for k in kinds if k >= 0]
+        if not rows:
+            return
+        names = [e.get("name") for e in rows]
+        ts = [e.get("ts") for e in rows]
+        dur = [e.get("dur") for e in rows]
+        try:
+            ts_a = np.array(ts)
+            dur_a = np.array(dur)
+            if (
+                ts_a.dtype.kind not in "if"
+                or dur_a.dtype.kind not in "if"
+                or set(map(type, names)) != {str}
+            ):
+                raise TypeError
+        except (TypeError, ValueError):
+            ok = [
+                type(n) is str and type(t) in (int, float) and type(d) in (int, float)
+                for n, t, d in zip(names, ts, dur, strict=False)
+            ]
+            self.malformed += ok.count(False)
+            rows = [e for e, g in zip(rows, ok, strict=False) if g]
+            kinds = [k for k, g in zip(kinds, ok, strict=False) if g]
+            if not rows:
+                return
+            names = [e["name"] for e in rows]
+            ts_a = np.array([e["ts"] for e in rows], dtype=np.float64)
+            dur_a = np.array([e["dur"] for e in rows], dtype=np.float64)
+        if self.base_us is None:
+            self.base_us = int(ts_a.min())
+        table = self.table
+        kind_a = np.array(kinds, dtype=np.int8)
+        n = len(rows)
+        part = {
+            "kind": kind_a,
+            "name": np.array([table.setdefault(x, len(table)) for x in names], dtype=np.int32),
+            "ts": np.rint((ts_a - self.base_us) * 1000).astype(np.int64),
+            "dur": np.rint(dur_a * 1000).astype(np.int64),
+            "pid": _col([e.get("pid") for e in rows], np.int64),
+            "tid": _col([e.get("tid") for e in rows], np.int64),
+        }
+        args = [e.get("args") for e in rows]
+        if None in args or not all(type(a) is dict for a in args):
+            args = [a if type(a) is dict else {} for a in args]
+
+        def sparse(mask, key, dtype=np.int64, fn=None):
+            out = np.full(n, -1, dtype=dtype)
+            idx = np.flatnonzero(mask)
+            if len(idx):
+                vals = [args[i].get(key, -1) for i in idx]
+                out[idx] = _col([fn(v) for v in vals] if fn else vals, dtype)
+            return idx, out
+
+        gpu = (kind_a == KERNEL) | (kind_a == MEMCPY) | (kind_a == MEMSET) | (kind_a == GPU_SYNC)
+        gpu |= kind_a == GPU_ANNOTATION
+        for key, col in (("device", "pid"), ("stream", "tid")):
+            idx, vals = sparse(gpu, key)
+            have = idx[vals[idx] >= 0]
+            part[col][have] = vals[have]
+        _, part["corr"] = sparse(gpu | (kind_a == RUNTIME), "correlation")
+        kern = kind_a == KERNEL
+        _, part["regs"] = sparse(kern, "registers per thread", np.int32)
+        _, part["shmem"] = sparse(kern, "shared memory")
+        part["block"] = _dims_product(args, kern, "block")
+        part["grid"] = _dims_product(args, kern, "grid")
+        _, part["nbytes"] = sparse((kind_a == MEMCPY) | (kind_a == MEMSET), "bytes")
+        for i in np.flatnonzero(kind_a == CPU_OP):
+            if names[i] in SHAPED_OPS:
+                a = args[i]
+                dims, types = a.get("Input Dims"), a.get("Input type")
+                if isinstance(dims, list) and isinstance(types, list):
+                    self.shapes[self.n + int(i)] = (dims, types)
+        self.parts.append(part)
+        self.n += n
+
+    def finish(self, path: str, meta: dict) -> Trace:
+        strings = [""] * len(self.table)
+        for s, i in self.table.items():
+            strings[i] = s
+        keys = ("kind", "name", "ts", "dur", "pid", "tid", "corr")
+        keys += ("regs", "shmem", "block", "grid", "nbytes")
+        dtypes = (np.int8, np.int32, np.int64, np.int64, np.int64, np.int64, np.int64)
+        dtypes += (np.int32, np.int64, np.int32, np.int64, np.int64)
+        cols = {
+            k: np.concatenate([p[k] for p in self.parts]) if self.parts else np.zeros(0, dt)
+            for k, dt in zip(keys, dtypes, strict=False)
+        }
+        meta = dict(meta)
+        meta["base_us"] = self.base_us or 0
+        return Trace(
+            path=path,
+            meta=meta,
+            strings=strings,
+            shapes=self.shapes,
+            unknown_categories=dict(self.unknown),
+            malformed=self.malformed,
+            **cols,
+        )
+
+
+def _int(v) -> int:
+    if type(v) is int:
+        return v
+    if type(v) is float and v == v and abs(v) < 2**62:
+        return int(v)
+    return -1
+
+
+def _dims_product(args: list, mask: np.ndarray, key: str) -> np.ndarray:
+    """Product of a [x, y, z] launch dimension per masked row, -1 where absent."""
+    out = np.full(len(args), -1, dtype=np.int64)
+    idx = np.flatnonzero(mask)
+    if not len(idx):
+        return out
+    vals = [args[i].get(key) for i in idx]
+    try:
+        arr = np.array(vals, dtype=np.int64)
+        if arr.ndim != 2:
+            raise ValueError
+        out[idx] = arr.prod(axis=1)
+    except (TypeError, ValueError, OverflowError):
+        out[idx] = [_prod3(v) for v in vals]
+    return out
+
+
+def _prod3(v) -> int:
+    if type(v) is list and v and all(type(x) is int for x in v):
+        p = 1
+        for x in v:
+            p *= x
+        return p
+    return -1
+
+
+def load(path) -> Trace:
+    """Read a Kineto trace (``.json`` or ``.json.gz``) into columns.
+
+    Raises :class:`TraceError` (a ValueError) with one line for anything unreadable.
+    """
+    p = Path(path)
+    data = _read_bytes(p)
+    cols = _Columns()
+    enabled = gc.isenabled()
+    gc.disable()  # orjson builds many containers; the cyclic collector only slows it down
+    try:
+        split = _split_events(data)
+        if split is not None:
+            meta, chunks = split
+            try:
+                for begin, stop in chunks:
+                    # Bracket the chunk in place: the byte before its first '{' is blank
+                    # (or the array's '['), the byte after its last '}' is ',' or blank.
+                    data[begin - 1] = 0x5B
+                    data[stop] = 0x5D
+                    cols.add(orjson.loads(memoryview(data)[begin - 1 : stop + 1]))
+            except orjson.JSONDecodeError:
+                split = None
+                cols = _Columns()
+        if split is None:
+            try:
+                doc = orjson.loads(data)
+            except orjson.JSONDecodeError as exc:
+                raise TraceError(f"trace: {str(p)!r} is not valid JSON ({exc})") from None
+            del data
+            if isinstance(doc, list):  # a bare event array is also a valid Chrome trace
+                doc = {"traceEvents": doc}
+            if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+                raise TraceError(
+                    f"trace: {str(p)!r} has no 'traceEvents' list; expected a PyTorch "
+                    "profiler (Kineto) Chrome trace"
+                )
+            events = doc.pop("traceEvents")
+            meta = doc
+            for i in range(0, len(events), 8192):
+                cols.add(events[i : i + 8192])
+            del events
+    finally:
+        if enabled:
+            gc.enable()
+    return cols.finish(str(p), meta)
