@@ -1,10 +1,13 @@
 """Fusion candidates: runs of consecutive memory-bound kernels on one stream.
 
 A kernel is memory-bound when the op that launched it is (by its cost model on the trace's
-device), or, without shapes or device, when its op or kernel name is of an elementwise, norm,
-softmax, reduction or copy family. In a run of k such kernels, fusing them into one kernel
-saves k - 1 launches and, where the ops' shapes are known, the intermediates' round trips
-through device memory: each intermediate output is written once and read back once.
+device), or, without shapes or device, when its op or kernel name is of an elementwise,
+norm, softmax, reduction or copy family. GEMMs and attention never join a run (fusing into
+their epilogues is a different change), even when a small GEMM is memory-bound.
+
+In a run of k such kernels, fusing them into one kernel saves k - 1 launches and, where the
+ops' shapes are known, the intermediates' round trips through device memory: each
+intermediate output is written once and read back once.
 
 Where a kernelab op implements the fused form, it is named; the rules below match by name in
 the op registry at run time, so ops that are not registered are simply not suggested.
@@ -131,7 +134,7 @@ def fusion_candidates(links: Links, n: int = 10, registered: set[str] | None = N
             b = output_bytes(oname, dims, types)
             hit = (bound, b if b is not None else np.nan)
             cache[key] = hit
-        if hit[0] is not None:
+        if hit[0] is not None and not heavy_op[int(op_name[i])]:
             mem[i] = hit[0]
         out_bytes[i] = hit[1]
     stream = t.pid[gpu[kern]] * 1_000_003 + t.tid[gpu[kern]]
