@@ -23,6 +23,8 @@ app = typer.Typer(
 COMMANDS = (
     "kernelab.cli.ops_cmd",
     "kernelab.cli.run_cmd",
+    "kernelab.cli.trace_cmd",
+    "kernelab.cli.profile_cmd",
 )
 
 
