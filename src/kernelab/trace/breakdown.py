@@ -4,6 +4,8 @@ attributed to what the GPU was waiting for.
 Definitions (docs/trace.md):
 - span of a device: first GPU activity start to last GPU activity end on it;
 - kernel time of a category: the sum of its events' durations (overlaps counted twice);
+- launched kernel time: the kernel time of events whose launch call is in the trace (what
+  HTA counts when the trace has ProfilerStep annotations);
 - busy time of a category: the union of its events' intervals (overlaps counted once);
 - idle: span minus the union of all GPU activity.
 
@@ -37,10 +39,12 @@ def breakdown(links: Links) -> list[dict]:
     cat = links.category
     out = []
     dev_of = t.pid[gpu]
+    launched_all = links.launch_of >= 0
     for dev in np.unique(dev_of):
         sel = dev_of == dev
         rows = gpu[sel]
         c = cat[sel]
+        launched = launched_all[sel]
         s, e = t.ts[rows], t.ts[rows] + np.maximum(t.dur[rows], 0)
         span = int(e.max() - s.min())
         ms, me = merge(s, e)
@@ -51,6 +55,7 @@ def breakdown(links: Links) -> list[dict]:
             cs, ce = merge(s[m], e[m])
             cats[name] = {
                 "kernel_time_us": _us((e[m] - s[m]).sum()),
+                "launched_kernel_time_us": _us((e[m & launched] - s[m & launched]).sum()),
                 "busy_us": _us((ce - cs).sum()),
                 "count": int(m.sum()),
                 "share_of_span": round(float((ce - cs).sum()) / span, 4) if span else 0.0,
@@ -121,15 +126,19 @@ def idle_gaps(links: Links, min_gap_ns: int = 0) -> list[dict]:
         l_end = l_start + t.dur[lr]
         thread = t.pid[lr] * 1_000_003 + t.tid[lr]
         if len(sync):
-            # Latest sync end <= launch start on the same thread; is it inside the gap?
-            keys_t = sync_thread
-            lo = np.searchsorted(keys_t, thread, side="left")
-            hi = np.searchsorted(keys_t, thread, side="right")
-            for i in np.flatnonzero(has & (hi > lo)):
-                j = lo[i] + np.searchsorted(sync_end[lo[i] : hi[i]], l_start[i], side="right") - 1
-                if j >= lo[i] and sync_end[j] >= gap_a[i]:
-                    kind[i] = 0
-                    sync_of[i] = sync[j]
+            # The latest sync on the launching thread ending by the launch call's start:
+            # did it end inside the gap?
+            for th in np.unique(sync_thread):
+                lo, hi = np.searchsorted(sync_thread, [th, th + 1])
+                ends_t = sync_end[lo:hi]
+                q = np.flatnonzero(has & (thread == th))
+                if not len(q):
+                    continue
+                j = np.searchsorted(ends_t, l_start[q], side="right") - 1
+                ok = j >= 0
+                hit = q[ok][ends_t[j[ok]] >= gap_a[q[ok]]]
+                kind[hit] = 0
+                sync_of[hit] = sync[lo + j[ok][ends_t[j[ok]] >= gap_a[q[ok]]]]
         host = has & (kind == 2) & (l_end > gap_a)
         kind[host] = 1
         length = gap_b - gap_a

@@ -155,10 +155,13 @@ def fusion_candidates(links: Links, n: int = 10, registered: set[str] | None = N
     patterns: dict[tuple, dict] = {}
     durs = np.maximum(t.dur[gpu[kern]], 0)
     runs = 0
-    for rid in np.unique(run_id[run_id > 0]):
-        members = order[run_id == rid]
-        if len(members) < 2:
+    # Runs are contiguous in ``order``: cut it where the run id changes.
+    starts = np.flatnonzero(np.r_[True, run_id[1:] != run_id[:-1]])
+    ends = np.r_[starts[1:], len(run_id)]
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        if run_id[a] == 0 or b - a < 2:
             continue
+        members = order[a:b]
         runs += 1
         pat = tuple(label_text[j] for j in label_ids[members].tolist())
         inter = out_bytes[members[:-1]]

@@ -92,7 +92,13 @@ def occupancy_table(links: Links, n: int = 15) -> dict:
         ],
         axis=1,
     )
-    uniq, inv = np.unique(key, axis=0, return_inverse=True)
+    # One int64 code per configuration (np.unique over rows is slow).
+    codes = np.zeros(len(rows), dtype=np.int64)
+    for col in key.T:
+        vals, idx = np.unique(col, return_inverse=True)
+        codes = codes * len(vals) + idx.reshape(-1)
+    _, first, inv = np.unique(codes, return_index=True, return_inverse=True)
+    uniq = key[first]
     inv = inv.reshape(-1)
     time = np.bincount(inv, weights=dur[rows], minlength=len(uniq))
     out = []
