@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import sys
 
-from rich.console import Console
-
 from kernelab.trace.commands import run_diff, run_summary
 
 USAGE = (
@@ -43,7 +41,7 @@ def main(argv: list[str]) -> int:
         if args[:1] == ["diff"] and len(args) == 3:
             return run_diff(args[1], args[2], as_json=flags["--json"], top=top)
     except (ValueError, TypeError, FileNotFoundError, PermissionError) as exc:
-        Console(stderr=True).print(f"error: {exc}", markup=False, highlight=False)
+        sys.stderr.write(f"error: {exc}\n")
         return 2
     print(USAGE, file=sys.stderr)
     return 2

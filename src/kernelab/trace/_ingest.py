@@ -1,11 +1,11 @@
 """Reading a Kineto (PyTorch profiler) Chrome trace into columnar numpy arrays.
 
-The file is read once (gzip-decompressed in memory), the ``traceEvents`` array is cut into
-chunks of a few thousand events at the top-level object boundaries Kineto writes, and each
-chunk is parsed with orjson and turned into columns at once; the parsed dicts of a chunk are
-dropped before the next is parsed, so peak memory stays near the size of the file plus the
-columns. Names are interned into one string table. A trace written without Kineto's line
-layout (e.g. minified) is parsed in one piece.
+The file is decompressed as it is read; the ``traceEvents`` array is cut into chunks of
+about half a megabyte at the top-level object boundaries Kineto writes, and each chunk is
+decoded (msgspec, reading only the fields used, or orjson) and turned into numpy columns at
+once. The decoded events of a chunk are dropped before the next is decoded, so peak memory
+stays near one chunk plus the columns, never the whole file. Names are interned into one
+string table. A trace written without Kineto's line layout (e.g. minified) is parsed whole.
 
 Times are kept as int64 nanoseconds (Kineto writes microseconds, sometimes with a fraction).
 """
@@ -255,55 +255,6 @@ def _gunzip_growing(data: bytes) -> bytearray:
 
 
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
-
-
-def _split_events(data: bytearray) -> tuple[dict, list[tuple[int, int]]] | None:
-    """Top-level fields and the traceEvents array cut into chunks, or None to parse whole.
-
-    Kineto writes each event as ``{`` at a fixed indentation after a newline; JSON strings
-    cannot hold a raw newline, so ``},\\n<indent>{`` only occurs between events (nested
-    objects sit deeper). Each chunk is validated by parsing it; any doubt falls back.
-    """
-    m = _EVENTS_KEY.search(data)
-    if m is None:
-        return None
-    first = re.compile(rb"\s*").match(data, m.end()).end()
-    if first >= len(data) or data[first : first + 1] != b"{":
-        return None
-    indent_start = data.rfind(b"\n", m.end(), first)
-    if indent_start < 0:
-        return None
-    sep = b"},\n" + data[indent_start + 1 : first] + b"{"
-    # The end of the array: the last '}' followed by ']' at the top level.
-    tail = data.rfind(b"]")
-    close = data.rfind(b"}", first, tail)
-    while close > first:
-        after = data[close + 1 : tail].strip()
-        if after == b"":
-            break
-        tail = data.rfind(b"]", first, tail)
-        close = data.rfind(b"}", first, tail)
-    if close <= first:
-        return None
-    try:
-        head = orjson.loads(data[: m.start()].rstrip().rstrip(b",") + b"}")
-        rest = data[tail + 1 :].lstrip().lstrip(b",").strip()
-        trailer = orjson.loads(b"{" + rest) if rest not in (b"}", b"") else {}
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(head, dict) or not isinstance(trailer, dict):
-        return None
-    meta = {**head, **trailer}
-    chunks = []
-    start = first
-    while True:
-        nxt = data.find(sep, start + _CHUNK_BYTES, close + 1)
-        if nxt < 0:
-            chunks.append((start, close + 1))
-            break
-        chunks.append((start, nxt + 1))
-        start = nxt + len(sep) - 1
-    return meta, chunks
 
 
 class _KindMap(dict):
@@ -676,52 +627,160 @@ def _prod3(v) -> int:
     return -1
 
 
+def _pieces(path: Path, size: int = 1 << 20):
+    """The file's bytes, gzip-decompressed when compressed, in pieces of about ``size``."""
+    with open(path, "rb") as fh:
+        magic = fh.read(2)
+        fh.seek(0)
+        if magic != b"\x1f\x8b":
+            while piece := fh.read(size):
+                yield piece
+            return
+        d = zlib.decompressobj(31)
+        pending = b""
+        while True:
+            if not pending:
+                pending = fh.read(size // 8)
+                if not pending:
+                    break
+            yield d.decompress(pending, size)
+            pending = d.unconsumed_tail
+            if d.eof:
+                rest = d.unused_data + fh.read()
+                if not rest.strip(b"\x00"):
+                    return
+                d = zlib.decompressobj(31)  # another gzip member follows
+                pending = rest
+        tail = d.flush()
+        if tail:
+            yield tail
+        if not d.eof:
+            raise EOFError("the compressed stream is truncated")
+
+
+class _Fallback(Exception):
+    """The file is not laid out as Kineto writes it: parse it whole instead."""
+
+
+def _load_streaming(path: Path, cols: _Columns) -> dict:
+    """Decompress, cut and parse the events as they stream in; returns the top-level fields.
+
+    Memory stays near one piece plus one chunk. Raises :class:`_Fallback` where the layout
+    is not Kineto's (the caller then parses the whole document).
+    """
+    pieces = _pieces(path)
+    buf = bytearray()
+    m = None
+    while m is None or len(buf) <= m.end() + 256:
+        piece = next(pieces, None)
+        if piece is None:
+            break
+        buf += piece
+        if m is None:
+            m = _EVENTS_KEY.search(buf)
+            if m is None and len(buf) > 1 << 26:
+                raise _Fallback
+    if m is None:
+        raise _Fallback
+    first = re.compile(rb"\s*").match(buf, m.end()).end()
+    nl = buf.rfind(b"\n", m.end(), first)
+    if first >= len(buf) or buf[first : first + 1] != b"{" or nl < 0:
+        raise _Fallback
+    sep = b"},\n" + bytes(buf[nl + 1 : first]) + b"{"
+    try:
+        head = orjson.loads(bytes(buf[: m.start()]).rstrip().rstrip(b",") + b"}")
+    except orjson.JSONDecodeError:
+        raise _Fallback from None
+    if not isinstance(head, dict):
+        raise _Fallback
+    start = first
+    done = False
+    while not done:
+        while True:
+            nxt = buf.find(sep, start + _CHUNK_BYTES)
+            if nxt < 0:
+                break
+            cols.add_raw(memoryview(b"[" + buf[start : nxt + 1] + b"]"))
+            start = nxt + len(sep) - 1
+        piece = next(pieces, None)
+        if piece is None:
+            done = True
+        else:
+            del buf[:start]
+            start = 0
+            buf += piece
+    # The rest: the last events, the array's ']' and the trailing top-level fields.
+    tail = buf.rfind(b"]")
+    close = buf.rfind(b"}", start, tail)
+    while close > start and buf[close + 1 : tail].strip():
+        tail = buf.rfind(b"]", start, tail)
+        close = buf.rfind(b"}", start, tail)
+    if close <= start:
+        raise _Fallback
+    rest = bytes(buf[tail + 1 :]).lstrip().lstrip(b",").strip()
+    try:
+        trailer = orjson.loads(b"{" + rest) if rest not in (b"}", b"") else {}
+    except orjson.JSONDecodeError:
+        raise _Fallback from None
+    if not isinstance(trailer, dict):
+        raise _Fallback
+    cols.add_raw(memoryview(b"[" + buf[start : close + 1] + b"]"))
+    return {**head, **trailer}
+
+
 def load(path) -> Trace:
     """Read a Kineto trace (``.json`` or ``.json.gz``) into columns.
 
     Raises :class:`TraceError` (a ValueError) with one line for anything unreadable.
     """
     p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"trace: no such file {str(p)!r}")
+    if p.is_dir():
+        raise TraceError(f"trace: {str(p)!r} is a folder, expected a .json or .json.gz file")
+    if p.stat().st_size == 0:
+        raise TraceError(f"trace: {str(p)!r} is empty (0 bytes)")
+    cols = _Columns()
+    enabled = gc.isenabled()
+    gc.disable()  # the decoders build many objects; the cyclic collector only slows them
+    try:
+        meta = _load_streaming(p, cols)
+    except (_Fallback, orjson.JSONDecodeError):
+        meta = None
+    except (OSError, EOFError, zlib.error) as exc:
+        raise TraceError(f"trace: {str(p)!r} is not a readable gzip file ({exc})") from None
+    finally:
+        if enabled:
+            gc.enable()
+    if meta is not None:
+        return cols.finish(str(p), meta)
+    return _load_whole(p)
+
+
+def _load_whole(p: Path) -> Trace:
+    """Parse the whole document (any layout; exact JSON error messages)."""
     data = _read_bytes(p)
     cols = _Columns()
     enabled = gc.isenabled()
-    gc.disable()  # orjson builds many containers; the cyclic collector only slows it down
+    gc.disable()
     try:
-        split = _split_events(data)
-        if split is not None:
-            meta, chunks = split
-            try:
-                for begin, stop in chunks:
-                    # Bracket the chunk in place: the byte before its first '{' is blank
-                    # (or the array's '['), the byte after its last '}' is ',' or blank.
-                    saved = data[begin - 1], data[stop]
-                    data[begin - 1] = 0x5B
-                    data[stop] = 0x5D
-                    try:
-                        cols.add_raw(memoryview(data)[begin - 1 : stop + 1])
-                    finally:
-                        data[begin - 1], data[stop] = saved
-            except orjson.JSONDecodeError:
-                split = None
-                cols = _Columns()
-        if split is None:
-            try:
-                doc = orjson.loads(data)
-            except orjson.JSONDecodeError as exc:
-                raise TraceError(f"trace: {str(p)!r} is not valid JSON ({exc})") from None
-            del data
-            if isinstance(doc, list):  # a bare event array is also a valid Chrome trace
-                doc = {"traceEvents": doc}
-            if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-                raise TraceError(
-                    f"trace: {str(p)!r} has no 'traceEvents' list; expected a PyTorch "
-                    "profiler (Kineto) Chrome trace"
-                )
-            events = doc.pop("traceEvents")
-            meta = doc
-            for i in range(0, len(events), 8192):
-                cols.add(events[i : i + 8192])
-            del events
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise TraceError(f"trace: {str(p)!r} is not valid JSON ({exc})") from None
+        del data
+        if isinstance(doc, list):  # a bare event array is also a valid Chrome trace
+            doc = {"traceEvents": doc}
+        if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+            raise TraceError(
+                f"trace: {str(p)!r} has no 'traceEvents' list; expected a PyTorch "
+                "profiler (Kineto) Chrome trace"
+            )
+        events = doc.pop("traceEvents")
+        meta = doc
+        for i in range(0, len(events), 8192):
+            cols.add(events[i : i + 8192])
+        del events
     finally:
         if enabled:
             gc.enable()

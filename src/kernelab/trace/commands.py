@@ -7,13 +7,13 @@ import sys
 from pathlib import Path
 
 import orjson
-from rich.console import Console
 
 from kernelab.trace.diff import diff
 from kernelab.trace.multirank import summarize_ranks
 from kernelab.trace.perfetto import write_annotated
-from kernelab.trace.render import render_diff, render_ranks, render_summary
 from kernelab.trace.summary import NothingToAnalyse, public, summarize
+
+# rich (and the renderers) load only for output meant for people: --json stays light.
 
 
 def emit(data) -> None:
@@ -32,27 +32,31 @@ def run_summary(
     top: int = 15,
     short_us: float = 5.0,
     perfetto: str | None = None,
-    console: Console | None = None,
+    console=None,
 ) -> int:
     """Summarise a trace file (or a folder of per-rank traces); returns the exit code."""
-    console = console or Console()
-    err = Console(stderr=True)
     if top < 1:
         raise ValueError(f"top: expected at least 1, got {top}")
     if short_us <= 0:
         raise ValueError(f"short_us: expected a positive threshold in us, got {short_us}")
     p = Path(path)
+    if not as_json:
+        from rich.console import Console
+
+        console = console or Console()
     if p.is_dir():
+        if as_json:
+            emit(summarize_ranks(p, top=top))
+            return 0
+        from kernelab.trace.render import render_ranks
+
         with console.status("summarising ranks") as status:
 
             def progress(i, n, name):
                 status.update(f"rank trace {i + 1}/{n}: {name}")
 
-            result = summarize_ranks(p, top=top, progress=progress if not as_json else None)
-        if as_json:
-            emit(result)
-        else:
-            render_ranks(console, result)
+            result = summarize_ranks(p, top=top, progress=progress)
+        render_ranks(console, result)
         return 0
     try:
         if as_json:
@@ -61,7 +65,7 @@ def run_summary(
             with console.status(f"reading {p.name}"):
                 s = summarize(p, top=top, short_us=short_us)
     except NothingToAnalyse as exc:
-        err.print(str(exc), markup=False, highlight=False)
+        sys.stderr.write(f"{exc}\n")
         return 1
     if perfetto:
         out = write_annotated(s, perfetto)
@@ -70,17 +74,22 @@ def run_summary(
     if as_json:
         emit(public(s))
     else:
+        from kernelab.trace.render import render_summary
+
         render_summary(console, public(s))
     return 0
 
 
 def run_diff(a: str, b: str, *, as_json: bool = False, top: int = 20, console=None) -> int:
-    console = console or Console()
     if top < 1:
         raise ValueError(f"top: expected at least 1, got {top}")
     d = diff(a, b, top=top)
     if as_json:
         emit(d)
     else:
-        render_diff(console, d)
+        from rich.console import Console
+
+        from kernelab.trace.render import render_diff
+
+        render_diff(console or Console(), d)
     return 0
