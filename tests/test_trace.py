@@ -115,6 +115,7 @@ def test_integrity_catches_cut_overlapping_and_orphan_events(tmp_path):
     b._x("kernel", "negative", 145, -3, 0, 9, {"stream": 9, "device": 0})
     b._x("mystery_cat", "x", 100, 1, 1, 1, {})
     b.events.append({"ph": "X", "cat": "kernel", "name": "no_ts", "dur": 3, "pid": 0, "tid": 7})
+    b.events.append({"ph": "X", "cat": "cpu_op", "name": 5, "ts": 1, "dur": 3, "pid": 0, "tid": 7})
     counts = public(summarize(b.write(tmp_path / "i.json")))["integrity"]["counts"]
     assert counts["gpu_before_window"] == 1
     assert counts["gpu_after_window"] == 1
@@ -122,7 +123,7 @@ def test_integrity_catches_cut_overlapping_and_orphan_events(tmp_path):
     assert counts["overlapping_on_stream"] >= 1
     assert counts["negative_duration"] == 1
     assert counts["unknown_category_events"] == 1
-    assert counts["malformed_events"] == 1
+    assert counts["malformed_events"] == 2
 
 
 def test_verdicts_name_sync_and_launch_bound(tmp_path):

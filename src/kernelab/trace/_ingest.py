@@ -16,6 +16,7 @@ import gc
 import re
 import zlib
 from dataclasses import dataclass, field
+from itertools import islice
 from operator import attrgetter, itemgetter, methodcaller
 from pathlib import Path
 from typing import Any
@@ -429,8 +430,6 @@ class _Columns:
         keep = np.flatnonzero(kind_all >= 0)
         if not len(keep):
             return None, {}, unknown
-        if set(map(type, names)) != {str}:
-            raise TypeError("names not strings")
         ts_a, dur_a = np.array(ts)[keep], np.array(dur)[keep]
         if ts_a.dtype.kind not in "if" or dur_a.dtype.kind not in "if":
             raise TypeError("non-numeric times")
@@ -438,7 +437,13 @@ class _Columns:
             self.base_us = int(ts_a.min())
         kind_a = kind_all[keep]
         intern = self.table
+        known = len(intern)
         name_all = np.fromiter(map(intern.__getitem__, names), np.int32, len(names))
+        added = list(islice(intern, known, None))
+        if any(type(x) is not str for x in added):
+            for x in added:  # undo, so ids stay dense and every interned name is a str
+                del intern[x]
+            raise TypeError("names not strings")
         n = len(keep)
         part = {
             "kind": kind_a,
