@@ -32,6 +32,8 @@ COMMANDS = (
     "kernelab.cli.report_cmd",
     "kernelab.cli.bench_cmd",
     "kernelab.cli.ceilings_cmd",
+    "kernelab.cli.trace_cmd",
+    "kernelab.cli.profile_cmd",
 )
 
 

@@ -1,0 +1,199 @@
+"""kernelab trace summary vs Holistic Trace Analysis (HTA): time, peak memory, and kernel time
+per category, on the real traces in the shared folder (largest first).
+
+HTA runs from its own virtual environment (never kernelab's), e.g.::
+
+    python3 -m venv /tmp/hta && /tmp/hta/bin/pip install holistictraceanalysis
+    python benchmarks/bench_trace.py --hta-python /tmp/hta/bin/python
+
+Each tool runs as a fresh subprocess: wall time and peak RSS are those of the whole process
+(interpreter start, imports, parsing, analysis), measured by a small wrapper process through
+``resource.getrusage(RUSAGE_CHILDREN)``. kernelab runs as ``python -m kernelab.trace summary
+TRACE --json`` (every analysis: breakdown, idle, launches, kernels, roofline, fusion,
+occupancy); HTA parses the trace and computes ``get_gpu_kernel_breakdown``. The reported time
+is the median of ``--repeat`` runs; memory is the largest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from kernelab import _flags  # noqa: E402
+
+MEASURE = r"""
+import json, resource, subprocess, sys, time
+t = time.perf_counter()
+proc = subprocess.run(sys.argv[2:], stdout=open(sys.argv[1], "wb"), stderr=subprocess.PIPE)
+wall = time.perf_counter() - t
+rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+print(json.dumps({"rc": proc.returncode, "wall_s": wall, "peak_rss": rss,
+                  "stderr": proc.stderr.decode(errors="replace")[-2000:]}))
+"""
+
+HTA = r"""
+import json, sys, warnings, logging
+warnings.filterwarnings("ignore")
+logging.disable(logging.CRITICAL)
+from hta.trace_analysis import TraceAnalysis
+from hta.utils.utils import get_kernel_type
+ta = TraceAnalysis(trace_files={0: sys.argv[1]}, include_last_profiler_step=True)
+kt, _ = ta.get_gpu_kernel_breakdown(visualize=False, include_memory_kernels=True)
+df = ta.t.get_trace(0)
+sym = ta.t.symbol_table.get_sym_table()
+g = df[df["stream"].ne(-1)]
+types = g["name"].map(lambda i: get_kernel_type(sym[i]))
+cats = g["cat"].map(lambda i: sym[i])
+out = {"merged": {r["kernel_type"]: float(r["sum"]) for _, r in kt.iterrows()},
+       "sum": {k: float(v) for k, v in g.groupby(types)["dur"].sum().items()},
+       "sum_by_cat": {f"{a}|{b}": float(v) for (a, b), v in
+                      g.groupby([types, cats])["dur"].sum().items()}}
+print("HTA_RESULT" + json.dumps(out))
+"""
+
+KERNELAB_TO_HTA = {"compute": "COMPUTATION", "memory": "MEMORY", "communication": "COMMUNICATION"}
+
+
+def measure(cmd: list[str], env: dict) -> tuple[dict, bytes]:
+    with tempfile.NamedTemporaryFile(suffix=".out") as out:
+        res = subprocess.run(
+            [sys.executable, "-c", MEASURE, out.name, *cmd],
+            capture_output=True,
+            env=env,
+            check=True,
+        )
+        stats = json.loads(res.stdout)
+        return stats, Path(out.name).read_bytes()
+
+
+def hta_filters(trace: Path) -> bool:
+    """Whether HTA drops GPU events without a launch call here (2+ ProfilerStep names)."""
+    from kernelab.trace import load
+
+    t = load(trace)
+    return sum(s.startswith("ProfilerStep") for s in t.strings) >= 2
+
+
+def versions(hta_python: str) -> dict:
+    import numpy
+    import orjson
+
+    hta = subprocess.run(
+        [
+            hta_python,
+            "-c",
+            "import importlib.metadata as m; print(m.version('HolisticTraceAnalysis'))",
+        ],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return {
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        "orjson": orjson.__version__,
+        "hta": hta or "not found",
+        "load": os.getloadavg(),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hta-python", default="/tmp/hta/bin/python")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--traces", nargs="*", help="trace files (default: the shared folder's)")
+    ap.add_argument("--json", help="also write the results to this file")
+    args = ap.parse_args()
+    if args.traces:
+        traces = [Path(t) for t in args.traces]
+    else:
+        shared = _flags.shared_dir()
+        if shared is None or not (shared / "traces").is_dir():
+            print("no shared traces folder found; pass --traces", file=sys.stderr)
+            return 2
+        traces = sorted((shared / "traces").glob("*.json*"), key=lambda p: -p.stat().st_size)
+    env_k = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env_h = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    print(json.dumps(versions(args.hta_python)))
+    header = (
+        f"{'trace':28} {'kernelab s':>10} {'HTA s':>8} {'speedup':>8} "
+        f"{'kernelab MB':>11} {'HTA MB':>8} {'mem ratio':>9}  categories (kernelab/HTA sum)"
+    )
+    print(header)
+    results = []
+    for trace in traces:
+        k_runs, h_runs = [], []
+        k_out = h_out = b""
+        for _ in range(args.repeat):  # interleaved, so both see the same machine load
+            st, k_out = measure(
+                [sys.executable, "-m", "kernelab.trace", "summary", str(trace), "--json"], env_k
+            )
+            k_runs.append(st)
+            st, h_out = measure([args.hta_python, "-c", HTA, str(trace)], env_h)
+            h_runs.append(st)
+        row = {"trace": trace.name, "bytes": trace.stat().st_size}
+        for name, runs in (("kernelab", k_runs), ("hta", h_runs)):
+            ok = [r for r in runs if r["rc"] == 0]
+            row[name] = {
+                "ok": len(ok) == len(runs),
+                "wall_s": statistics.median(r["wall_s"] for r in ok) if ok else None,
+                "peak_mb": max(r["peak_rss"] for r in ok) / 2**20 if ok else None,
+                "error": None if ok else runs[0]["stderr"].strip().splitlines()[-1:],
+            }
+        cats = {}
+        if row["kernelab"]["ok"]:
+            summary = json.loads(k_out)
+            # HTA keeps only GPU events whose launch call it saw when the trace has two or more
+            # ProfilerStep names; compare like with like (docs/trace.md, "Differences from HTA").
+            key = "launched_kernel_time_us" if hta_filters(trace) else "kernel_time_us"
+            mine: dict[str, float] = {}
+            for dev in (summary.get("gpu") or {}).get("breakdown", []):
+                for c, v in dev["categories"].items():
+                    mine[c] = mine.get(c, 0.0) + v[key]
+            hta = {}
+            marker = h_out.find(b"HTA_RESULT")
+            if row["hta"]["ok"] and marker >= 0:
+                hta = json.loads(h_out[marker + len(b"HTA_RESULT") :])
+            for c, hk in KERNELAB_TO_HTA.items():
+                a, b = mine.get(c, 0.0), hta.get("sum", {}).get(hk)
+                rel = None if not b else (a - b) / b
+                cats[c] = {"kernelab_us": a, "hta_us": b, "rel_diff": rel}
+            row["hta_detail"] = hta
+        row["categories"] = cats
+        results.append(row)
+        k, h = row["kernelab"], row["hta"]
+        speed = h["wall_s"] / k["wall_s"] if k["wall_s"] and h["wall_s"] else None
+        mem = k["peak_mb"] / h["peak_mb"] if k["peak_mb"] and h["peak_mb"] else None
+        cat_text = ", ".join(
+            f"{c[:4]} {v['kernelab_us']:.0f}/{v['hta_us'] if v['hta_us'] is not None else '-'}"
+            + (f" ({100 * v['rel_diff']:+.2f}%)" if v["rel_diff"] is not None else "")
+            for c, v in cats.items()
+        )
+
+        def fmt(v, spec):
+            return format(v, spec) if v is not None else "fail"
+
+        print(
+            f"{trace.name:28} {fmt(k['wall_s'], '10.2f')} {fmt(h['wall_s'], '8.2f')} "
+            f"{fmt(speed, '7.1f')}x {fmt(k['peak_mb'], '11.0f')} {fmt(h['peak_mb'], '8.0f')} "
+            f"{fmt(mem, '9.2f')}  {cat_text}"
+            + (f"  HTA error: {h['error']}" if not h["ok"] else "")
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

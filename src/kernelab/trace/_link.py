@@ -1,0 +1,254 @@
+"""Links between events: GPU rows to their launch calls (correlation ids), launch calls to the
+cpu op that issued them (nesting on the launching thread), and interval arithmetic."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from kernelab.trace._ingest import CPU_OP, GPU_KINDS, KERNEL, MEMCPY, MEMSET, RUNTIME, Trace
+
+COMPUTE, MEMORY, COMMUNICATION = "compute", "memory", "communication"
+CATEGORY_ORDER = (COMPUTE, MEMORY, COMMUNICATION)
+
+_COMM = re.compile(r"^(void )?(nccl|rccl)", re.IGNORECASE)
+_GRAPH = re.compile(r"GraphLaunch")
+_SYNC = re.compile(
+    r"^(cuda|hip)(DeviceSynchronize|StreamSynchronize|EventSynchronize)$"
+    r"|^cu(Ctx|Stream|Event)Synchronize$"
+)
+SYNC_KIND = {"Device": "device", "Ctx": "device", "Stream": "stream", "Event": "event"}
+
+
+def normalise(name: str) -> str:
+    """A kernel name with template arguments collapsed and the parameter list dropped.
+
+    ``void at::native::vectorized_elementwise_kernel<4, AddFunctor<float>, ...>(int, ...)``
+    becomes ``at::native::vectorized_elementwise_kernel<...>``.
+    """
+    text = name.strip()
+    if text.startswith("void "):
+        text = text[5:]
+    if text.endswith(")"):
+        depth = 0
+        for i in range(len(text) - 1, -1, -1):
+            ch = text[i]
+            if ch == ")":
+                depth += 1
+            elif ch == "(":
+                depth -= 1
+                if depth == 0:
+                    if i > 0 and text[i - 1] != " ":
+                        text = text[:i]
+                    break
+    out = []
+    depth = 0
+    for i, ch in enumerate(text):
+        if ch == "<" and not text.startswith("operator", max(0, i - 8)):
+            if depth == 0:
+                out.append("<...>")
+            depth += 1
+        elif ch == ">" and depth > 0:
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out).strip()
+
+
+def _group_ids(links: Links) -> tuple[np.ndarray, list[str]]:
+    """Per GPU row (aligned with ``links.gpu``): a group id, and the group names."""
+    t = links.trace
+    table: dict[str, int] = {}
+    per_string = np.array([table.setdefault(normalise(s), len(table)) for s in t.strings])
+    names = [""] * len(table)
+    for k, v in table.items():
+        names[v] = k
+    ids = per_string[t.name[links.gpu]] if len(t.strings) else np.zeros(0, dtype=np.int64)
+    return ids, names
+
+
+def merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Union of intervals as sorted, disjoint [start, end) arrays."""
+    if len(starts) == 0:
+        return starts[:0].copy(), ends[:0].copy()
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    reach = np.maximum.accumulate(e)
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > reach[:-1]
+    groups = np.cumsum(new) - 1
+    ms = s[new]
+    me = np.zeros(len(ms), dtype=e.dtype)
+    np.maximum.at(me, groups, e)
+    me = np.maximum(me, ms)
+    return ms, me
+
+
+def covered(starts: np.ndarray, ends: np.ndarray) -> int:
+    ms, me = merge(starts, ends)
+    return int((me - ms).sum())
+
+
+@dataclass
+class Links:
+    """Derived per-row facts shared by the analyses (computed once per trace)."""
+
+    trace: Trace
+
+    @cached_property
+    def gpu(self) -> np.ndarray:
+        """Row indices of GPU activity (kernels, copies, sets), sorted by start time."""
+        k = self.trace.kind
+        rows = np.flatnonzero((k == KERNEL) | (k == MEMCPY) | (k == MEMSET))
+        return rows[np.argsort(self.trace.ts[rows], kind="stable")]
+
+    @cached_property
+    def name_category(self) -> np.ndarray:
+        """Per string id: 0 compute, 2 communication (memory comes from the event kind)."""
+        return np.array([2 if _COMM.match(s) else 0 for s in self.trace.strings], dtype=np.int8)
+
+    @cached_property
+    def category(self) -> np.ndarray:
+        """Per GPU row (aligned with ``gpu``): 0 compute, 1 memory, 2 communication."""
+        t = self.trace
+        cat = self.name_category[t.name[self.gpu]].copy()
+        cat[t.kind[self.gpu] != KERNEL] = 1
+        return cat
+
+    @cached_property
+    def runtime(self) -> np.ndarray:
+        """Runtime rows with a correlation id, sorted by it."""
+        t = self.trace
+        rows = np.flatnonzero((t.kind == RUNTIME) & (t.corr >= 0))
+        return rows[np.argsort(t.corr[rows], kind="stable")]
+
+    @cached_property
+    def launch_of(self) -> np.ndarray:
+        """Per GPU row (aligned with ``gpu``): the runtime row that launched it, or -1."""
+        t = self.trace
+        rt = self.runtime
+        corr = t.corr[self.gpu]
+        if len(rt) == 0:
+            return np.full(len(corr), -1, dtype=np.int64)
+        keys = t.corr[rt]
+        pos = np.minimum(np.searchsorted(keys, corr), len(rt) - 1)
+        found = (keys[pos] == corr) & (corr >= 0)
+        return np.where(found, rt[pos], -1)
+
+    @cached_property
+    def graph_runtime(self) -> np.ndarray:
+        """Per string id: whether it names a CUDA/HIP graph launch."""
+        return np.array([bool(_GRAPH.search(s)) for s in self.trace.strings], dtype=bool)
+
+    @cached_property
+    def sync_kind(self) -> dict[int, str]:
+        """String id -> "device" | "stream" | "event" for host-side synchronisation calls."""
+        out = {}
+        for i, s in enumerate(self.trace.strings):
+            m = _SYNC.match(s)
+            if m:
+                word = next(w for w in SYNC_KIND if w in s)
+                out[i] = SYNC_KIND[word]
+        return out
+
+    @cached_property
+    def sync_rows(self) -> np.ndarray:
+        t = self.trace
+        if not self.sync_kind:
+            return np.zeros(0, dtype=np.int64)
+        ids = np.fromiter(self.sync_kind, dtype=np.int64)
+        return np.flatnonzero((t.kind == RUNTIME) & np.isin(t.name, ids))
+
+    @cached_property
+    def op_parent(self) -> tuple[np.ndarray, np.ndarray]:
+        """cpu op rows sorted by (thread, start, -dur) and each one's enclosing op (-1)."""
+        t = self.trace
+        rows = np.flatnonzero(t.kind == CPU_OP)
+        order = np.lexsort((-t.dur[rows], t.ts[rows], t.tid[rows], t.pid[rows]))
+        rows = rows[order]
+        parent = np.full(len(rows), -1, dtype=np.int64)
+        ts = t.ts[rows].tolist()
+        ends = (t.ts[rows] + t.dur[rows]).tolist()
+        thread = (t.pid[rows] * 1_000_003 + t.tid[rows]).tolist()
+        stack: list[int] = []
+        last_thread = None
+        par = parent.tolist()
+        for i in range(len(rows)):
+            if thread[i] != last_thread:
+                stack = []
+                last_thread = thread[i]
+            # The top encloses i unless it ended by i's start (an op starting at the same
+            # time sorts first when longer, so it stays the parent).
+            while stack and ends[stack[-1]] <= ts[i] and ts[stack[-1]] < ts[i]:
+                stack.pop()
+            par[i] = stack[-1] if stack else -1
+            stack.append(i)
+        return rows, np.array(par, dtype=np.int64)
+
+    def enclosing_op(self, rows: np.ndarray) -> np.ndarray:
+        """For each row (a CPU-side event), the innermost cpu op containing it, or -1."""
+        t = self.trace
+        out = np.full(len(rows), -1, dtype=np.int64)
+        ops, parent = self.op_parent
+        if len(ops) == 0 or len(rows) == 0:
+            return out
+        thread_ops = t.pid[ops] * 1_000_003 + t.tid[ops]
+        thread_q = t.pid[rows] * 1_000_003 + t.tid[rows]
+        q_ts = t.ts[rows]
+        op_ts = t.ts[ops]
+        op_end = op_ts + t.dur[ops]
+        # Combined key: thread rank then time, so one searchsorted covers every thread.
+        uniq = np.unique(thread_ops)
+        rank_ops = np.searchsorted(uniq, thread_ops)
+        rank_q = np.searchsorted(uniq, thread_q)
+        valid_q = (rank_q < len(uniq)) & (uniq[np.minimum(rank_q, len(uniq) - 1)] == thread_q)
+        span = int(max(op_end.max(), q_ts.max()) - min(op_ts.min(), q_ts.min())) + 2
+        base = int(min(op_ts.min(), q_ts.min()))
+        key_o = rank_ops.astype(np.float64) * span + (op_ts - base)
+        key_q = rank_q.astype(np.float64) * span + (q_ts - base)
+        if span * (len(uniq) + 1) < 2**52:
+            pos = np.searchsorted(key_o, key_q, side="right") - 1
+        else:  # fall back to an exact per-thread search
+            pos = np.full(len(rows), -1, dtype=np.int64)
+            for r in range(len(uniq)):
+                sel_o = np.flatnonzero(rank_ops == r)
+                sel_q = np.flatnonzero(rank_q == r)
+                p = np.searchsorted(op_ts[sel_o], q_ts[sel_q], side="right") - 1
+                pos[sel_q] = np.where(p >= 0, sel_o[np.maximum(p, 0)], -1)
+        q_end = q_ts + t.dur[rows]
+        ok = valid_q & (pos >= 0)
+        p = np.maximum(pos, 0)
+        direct = ok & (rank_ops[p] == rank_q) & (op_ts[p] <= q_ts) & (op_end[p] >= q_end)
+        out[direct] = ops[p[direct]]
+        for i in np.flatnonzero(ok & ~direct):
+            j = int(pos[i])
+            while j >= 0 and not (
+                rank_ops[j] == rank_q[i] and op_ts[j] <= q_ts[i] and op_end[j] >= q_end[i]
+            ):
+                j = int(parent[j])
+            out[i] = ops[j] if j >= 0 else -1
+        return out
+
+    @cached_property
+    def gpu_op(self) -> np.ndarray:
+        """Per GPU row (aligned with ``gpu``): the cpu op that launched it, or -1."""
+        launch = self.launch_of
+        out = np.full(len(launch), -1, dtype=np.int64)
+        have = np.flatnonzero(launch >= 0)
+        if len(have):
+            out[have] = self.enclosing_op(launch[have])
+        return out
+
+    @cached_property
+    def groups(self) -> tuple[np.ndarray, list[str]]:
+        """Per GPU row: a kernel-group id (normalised name), and the group names."""
+        return _group_ids(self)
+
+    @cached_property
+    def gpu_rows_by_kind(self) -> dict[int, np.ndarray]:
+        k = self.trace.kind[self.gpu]
+        return {kind: np.flatnonzero(k == kind) for kind in GPU_KINDS}

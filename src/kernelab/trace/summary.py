@@ -1,0 +1,186 @@
+"""``summarize(path)``: every analysis of one trace as one JSON-ready dict, with verdicts.
+
+The schema is documented in docs/trace.md (``schema: "kernelab.trace.summary/1"``). Keys
+starting with ``_`` hold arrays for annotations and are removed by :func:`public`.
+"""
+
+from __future__ import annotations
+
+from kernelab.trace._ingest import KIND_NAMES, Trace, TraceError, load
+from kernelab.trace._link import Links
+from kernelab.trace.breakdown import breakdown, idle_gaps
+from kernelab.trace.cpu import cpu_breakdown
+from kernelab.trace.fusion import fusion_candidates
+from kernelab.trace.integrity import integrity
+from kernelab.trace.kernels import occupancy_table, top_kernels
+from kernelab.trace.launch import launch_analysis
+from kernelab.trace.roofline import match_device, roofline
+
+SCHEMA = "kernelab.trace.summary/1"
+
+#: Thresholds behind the verdicts (shares of a device's span).
+HOST_BOUND_SHARE = 0.2  # idle waiting on launches
+SYNC_SHARE = 0.05  # idle after host synchronisations
+SHORT_SHARE = 0.5  # kernels shorter than the short threshold
+
+
+class NothingToAnalyse(ValueError):
+    """The trace is readable but holds nothing this analysis can use."""
+
+
+def summarize(
+    source: str | Trace,
+    *,
+    top: int = 15,
+    short_us: float = 5.0,
+    registered: set[str] | None = None,
+) -> dict:
+    """Analyse one trace (a path or a loaded :class:`Trace`)."""
+    trace = source if isinstance(source, Trace) else load(source)
+    if len(trace) == 0:
+        raise NothingToAnalyse(
+            f"nothing to analyse: {trace.path!r} holds no complete events of known categories"
+        )
+    links = Links(trace)
+    out: dict = {
+        "schema": SCHEMA,
+        "trace": trace.path,
+        "rank": trace.rank(),
+        "events": {KIND_NAMES[k]: int((trace.kind == k).sum()) for k in range(len(KIND_NAMES))},
+        "devices": _devices(trace),
+        "integrity": integrity(links),
+        "cpu": cpu_breakdown(links, top),
+    }
+    if len(links.gpu) == 0:
+        out["gpu"] = None
+        out["verdicts"] = [
+            {
+                "finding": "the trace has no GPU activity; only the CPU side is summarised",
+                "fix": None,
+            }
+        ]
+        return out
+    out["gpu"] = {
+        "breakdown": breakdown(links),
+        "idle": idle_gaps(links),
+        "launch": launch_analysis(links, short_us),
+        "top_kernels": top_kernels(links, top),
+        "roofline": roofline(links, top),
+        "fusion": fusion_candidates(links, 10, registered),
+        "occupancy": occupancy_table(links, top),
+    }
+    out["verdicts"] = verdicts(out)
+    out["_links"] = links
+    return out
+
+
+def _devices(trace: Trace) -> list[dict]:
+    out = []
+    for i, p in enumerate(trace.device_properties()):
+        spec = match_device(p)
+        out.append(
+            {
+                "id": p.get("id", i),
+                "name": p.get("name"),
+                "sms": p.get("numSms"),
+                "memory_bytes": p.get("totalGlobalMem"),
+                "compute_capability": f"{p.get('computeMajor')}.{p.get('computeMinor')}"
+                if "computeMajor" in p
+                else None,
+                "hardware_table": spec.name if spec else None,
+            }
+        )
+    return out
+
+
+def verdicts(summary: dict) -> list[dict]:
+    """Findings with the change that addresses each, most important first."""
+    gpu = summary["gpu"]
+    out = []
+    launch = gpu["launch"]
+    for dev, idle in zip(gpu["breakdown"], gpu["idle"], strict=False):
+        span = dev["span_us"] or 1.0
+        host = idle["by_cause_us"]["host"] / span
+        sync = idle["by_cause_us"]["sync"] / span
+        if host >= HOST_BOUND_SHARE or (
+            launch["short_share"] >= SHORT_SHARE and host >= HOST_BOUND_SHARE / 2
+        ):
+            fix = []
+            if launch["graph_replays"] == 0:
+                fix.append("capture the steady-state step in a CUDA graph")
+            if gpu["fusion"]["candidates"]:
+                fix.append("fuse the runs of memory-bound kernels listed under fusion")
+            fix.append("move host work (Python, data loading) off the launch path")
+            out.append(
+                {
+                    "finding": f"device {dev['device']} is launch-bound: {host:.0%} of its span "
+                    f"is idle waiting on the host to launch; {launch['short_share']:.0%} of "
+                    f"kernels are shorter than {launch['short_threshold_us']:g} us",
+                    "fix": "; ".join(fix),
+                    "severity": round(host, 4),
+                }
+            )
+        if sync >= SYNC_SHARE:
+            kinds = ", ".join(sorted(idle["sync_by_kind_us"]))
+            out.append(
+                {
+                    "finding": f"device {dev['device']}: {sync:.0%} of its span is idle after "
+                    f"host synchronisations ({kinds})",
+                    "fix": "remove synchronisations from the step (.item(), .cpu(), prints, "
+                    "explicit synchronize); use non-blocking copies and events",
+                    "severity": round(sync, 4),
+                }
+            )
+    comm = [d["categories"]["communication"]["share_of_span"] for d in gpu["breakdown"]]
+    if comm and max(comm) >= 0.3:
+        out.append(
+            {
+                "finding": f"communication kernels occupy up to {max(comm):.0%} of a device's span",
+                "fix": "overlap communication with compute (bucketed all-reduce, async "
+                "collectives) or reduce the bytes communicated",
+                "severity": round(max(comm), 4),
+            }
+        )
+    for cand in gpu["fusion"]["candidates"][:3]:
+        if cand["occurrences"] < 2:
+            continue
+        use = f" with kernelab's {cand['kernelab_op']}" if cand["kernelab_op"] else ""
+        out.append(
+            {
+                "finding": f"{cand['occurrences']} runs of {' -> '.join(cand['ops'])} "
+                f"({cand['kernel_time_us']:.0f} us) could be one kernel",
+                "fix": f"fuse them{use}: saves {cand['launches_saved']} launches"
+                + (
+                    f" and {cand['bytes_saved'] / 1e6:.1f} MB of traffic"
+                    if cand["bytes_saved"]
+                    else ""
+                ),
+                "severity": 0.0,
+            }
+        )
+    low = [o for o in gpu["roofline"]["ops"] if o.get("roofline_share") is not None]
+    for o in sorted(low, key=lambda o: -o["gpu_time_us"])[:3]:
+        if o["roofline_share"] < 0.3:
+            out.append(
+                {
+                    "finding": f"{o['op']} {o['input_dims']} reaches {o['roofline_share']:.0%} of "
+                    f"its {o['bound']}-bound roofline ({o['gpu_time_us']:.0f} us)",
+                    "fix": "tune or replace the kernel (kernelab tune / a kernelab op), or "
+                    "batch the calls into larger ones",
+                    "severity": 0.0,
+                }
+            )
+    out.sort(key=lambda v: -v["severity"])
+    return out
+
+
+def public(summary: dict) -> dict:
+    """The summary without private (``_``) keys, ready for JSON."""
+    if isinstance(summary, dict):
+        return {k: public(v) for k, v in summary.items() if not str(k).startswith("_")}
+    if isinstance(summary, list):
+        return [public(v) for v in summary]
+    return summary
+
+
+__all__ = ["SCHEMA", "NothingToAnalyse", "TraceError", "public", "summarize", "verdicts"]

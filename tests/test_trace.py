@@ -1,0 +1,309 @@
+"""Trace analysis on synthetic Kineto traces whose idle, launch, queueing, graph, sync and
+fusion properties are known exactly (times in microseconds)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernelab.hardware import occupancy
+from kernelab.trace import _ingest, load, summarize
+from kernelab.trace.kernels import normalise
+from kernelab.trace.summary import NothingToAnalyse, public
+from tests.kineto_builder import TraceBuilder
+
+
+def scenario() -> TraceBuilder:
+    """Planted: host-bound gaps, a sync wait, queueing, a graph replay, NCCL, a lost launch.
+
+    Device 0 busy intervals: [15,45] [72,80] [120,130] [140,150] [165,170] [171,175]
+    [176,180] [190,200]; span 15..200 = 185, busy 81, idle 104 =
+    host 27 + 15 + 10 = 52, sync 40, other 10 + 1 + 1 = 12.
+    """
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 0, 210)
+    b.cpu_op("aten::add", 0, 11)
+    b.launch(
+        "void at::native::vectorized_elementwise_kernel<4, AddFunctor<float> >(int)", 0, 10, 15, 10
+    )  # K1: latency 5
+    b.cpu_op("aten::mm", 11, 10)
+    b.launch("ampere_sgemm_128x64_tn", 12, 8, 25, 20)  # K2: queued 5 behind K1
+    b.launch(
+        "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", 5, 3, 20, 20, stream=9, tid=2
+    )  # NCCL: latency 12 on its own stream
+    b.launch("k3_compute", 60, 10, 72, 8)  # gap [45,72] = 27: host-bound; latency 2
+    b.sync("device", 82, 18)  # returns at 100, inside the gap [80,120]
+    b.launch("k4_compute", 105, 5, 120, 10)  # gap [80,120] = 40: sync; latency 10
+    b.launch("k5_other_stream", 111, 4, 140, 10, stream=8)  # gap [130,140]: other; latency 25
+    b.graph(150, 10, [("g1", 165, 5), ("g2", 171, 4), ("g3", 176, 4)])  # gap 15 host; 1+1 other
+    b.launch(
+        "Memcpy HtoD (Pinned -> Device)",
+        181,
+        4,
+        190,
+        10,
+        api="cudaMemcpyAsync",
+        cat="gpu_memcpy",
+        bytes=1000,
+    )  # gap [180,190] = 10: host; latency 5
+    b.runtime("cudaLaunchKernel", 201, 2, b.next_corr())  # a launch whose kernel is missing
+    return b
+
+
+@pytest.fixture
+def scenario_summary(tmp_path):
+    path = scenario().write(tmp_path / "s.json")
+    return public(summarize(path))
+
+
+def test_breakdown_exact(scenario_summary):
+    dev = scenario_summary["gpu"]["breakdown"][0]
+    assert dev["span_us"] == 185
+    assert dev["busy_us"] == 81
+    assert dev["idle_us"] == 104
+    cats = dev["categories"]
+    assert cats["compute"]["kernel_time_us"] == 10 + 20 + 8 + 10 + 10 + 5 + 4 + 4
+    assert cats["memory"]["kernel_time_us"] == 10
+    assert cats["communication"]["kernel_time_us"] == 20
+    assert cats["communication"]["busy_us"] == 20
+    streams = {s["stream"]: s for s in dev["streams"]}
+    assert set(streams) == {7, 8, 9}
+    assert streams[9]["kernel_time_us"]["communication"] == 20
+
+
+def test_idle_attribution_exact(scenario_summary):
+    idle = scenario_summary["gpu"]["idle"][0]
+    assert idle["idle_us"] == 104
+    assert idle["by_cause_us"] == {"sync": 40, "host": 52, "other": 12}
+    assert idle["sync_by_kind_us"] == {"device": 40}
+    assert idle["largest"][0] == {
+        "start_us": 65.0,
+        "length_us": 40.0,
+        "cause": "sync",
+        "next": "k4_compute",
+    }
+
+
+def test_launch_latency_queueing_and_graph_exact(scenario_summary):
+    launch = scenario_summary["gpu"]["launch"]
+    assert launch["kernels"] == 9
+    assert launch["in_graph_replays"] == 3
+    assert launch["graph_replays"] == 1
+    # K1..K5, NCCL, the graph's first kernel (the memcpy is not a kernel)
+    assert launch["measured"] == 7
+    assert launch["latency_us"]["total"] == 5 + 0 + 12 + 2 + 10 + 25 + 5
+    assert launch["queueing_us"]["total"] == 5
+    assert launch["short_kernels"] == 2  # g2, g3 (< 5 us)
+    replay = launch["replays"][0]
+    assert (replay["kernels"], replay["span_us"], replay["kernel_time_us"]) == (3, 15, 13)
+
+
+def test_integrity_counts_planted_defects(scenario_summary):
+    counts = scenario_summary["integrity"]["counts"]
+    assert counts["launch_without_gpu_event"] == 1
+    assert counts["gpu_event_without_launch"] == 0
+    assert counts["overlapping_on_stream"] == 0
+
+
+def test_integrity_catches_cut_overlapping_and_orphan_events(tmp_path):
+    b = TraceBuilder()
+    b.cpu_op("aten::relu", 100, 50)
+    b.launch("k", 100, 5, 110, 10)
+    b.gpu("kernel", "cut_at_start", 50, 70)  # starts before the host window; no launch
+    b.gpu("kernel", "overlaps", 115, 10)  # overlaps "k" on stream 7; no launch
+    b.gpu("kernel", "cut_at_end", 140, 30, stream=8)
+    b._x("kernel", "negative", 145, -3, 0, 9, {"stream": 9, "device": 0})
+    b._x("mystery_cat", "x", 100, 1, 1, 1, {})
+    b.events.append({"ph": "X", "cat": "kernel", "name": "no_ts", "dur": 3, "pid": 0, "tid": 7})
+    b.events.append({"ph": "X", "cat": "cpu_op", "name": 5, "ts": 1, "dur": 3, "pid": 0, "tid": 7})
+    counts = public(summarize(b.write(tmp_path / "i.json")))["integrity"]["counts"]
+    assert counts["gpu_before_window"] == 1
+    assert counts["gpu_after_window"] == 1
+    assert counts["gpu_event_without_launch"] == 4
+    assert counts["overlapping_on_stream"] >= 1
+    assert counts["negative_duration"] == 1
+    assert counts["unknown_category_events"] == 1
+    assert counts["malformed_events"] == 2
+
+
+def test_verdicts_name_sync_and_launch_bound(tmp_path):
+    b = TraceBuilder()
+    t = 0
+    for i in range(20):  # tiny kernels, each launched after the GPU drained
+        b.launch(f"tiny_{i % 2}", t, 8, t + 10, 2)
+        t += 20
+    s = public(summarize(b.write(tmp_path / "lb.json")))
+    text = " ".join(v["finding"] for v in s["verdicts"])
+    assert "launch-bound" in text
+    assert "CUDA graph" in s["verdicts"][0]["fix"]
+
+
+def test_top_kernels_normalised_and_linked_to_ops(scenario_summary):
+    top = {k["name"]: k for k in scenario_summary["gpu"]["top_kernels"]}
+    assert top["ampere_sgemm_128x64_tn"]["op"] == "aten::mm"
+    ew = top["at::native::vectorized_elementwise_kernel<...>"]
+    assert ew["op"] == "aten::add" and ew["count"] == 1
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("void at::native::foo<4, Bar<float> >(int, Baz<1>)", "at::native::foo<...>"),
+        ("ampere_sgemm_128x64_tn", "ampere_sgemm_128x64_tn"),
+        (
+            "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)",
+            "ncclKernel_AllReduce_RING_LL_Sum_float",
+        ),
+        (
+            "void (anonymous namespace)::softmax_warp<float, 7>(float*)",
+            "(anonymous namespace)::softmax_warp<...>",
+        ),
+        ("Memcpy HtoD (Pinned -> Device)", "Memcpy HtoD (Pinned -> Device)"),
+    ],
+)
+def test_normalise(raw, expected):
+    assert normalise(raw) == expected
+
+
+def test_occupancy_uses_real_carveout_not_kineto_estimate(tmp_path):
+    b = TraceBuilder()
+    b.launch(
+        "big_smem",
+        0,
+        5,
+        10,
+        100,
+        **{
+            "registers per thread": 32,
+            "shared memory": 65536,
+            "block": [256, 1, 1],
+            "est. achieved occupancy %": 0,
+        },
+    )
+    occ = public(summarize(b.write(tmp_path / "o.json")))["gpu"]["occupancy"]["kernels"][0]
+    expected = occupancy("sm_80", 256, 32, 65536)
+    assert occ["occupancy"] == round(expected.occupancy, 4) == 0.25
+    assert occ["limiter"] == "shared"
+
+
+def test_roofline_mm_exact(tmp_path):
+    b = TraceBuilder()
+    b.cpu_op("aten::mm", 0, 20, dims=[[128, 256], [256, 512]], types=["float", "float"])
+    b.launch("ampere_sgemm", 2, 5, 10, 10)
+    op = public(summarize(b.write(tmp_path / "r.json")))["gpu"]["roofline"]["ops"][0]
+    flops = 2 * 128 * 512 * 256
+    nbytes = (128 * 256 + 256 * 512 + 128 * 512) * 4
+    assert (op["flops"], op["bytes"]) == (flops, nbytes)
+    assert op["device_name"] == "A100 80GB SXM"
+    assert op["bound"] == "compute"
+    assert op["achieved_tflops"] == pytest.approx(flops / 10e-6 / 1e12, rel=1e-3)
+    assert op["roofline_share"] == pytest.approx(flops / 19.5e12 / 10e-6, rel=1e-3)
+
+
+def test_roofline_skips_unknown_device(tmp_path):
+    dev = {"id": 0, "name": "Tesla V100-SXM2-16GB", "numSms": 80, "totalGlobalMem": 16945512448}
+    b = TraceBuilder(devices=(dev,))
+    b.cpu_op("aten::mm", 0, 20, dims=[[128, 256], [256, 512]], types=["float", "float"])
+    b.launch("volta_sgemm", 2, 5, 10, 10)
+    roof = public(summarize(b.write(tmp_path / "v.json")))["gpu"]["roofline"]
+    assert "bound" not in roof["ops"][0] and "not in the hardware table" in roof["note"]
+
+
+def fusible(b: TraceBuilder, t0: int) -> None:
+    bf = "c10::BFloat16"
+    b.cpu_op("aten::add", t0, 10, dims=[[4, 4096], [4, 4096]], types=[bf, bf])
+    b.launch(
+        "void at::native::vectorized_elementwise_kernel<4, AddFunctor>(int)", t0 + 1, 5, t0 + 10, 3
+    )
+    b.cpu_op(
+        "aten::rms_norm",
+        t0 + 10,
+        10,
+        dims=[[4, 4096], [], [4096], []],
+        types=[bf, "", bf, "Scalar"],
+    )
+    b.launch("void at::native::rms_norm_kernel<c10::BFloat16>(int)", t0 + 11, 5, t0 + 14, 3)
+    b.cpu_op("aten::mm", t0 + 20, 10, dims=[[4, 4096], [4096, 4096]], types=[bf, bf])
+    b.launch("ampere_bf16_s16816gemm", t0 + 21, 5, t0 + 30, 20)
+
+
+def test_fusion_names_kernelab_op_and_counts_savings(tmp_path):
+    b = TraceBuilder()
+    for i in range(3):
+        fusible(b, i * 100)
+    fusion = public(summarize(b.write(tmp_path / "f.json"), registered={"rmsnorm"}))["gpu"][
+        "fusion"
+    ]
+    assert fusion["runs"] == 3
+    cand = fusion["candidates"][0]
+    assert cand["ops"] == ["aten::add", "aten::rms_norm"]
+    assert cand["occurrences"] == 3 and cand["launches_saved"] == 3
+    assert cand["bytes_saved"] == 3 * 2 * 4 * 4096 * 2  # add's output written and read back
+    assert cand["kernelab_op"] == "rmsnorm"
+    # Without the fused op registered, the form is described but no op is named.
+    fusion = public(summarize(tmp_path / "f.json", registered=set()))["gpu"]["fusion"]
+    assert fusion["candidates"][0]["kernelab_op"] is None
+    assert fusion["candidates"][0]["fused_form"] == "residual add + RMSNorm"
+
+
+def test_chunked_and_compact_parsing_agree(tmp_path, monkeypatch):
+    b = scenario()
+    for i in range(50):
+        fusible(b, 1000 + 100 * i)
+    a = load(b.write(tmp_path / "a.json.gz"))
+    monkeypatch.setattr(_ingest, "_CHUNK_BYTES", 256)  # many chunks
+    c = load(b.write(tmp_path / "c.json"))
+    d = load(b.write(tmp_path / "d.json", layout="compact"))  # the whole-document path
+    monkeypatch.setattr(_ingest, "_DECODER", None)  # orjson instead of msgspec
+    e = load(tmp_path / "c.json")
+    for other in (c, d, e):
+        assert other.strings == a.strings
+        for col in ("kind", "name", "ts", "dur", "pid", "tid", "corr", "regs", "block"):
+            assert np.array_equal(getattr(a, col), getattr(other, col)), col
+        assert other.shapes == a.shapes
+
+
+def test_untrusted_names_are_data(tmp_path):
+    b = TraceBuilder()
+    b.launch("[bold red]evil[/]<script>alert(1)</script>", 0, 5, 10, 10)
+    s = public(summarize(b.write(tmp_path / "e.json")))
+    assert s["gpu"]["top_kernels"][0]["example"] == "[bold red]evil[/]<script>alert(1)</script>"
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b"", "empty"),
+        (b"{not json", "not valid JSON"),
+        (b'{"foo": 1}', "no 'traceEvents'"),
+        (b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03\xab\xaeR", "gzip"),
+    ],
+)
+def test_malformed_files_raise_one_line_errors(tmp_path, content, match):
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=match) as info:
+        summarize(path)
+    assert "\n" not in str(info.value)
+
+
+def test_truncated_gzip(tmp_path):
+    good = scenario().write(tmp_path / "t.json.gz").read_bytes()
+    bad = tmp_path / "cut.json.gz"
+    bad.write_bytes(good[: len(good) // 2])
+    with pytest.raises(ValueError, match="gzip"):
+        summarize(bad)
+
+
+def test_no_events_and_cpu_only(tmp_path):
+    with pytest.raises(NothingToAnalyse, match="nothing to analyse"):
+        summarize(TraceBuilder().write(tmp_path / "empty.json"))
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#0", 0, 100)
+    b.cpu_op("aten::linear", 10, 50)
+    b.cpu_op("aten::addmm", 20, 30)
+    s = public(summarize(b.write(tmp_path / "cpu.json")))
+    assert s["gpu"] is None
+    ops = {o["name"]: o for o in s["cpu"]["ops"]}
+    assert ops["aten::linear"]["self_us"] == 20 and ops["aten::addmm"]["self_us"] == 30
+    assert s["cpu"]["overhead_share"] == 0.5

@@ -1,0 +1,199 @@
+"""``kernelab trace summary|diff`` and ``kernelab profile``: commands, errors, rendering."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import orjson
+from typer.testing import CliRunner
+
+from kernelab.cli import app
+from tests.kineto_builder import TraceBuilder
+from tests.test_trace import scenario
+
+runner = CliRunner()
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def test_summary_json_round_trips(tmp_path):
+    path = scenario().write(tmp_path / "s.json.gz")
+    result = runner.invoke(app, ["trace", "summary", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["schema"] == "kernelab.trace.summary/1"
+    assert data["gpu"]["idle"][0]["by_cause_us"] == {"sync": 40, "host": 52, "other": 12}
+
+
+def test_summary_tables_escape_untrusted_names(tmp_path):
+    b = TraceBuilder()
+    b.launch("[bold red]evil[/] kernel", 0, 5, 10, 10)
+    result = runner.invoke(app, ["trace", "summary", str(b.write(tmp_path / "e.json"))])
+    assert result.exit_code == 0, result.output
+    assert "[bold red]evil[/]" in result.output  # shown as text, not applied as markup
+
+
+def test_malformed_inputs_are_one_line_errors(tmp_path):
+    cases = {
+        "empty.json": b"",
+        "bad.json": b'{"traceEvents": [',
+        "cut.json.gz": gzip.compress(b'{"traceEvents": []}' * 50)[:30],
+        "nofield.json": b'{"schemaVersion": 1}',
+    }
+    for name, content in cases.items():
+        (tmp_path / name).write_bytes(content)
+        result = runner.invoke(app, ["trace", "summary", str(tmp_path / name)])
+        assert result.exit_code == 2, (name, result.output)
+        assert "Traceback" not in result.output
+        # one message (the terminal may wrap it), not a traceback
+        assert result.output.startswith("error: trace:"), result.output
+        assert result.output.count("error:") == 1
+    missing = runner.invoke(app, ["trace", "summary", str(tmp_path / "absent.json")])
+    assert missing.exit_code == 2 and "no such file" in missing.output
+
+
+def test_nothing_to_analyse(tmp_path):
+    path = TraceBuilder().write(tmp_path / "none.json")
+    result = runner.invoke(app, ["trace", "summary", str(path)])
+    assert result.exit_code == 1
+    assert "nothing to analyse" in result.output
+
+
+def two_traces(tmp_path):
+    a, b = TraceBuilder(rank=0), TraceBuilder(rank=1)
+    for i in range(3):
+        a.launch("gemm_a", i * 100, 5, i * 100 + 10, 40)
+        b.launch("gemm_a", i * 100, 5, i * 100 + 10, 50)  # 10 us slower each
+        b.launch("nccl_allreduce_kernel", i * 100 + 60, 5, i * 100 + 70, 20)
+        a.launch("nccl_allreduce_kernel", i * 100 + 60, 5, i * 100 + 70, 20)
+    a.launch("old_kernel", 400, 5, 410, 7)
+    return a.write(tmp_path / "rank0.json"), b.write(tmp_path / "rank1.json")
+
+
+def test_diff_ranks_by_impact(tmp_path):
+    pa, pb = two_traces(tmp_path)
+    result = runner.invoke(app, ["trace", "diff", str(pa), str(pb), "--json"])
+    assert result.exit_code == 0, result.output
+    d = json.loads(result.output)
+    first, second = d["kernels"][:2]
+    assert (first["name"], first["delta_us"], first["delta_count"]) == ("gemm_a", 30, 0)
+    assert (second["name"], second["status"], second["delta_us"]) == ("old_kernel", "removed", -7)
+    comp = next(c for c in d["categories"] if c["category"] == "compute")
+    assert comp["delta_us"] == 30 - 7
+    table = runner.invoke(app, ["trace", "diff", str(pa), str(pb)])
+    assert table.exit_code == 0 and "gemm_a" in table.output
+
+
+def test_folder_of_ranks_finds_the_straggler(tmp_path):
+    two_traces(tmp_path)
+    result = runner.invoke(app, ["trace", "summary", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    r = json.loads(result.output)
+    assert [row["rank"] for row in r["ranks"]] == [0, 1]
+    assert r["ranks"][1]["compute_us"] == 150
+    assert [s["rank"] for s in r["stragglers"]] == [1]
+
+
+def test_perfetto_annotations(tmp_path):
+    path = scenario().write(tmp_path / "s.json")
+    out = tmp_path / "annotated.json.gz"
+    result = runner.invoke(app, ["trace", "summary", str(path), "--perfetto", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = orjson.loads(gzip.decompress(out.read_bytes()))
+    ours = [e for e in doc["traceEvents"] if e.get("cat") == "kernelab"]
+    idle = [e for e in ours if e["name"].startswith("idle: ")]
+    assert sorted(e["args"]["cause"] for e in idle) == sorted(
+        ["host"] * 3 + ["sync"] + ["other"] * 3
+    )
+    assert sum(e["dur"] for e in idle) == 104
+    assert any(e["name"] == "graph replay" for e in ours)
+    # the original events are all still there
+    assert len(doc["traceEvents"]) == len(scenario().events) + len(ours) + 1
+
+
+def test_module_entry_point_does_not_import_torch(tmp_path):
+    path = scenario().write(tmp_path / "s.json")
+    code = (
+        "import sys; from kernelab.trace.__main__ import main; "
+        f"rc = main(['summary', {str(path)!r}, '--json']); "
+        "print('TORCH', 'torch' in sys.modules, rc)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": SRC},
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("TORCH False 0")
+
+
+MODEL = textwrap.dedent(
+    """
+    import torch
+
+    _model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    _x = torch.randn(8, 16)
+
+    def step():
+        with torch.no_grad():
+            _model(_x)
+    """
+)
+
+
+def test_profile_tiny_model_on_cpu(tmp_path):
+    (tmp_path / "tiny_model.py").write_text(MODEL)
+    out = tmp_path / "prof.json.gz"
+    result = runner.invoke(
+        app,
+        [
+            "profile",
+            f"{tmp_path / 'tiny_model.py'}:step",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert out.exists()
+    data = json.loads(result.output)
+    assert data["gpu"] is None
+    names = {o["name"] for o in data["cpu"]["ops"]}
+    assert "aten::addmm" in names
+    assert data["cpu"]["steps"] == 3
+    assert 0 <= data["cpu"]["overhead_share"] < 1
+    human = runner.invoke(
+        app,
+        [
+            "profile",
+            f"{tmp_path / 'tiny_model.py'}:step",
+            "--steps",
+            "2",
+            "--warmup",
+            "0",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "p2.json"),
+        ],
+    )
+    assert human.exit_code == 0, human.output
+    assert "CPU ops by self time" in human.output and "framework overhead" in human.output
+
+
+def test_profile_bad_target_is_one_line(tmp_path):
+    result = runner.invoke(app, ["profile", "no_such_module_xyz:step", "--device", "cpu"])
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output and "target" in result.output
