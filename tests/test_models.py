@@ -154,3 +154,30 @@ def test_custom_ops_pass_torch_opcheck():
     x, w = torch.randn(3, 8), torch.randn(8)
     torch.library.opcheck(lib["rmsnorm"], (x, w, 1e-6))
     torch.library.opcheck(lib["rmsnorm_residual"], (x, w, 1e-6, torch.randn(3, 8)))
+
+
+def test_rope_replacement_is_scoped_to_patched_models_and_restored():
+    module = importlib.import_module("transformers.models.qwen2.modeling_qwen2")
+    original = module.apply_rotary_pos_emb
+    a, b = build("tiny-qwen2"), build("tiny-qwen2", seed=1)
+    patch(a)
+    patch(b)
+    assert module.apply_rotary_pos_emb is not original
+    unpatch(a)
+    assert module.apply_rotary_pos_emb is not original  # b still patched
+    unpatch(b)
+    assert module.apply_rotary_pos_emb is original
+
+
+def test_a_wrong_rope_is_refused_and_named(monkeypatch):
+    model = build("tiny-llama")
+    real = ops.rope
+
+    def wrong(positions, query, key, cos_sin_cache, is_neox=True):  # GPT-J pairing for NeoX
+        return real(positions, query, key, cos_sin_cache, is_neox=False)
+
+    monkeypatch.setattr(ops, "rope", wrong)
+    with pytest.raises(PatchError, match=r"replaced function.*apply_rotary_pos_emb"):
+        patch(model)
+    module = importlib.import_module("transformers.models.llama.modeling_llama")
+    assert not hasattr(module.apply_rotary_pos_emb, "__wrapped__")

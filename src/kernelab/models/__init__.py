@@ -54,12 +54,19 @@ def patch(model, ops=REPLACEMENTS, *, check: bool = True, check_tokens: int = 8)
                 raise PatchError(
                     f"model: patched logits differ from the original by rel L2 {err:.2e} > "
                     f"{tol:.1e} ({_parity.model_dtype(model)}); first module that differs: "
-                    f"{where or 'none alone (the combination)'}; the model was left unpatched"
+                    f"{where or _functions(state)}; the model was left unpatched"
                 )
         except BaseException:
             unpatch(model)
             raise
     return model
+
+
+def _functions(state) -> str:
+    replaced = [n for n in state.names if n.startswith("transformers.")]
+    if replaced:
+        return f"no module alone; replaced function(s): {', '.join(replaced)}"
+    return "no module alone (the combination)"
 
 
 def _parity_error(model, probe, reference) -> float:

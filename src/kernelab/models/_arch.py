@@ -5,7 +5,9 @@ Every architecture listed here shares the pre-norm decoder block of Llama:
     h = x + attn(norm_in(x));  y = h + mlp(norm_post(h));  mlp(z) = down(act(gate(z)) * up(z))
 
 and so the same replacements: RMSNorm modules, the post-attention residual add fused into the
-post-attention RMSNorm, and the gated MLP's activation fused with its product (SwiGLU). Adding
+post-attention RMSNorm, the gated MLP's activation fused with its product (SwiGLU), and the
+rotary embedding of q and k (one in-place kernel instead of a chain of slices, products and
+concatenations). Adding
 an architecture that shares the block is one entry; one that does not needs its own block rule.
 """
 
@@ -23,6 +25,8 @@ class Blueprint:
     mlp_class: str  # gate_proj, up_proj, down_proj, act_fn
     #: activations (config.hidden_act) the fused MLP supports, mapped to the kernelab op
     activations: tuple[tuple[str, str], ...] = (("silu", "silu_and_mul"),)
+    #: the module-level function the attention calls to rotate q and k
+    rope_function: str = "apply_rotary_pos_emb"
 
 
 _LLAMA_LIKE = {
@@ -44,7 +48,7 @@ ARCHITECTURES: dict[str, Blueprint] = {
 }
 
 #: Replacements a caller may ask for, in the order they are applied.
-REPLACEMENTS = ("rmsnorm", "fused_residual", "mlp")
+REPLACEMENTS = ("rmsnorm", "fused_residual", "mlp", "rope")
 
 
 def blueprint_for(model) -> Blueprint:

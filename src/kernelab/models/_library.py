@@ -33,7 +33,30 @@ def _registered():
     def _(x, weight, eps, residual):
         return torch.empty_like(x)
 
-    return {"rmsnorm": rmsnorm, "rmsnorm_residual": rmsnorm_residual}
+    @torch.library.custom_op("kernelab::rope", mutates_args=("query", "key"))
+    def rope(
+        positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor
+    ) -> None:
+        ops.rope(positions, query, key, cos_sin_cache)
+
+    @rope.register_fake
+    def _(positions, query, key, cos_sin_cache):
+        return None
+
+    @torch.library.custom_op("kernelab::silu_and_mul", mutates_args=())
+    def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+        return ops.silu_and_mul(x)
+
+    @silu_and_mul.register_fake
+    def _(x):
+        return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+    return {
+        "rmsnorm": rmsnorm,
+        "rmsnorm_residual": rmsnorm_residual,
+        "rope": rope,
+        "silu_and_mul": silu_and_mul,
+    }
 
 
 def rmsnorm(x, weight, eps, residual=None):
@@ -44,3 +67,17 @@ def rmsnorm(x, weight, eps, residual=None):
     if residual is None:
         return lib["rmsnorm"](x, weight, float(eps))
     return lib["rmsnorm_residual"](x, weight, float(eps), residual)
+
+
+def rope(positions, query, key, cos_sin_cache):
+    """``ops.rope`` in place, through the custom op for device tensors."""
+    if query.device.type == "cpu":
+        ops.rope(positions, query, key, cos_sin_cache)
+    else:
+        _registered()["rope"](positions, query, key, cos_sin_cache)
+
+
+def silu_and_mul(x):
+    if x.device.type == "cpu":
+        return ops.silu_and_mul(x)
+    return _registered()["silu_and_mul"](x)

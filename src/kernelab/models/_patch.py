@@ -9,7 +9,9 @@ without a second copy of the weights; ``unpatch`` gives each projection back its
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import threading
 import types
 from dataclasses import dataclass, field
 
@@ -33,6 +35,8 @@ class PatchState:
     fused_mlps: list[torch.nn.Module] = field(default_factory=list)
     #: qualified names of the modules patched, for messages
     names: list[str] = field(default_factory=list)
+    #: whether this model holds a use of the architecture's rotary-function replacement
+    rope: bool = False
 
 
 class PatchError(ValueError):
@@ -72,6 +76,72 @@ def _layer_forward(self, hidden_states, *args, **kwargs):
     norm = self.post_attention_layernorm
     normed = _library.rmsnorm(hidden_states, norm.weight, norm.variance_epsilon, residual=attn)
     return attn + self.mlp(normed)
+
+
+def _rope(original):
+    """kernelab's rope in place of transformers' ``apply_rotary_pos_emb(q, k, cos, sin)``.
+
+    transformers passes q [batch, heads, seq, head_dim] (a transposed view of the projection's
+    output) and cos/sin [batch, seq, head_dim] with both halves equal (NeoX layout). Each
+    token's cos/sin row becomes a row of the cache, so positions are simply 0..tokens-1. Any
+    call outside that form goes to the original function.
+    """
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, **kwargs):
+        if (
+            kwargs
+            or unsqueeze_dim != 1
+            or q.dim() != 4
+            or k.dim() != 4
+            or cos.dim() != 3
+            or cos.shape != sin.shape
+            or cos.shape[-1] != q.shape[-1]
+            or q.shape[-1] % 2
+            or cos.shape[:2] != (q.shape[0], q.shape[2])
+        ):
+            return original(q, k, cos, sin, unsqueeze_dim, **kwargs)
+        b, _, s, d = q.shape
+        qt, kt = q.transpose(1, 2), k.transpose(1, 2)
+        try:
+            q3, k3 = qt.view(b * s, q.shape[1], d), kt.view(b * s, k.shape[1], d)
+        except RuntimeError:
+            return original(q, k, cos, sin, unsqueeze_dim, **kwargs)
+        half = d // 2
+        cache = torch.cat([cos[..., :half], sin[..., :half]], dim=-1).reshape(b * s, d)
+        positions = torch.arange(b * s, device=q.device)
+        _library.rope(positions, q3, k3, cache.to(q.dtype) if q.dtype != cache.dtype else cache)
+        return q, k
+
+    apply_rotary_pos_emb.__wrapped__ = original
+    return apply_rotary_pos_emb
+
+
+# The rotary function is module-level in transformers, so it is replaced for the whole
+# architecture while at least one model of it is patched (kernelab's rope agrees with it within
+# the dtype's contract), and restored when the last one is unpatched.
+_rope_lock = threading.Lock()
+_rope_users: dict[str, int] = {}
+
+
+def _install_rope(bp: Blueprint) -> bool:
+    module = importlib.import_module(bp.modeling_module)
+    with _rope_lock:
+        current = getattr(module, bp.rope_function, None)
+        if current is None:
+            return False
+        if _rope_users.get(bp.model_type, 0) == 0:
+            setattr(module, bp.rope_function, _rope(current))
+        _rope_users[bp.model_type] = _rope_users.get(bp.model_type, 0) + 1
+    return True
+
+
+def _uninstall_rope(bp: Blueprint) -> None:
+    module = importlib.import_module(bp.modeling_module)
+    with _rope_lock:
+        _rope_users[bp.model_type] -= 1
+        if _rope_users[bp.model_type] == 0:
+            fn = getattr(module, bp.rope_function)
+            setattr(module, bp.rope_function, fn.__wrapped__)
 
 
 def _mlp_forward(self, x):
@@ -131,13 +201,18 @@ def apply(model, replacements=REPLACEMENTS) -> PatchState:
                 _set(state, module, "forward", types.MethodType(_layer_forward, module))
                 state.names.append(name)
             elif "mlp" in replacements and cls == bp.mlp_class:
-                act = _op(act_ops.get(hidden_act, ""))
+                name = act_ops.get(hidden_act, "")
+                act = None if _op(name) is None else getattr(_library, name, _op(name))
                 if act is None:
                     continue  # activation not fusable here: the MLP stays as it is
                 _fuse_gate_up(state, module)
                 _set(state, module, "_kernelab_act", act)
                 _set(state, module, "forward", types.MethodType(_mlp_forward, module))
                 state.names.append(name)
+        if "rope" in replacements and _op("rope") is not None:
+            state.rope = _install_rope(bp)
+            if state.rope:
+                state.names.append(f"{bp.modeling_module}.{bp.rope_function}")
     except Exception:
         _restore(state)
         raise
@@ -156,6 +231,9 @@ def _restore(state: PatchState) -> None:
             object.__delattr__(module, attr)
     state.attributes.clear()
     state.fused_mlps.clear()
+    if state.rope:
+        _uninstall_rope(state.blueprint)
+        state.rope = False
 
 
 def unpatch(model) -> None:
