@@ -178,3 +178,13 @@ def test_cli_tune_on_cpu_reports_pruning_without_timing():
     assert data["results"][0]["space"] > 0 and "not timed" in data["results"][0]["note"]
     bad = CliRunner().invoke(app, ["tune", "rmsnorm", "--dtype", "int8"])
     assert bad.exit_code == 2 and "dtype:" in bad.output
+
+
+def test_prune_reasons_are_counted_by_kind():
+    from kernelab.tune.tuner import _category
+
+    assert _category("spills 44 bytes per thread") == "spills bytes per thread"
+    assert _category("cannot reach one block per SM (none (cannot launch): shared)") == (
+        "cannot reach one block per SM"
+    )
+    assert _category("does not compile: out of resources") == "does not compile"

@@ -68,11 +68,23 @@ def _fields(config) -> dict | None:
 
 
 def _default_prune() -> Prune | None:
+    """inspect's verdict as a reason (its category, for counting) or None to keep."""
     try:
         from kernelab.inspect import prune
     except ImportError:
         return None
-    return prune
+
+    def reason(launch, target):
+        verdict = prune(launch, target)
+        return None if verdict.keep else _category(verdict.reasons[0])
+
+    return reason
+
+
+def _category(reason: str) -> str:
+    """ "spills 44 bytes per thread" -> "spills bytes per thread": counts group by kind."""
+    head = reason.split(":", 1)[0].split("(", 1)[0]
+    return " ".join(w for w in head.split() if not w.isdigit()).strip()
 
 
 def prune_configs(
