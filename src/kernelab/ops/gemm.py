@@ -651,7 +651,10 @@ def _launches(shape: Shape, dtype, config: GemmConfig | None = None, device=None
             cfg.num_warps,
             cfg.num_stages,
             grid,
-            divisible_16=(*ptrs, *(k_ for k_, v in ints.items() if v % 16 == 0 and k_ in sig)),
+            divisible_16=(
+                *(p_ for p_, t_ in ptrs.items() if t_.startswith("*")),
+                *(k_ for k_, v in ints.items() if v % 16 == 0 and k_ in sig),
+            ),
             equal_1=tuple(k_ for k_, v in ints.items() if v == 1 and k_ in sig),
             config=cfg,
         )
