@@ -457,7 +457,7 @@ def _launches_for(bits: int):
                 cfg.num_warps,
                 cfg.num_stages,
                 (gc.cdiv(m, cfg.block_m) * gc.cdiv(n, cfg.block_n), split),
-                divisible_16=(*ptrs, *(a for a, v in ints.items() if v % 16 == 0 and v)),
+                divisible_16=(*ptrs, *(a for a, v in ints.items() if v % 16 == 0)),
                 equal_1=tuple(a for a, v in ints.items() if v == 1),
                 config=cfg,
             )
