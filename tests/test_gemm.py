@@ -12,6 +12,8 @@ from tests.mutants import mutate
 
 gemm_module = importlib.import_module("kernelab.ops.gemm")
 common = importlib.import_module("kernelab.ops._gemm_common")
+kernels = importlib.import_module("kernelab.ops._gemm_kernels")
+MODULES = (gemm_module, kernels, common)
 
 DTYPES = (torch.float16, torch.bfloat16)
 TRITON_VARIANTS = [n for n, v in GEMM.variants.items() if v.kind == "triton"]
@@ -282,12 +284,12 @@ def test_planted_defects_are_caught(monkeypatch, tmp_path, name):
     fn_name, old, new, config = MUTANTS[name]
     if config.kind == "tma":
         monkeypatch.setattr(gemm_module, "tma_available", lambda device=None: True)
-    module = common if hasattr(common, fn_name) else gemm_module
+    module = next(m for m in MODULES if hasattr(m, fn_name))
     mutant = mutate(getattr(module, fn_name), old, new, tmp_path)
     # the mutant's module needs the helpers its kernel calls
     helpers = ("_epilogue", "_tile_coords", "_gemm_tile")
-    mutant.fn.__globals__.update({h: getattr(gemm_module, h) for h in helpers})
-    for mod in (gemm_module, common):
+    mutant.fn.__globals__.update({h: getattr(kernels, h) for h in helpers})
+    for mod in MODULES:  # every module that calls the mutated function by name
         if hasattr(mod, fn_name):
             monkeypatch.setattr(mod, fn_name, mutant)
     params = {"residual": True, "activation": "silu", "bias": True, "layout": "nk"}

@@ -23,9 +23,9 @@ import triton.language as tl
 from kernelab.ops import _check, _inputs
 from kernelab.ops import _gemm_common as gc
 from kernelab.ops._gemm_common import _tile_coords
+from kernelab.ops._gemm_kernels import _gemm_tile
 from kernelab.ops._model import Cost, Launch, Op, Shape, Variant, register
 from kernelab.ops._triton import kernel, use_triton
-from kernelab.ops.gemm import _gemm_tile
 
 E4M3 = tuple(
     getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, name)
