@@ -16,6 +16,8 @@ from kernelab.ops._model import (
     get,
     register,
 )
+
+# --- export lines: one per op module ---------------------------------------------------------
 from kernelab.ops.fp8_gemm import FP8_GEMM, fp8_gemm, fp8_gemm_ref
 from kernelab.ops.gemm import GEMM, gemm, gemm_ref
 from kernelab.ops.quant_gemm import (
@@ -26,8 +28,6 @@ from kernelab.ops.quant_gemm import (
     w8a16_gemm,
     w8a16_ref,
 )
-
-# --- export lines: one per op module ---------------------------------------------------------
 from kernelab.ops.rmsnorm import RMSNORM, rmsnorm, rmsnorm_ref
 
 __all__ = [
