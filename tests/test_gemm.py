@@ -98,6 +98,16 @@ def test_kn_and_nk_layouts_give_the_same_product():
     torch.testing.assert_close(by_weight, by_kn, rtol=0, atol=0)
 
 
+def test_interpreter_multiplies_bf16_beyond_the_float16_range():
+    """Interpreted tl.dot widens bf16 tiles exactly to float32 (Triton's own interpreter would
+    multiply their raw bits, or pass through float16, which overflows at 65504)."""
+    a = (torch.randn(4, 32) * 1e5).bfloat16()
+    b = (torch.randn(32, 8) * 1e3).bfloat16()
+    out = gemm_triton(a, b, config=SMALL)
+    assert torch.isfinite(out).all()
+    assert error(out, a.double() @ b.double()).rel_l2 < 4e-3
+
+
 def test_out_argument_and_k_zero():
     a, b = torch.randn(3, 16, dtype=torch.bfloat16), torch.randn(16, 8, dtype=torch.bfloat16)
     out = torch.full((3, 8), float("nan"), dtype=torch.bfloat16)
