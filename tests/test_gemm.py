@@ -307,3 +307,28 @@ def test_planted_defects_are_caught(monkeypatch, tmp_path, name):
     inputs = GEMM.inputs(shape, torch.float16, "cpu", seed=5)
     with pytest.raises(AssertionError, match=r"rel L2|non-finite"):
         _check(inputs, lambda **kw: gemm_triton(**kw, config=config), torch.float16)
+
+
+@pytest.mark.parametrize("op_name", ["gemm", "w4a16_gemm", "w8a16_gemm", "fp8_gemm"])
+def test_strided_out_is_fully_written_and_canaries_survive(op_name):
+    """The output as a view into a larger poisoned buffer: every element written, twice with
+    different poison the same bits, and the padding around it untouched."""
+    from kernelab.ops import get
+
+    op = get(op_name)
+    dims = {"M": 5, "N": 40, "K": 128}
+    shape = next(s for s in op.shapes("edge") if s.dims["M"] > 0)
+    shape = Shape("t", dims, {k: v for k, v in shape.params.items() if k == "group_size"})
+    inputs = op.inputs(shape, op.dtypes[-1], "cpu", seed=1)
+    results = []
+    for poison in (float("nan"), -7.0):
+        buf = torch.full((7, 48), poison, dtype=torch.bfloat16)
+        out = buf[1:6, 3:43]
+        got = op.variants["kernelab"](**_clone(inputs), out=out)
+        assert got.data_ptr() == out.data_ptr() and torch.isfinite(out).all()
+        outside = torch.ones_like(buf, dtype=torch.bool)
+        outside[1:6, 3:43] = False
+        canaries = buf[outside].float()
+        assert (canaries.isnan() if poison != poison else canaries == poison).all()
+        results.append(out.clone())
+    assert torch.equal(results[0], results[1])
