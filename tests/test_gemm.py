@@ -12,6 +12,8 @@ from tests.mutants import mutate
 
 gemm_module = importlib.import_module("kernelab.ops.gemm")
 common = importlib.import_module("kernelab.ops._gemm_common")
+kernels = importlib.import_module("kernelab.ops._gemm_kernels")
+MODULES = (gemm_module, kernels, common)
 
 DTYPES = (torch.float16, torch.bfloat16)
 TRITON_VARIANTS = [n for n, v in GEMM.variants.items() if v.kind == "triton"]
@@ -94,6 +96,16 @@ def test_kn_and_nk_layouts_give_the_same_product():
     by_weight = gemm_triton(a, w, b_layout="nk", config=SMALL)
     by_kn = gemm_triton(a, w.t().contiguous(), b_layout="kn", config=SMALL)
     torch.testing.assert_close(by_weight, by_kn, rtol=0, atol=0)
+
+
+def test_interpreter_multiplies_bf16_beyond_the_float16_range():
+    """Interpreted tl.dot widens bf16 tiles exactly to float32 (Triton's own interpreter would
+    multiply their raw bits, or pass through float16, which overflows at 65504)."""
+    a = (torch.randn(4, 32) * 1e5).bfloat16()
+    b = (torch.randn(32, 8) * 1e3).bfloat16()
+    out = gemm_triton(a, b, config=SMALL)
+    assert torch.isfinite(out).all()
+    assert error(out, a.double() @ b.double()).rel_l2 < 4e-3
 
 
 def test_out_argument_and_k_zero():
@@ -282,12 +294,12 @@ def test_planted_defects_are_caught(monkeypatch, tmp_path, name):
     fn_name, old, new, config = MUTANTS[name]
     if config.kind == "tma":
         monkeypatch.setattr(gemm_module, "tma_available", lambda device=None: True)
-    module = common if hasattr(common, fn_name) else gemm_module
+    module = next(m for m in MODULES if hasattr(m, fn_name))
     mutant = mutate(getattr(module, fn_name), old, new, tmp_path)
     # the mutant's module needs the helpers its kernel calls
     helpers = ("_epilogue", "_tile_coords", "_gemm_tile")
-    mutant.fn.__globals__.update({h: getattr(gemm_module, h) for h in helpers})
-    for mod in (gemm_module, common):
+    mutant.fn.__globals__.update({h: getattr(kernels, h) for h in helpers})
+    for mod in MODULES:  # every module that calls the mutated function by name
         if hasattr(mod, fn_name):
             monkeypatch.setattr(mod, fn_name, mutant)
     params = {"residual": True, "activation": "silu", "bias": True, "layout": "nk"}
@@ -295,3 +307,28 @@ def test_planted_defects_are_caught(monkeypatch, tmp_path, name):
     inputs = GEMM.inputs(shape, torch.float16, "cpu", seed=5)
     with pytest.raises(AssertionError, match=r"rel L2|non-finite"):
         _check(inputs, lambda **kw: gemm_triton(**kw, config=config), torch.float16)
+
+
+@pytest.mark.parametrize("op_name", ["gemm", "w4a16_gemm", "w8a16_gemm", "fp8_gemm"])
+def test_strided_out_is_fully_written_and_canaries_survive(op_name):
+    """The output as a view into a larger poisoned buffer: every element written, twice with
+    different poison the same bits, and the padding around it untouched."""
+    from kernelab.ops import get
+
+    op = get(op_name)
+    dims = {"M": 5, "N": 40, "K": 128}
+    shape = next(s for s in op.shapes("edge") if s.dims["M"] > 0)
+    shape = Shape("t", dims, {k: v for k, v in shape.params.items() if k == "group_size"})
+    inputs = op.inputs(shape, op.dtypes[-1], "cpu", seed=1)
+    results = []
+    for poison in (float("nan"), -7.0):
+        buf = torch.full((7, 48), poison, dtype=torch.bfloat16)
+        out = buf[1:6, 3:43]
+        got = op.variants["kernelab"](**_clone(inputs), out=out)
+        assert got.data_ptr() == out.data_ptr() and torch.isfinite(out).all()
+        outside = torch.ones_like(buf, dtype=torch.bool)
+        outside[1:6, 3:43] = False
+        canaries = buf[outside].float()
+        assert (canaries.isnan() if poison != poison else canaries == poison).all()
+        results.append(out.clone())
+    assert torch.equal(results[0], results[1])

@@ -49,9 +49,18 @@ CASES = [
 
 
 def _compile(launch, target):
-    src = triton.compiler.ASTSource(
-        fn=launch.kernel, signature=dict(launch.signature), constexprs=dict(launch.constexprs)
-    )
+    """Compile as a launch would be specialised: 16-divisible arguments carry the divisibility
+    attribute, arguments equal to 1 become constants."""
+    sig, const = dict(launch.signature), dict(launch.constexprs)
+    for name in launch.equal_1:
+        sig[name], const[name] = "constexpr", 1
+    names = launch.kernel.arg_names
+    attrs = {
+        (names.index(a),): [["tt.divisibility", 16]]
+        for a in launch.divisible_16
+        if sig.get(a) not in (None, "constexpr")
+    }
+    src = triton.compiler.ASTSource(fn=launch.kernel, signature=sig, constexprs=const, attrs=attrs)
     opts = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
     return triton.compile(src, target=target, options=opts)
 
@@ -97,3 +106,6 @@ def test_default_launch_uses_tensor_cores_and_does_not_spill(op, pick, arch, ker
         instruction = SMALL_M_SM90
     assert re.search(instruction, code), f"no {instruction} in {kernel} for {arch}"
     assert _spills(compiled, arch, tmp_path) == 0
+    if arch.startswith("sm_") and pick is _prefill:
+        # 16-bit outputs leave in 128-bit stores, never one element at a time
+        assert "st.global.v4" in code and not re.search(r"st\.global\.b16", code)

@@ -19,7 +19,7 @@ from kernelab.ops.fp8_gemm import (
 from tests.mutants import mutate
 
 fp8_module = importlib.import_module("kernelab.ops.fp8_gemm")
-gemm_module = importlib.import_module("kernelab.ops.gemm")
+kernels = importlib.import_module("kernelab.ops._gemm_kernels")
 SMALL = Fp8Config(32, 32, 32, group_m=2, num_warps=4, num_stages=2)
 
 
@@ -134,7 +134,7 @@ def test_planted_defects_are_caught(monkeypatch, tmp_path, name):
     old, new = MUTANTS[name]
     mutant = mutate(fp8_module._fp8_gemm_kernel, old, new, tmp_path)
     for helper in ("_tile_coords", "_gemm_tile"):
-        mutant.fn.__globals__[helper] = getattr(gemm_module, helper)
+        mutant.fn.__globals__[helper] = getattr(kernels, helper)
     monkeypatch.setattr(fp8_module, "_fp8_gemm_kernel", mutant)
     shape = Shape("t", {"M": 32, "N": 32, "K": 64}, {"scaling": "row"})
     inputs = FP8_GEMM.inputs(shape, torch.bfloat16, "cpu", seed=6, dist="heavy")

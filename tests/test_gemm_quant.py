@@ -150,6 +150,26 @@ def test_int4_block_k_must_divide_the_group():
         w4a16_triton(**args, config=WQConfig(16, 32, 128))
 
 
+def test_trivial_candidates_fail_the_contract():
+    op = W4A16_GEMM
+    shape = op.shapes("representative")[2].reduced(16)
+    inputs = op.inputs(shape, torch.bfloat16, "cpu", seed=9)
+    (ref,), _ = op.run_reference(inputs)
+    # the same layer with the weight's zero points off by one code
+    shifted = {**_clone(inputs), "zeros": (inputs["zeros"] + 1).clamp(max=15)}
+    candidates = {
+        "zeros": torch.zeros_like(ref).bfloat16(),
+        "one row dropped": torch.cat([ref[:-1], torch.zeros_like(ref[-1:])]).bfloat16(),
+        "zero points off by one": op.variants["torch"](**shifted),
+    }
+    caught = []
+    for name, out in candidates.items():
+        with pytest.raises(AssertionError, match="rel L2"):
+            _check(op, inputs, lambda out=out, **kw: out, torch.bfloat16)
+        caught.append(name)
+    assert caught == list(candidates)
+
+
 # --- planted defects ----------------------------------------------------------------------------
 
 MUTANTS = {

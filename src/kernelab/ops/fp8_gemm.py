@@ -23,9 +23,9 @@ import triton.language as tl
 from kernelab.ops import _check, _inputs
 from kernelab.ops import _gemm_common as gc
 from kernelab.ops._gemm_common import _tile_coords
+from kernelab.ops._gemm_kernels import _gemm_tile
 from kernelab.ops._model import Cost, Launch, Op, Shape, Variant, register
 from kernelab.ops._triton import kernel, use_triton
-from kernelab.ops.gemm import _gemm_tile
 
 E4M3 = tuple(
     getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, name)
@@ -211,6 +211,12 @@ def _validate(a, b, scale_a, scale_b, bias, b_layout, out):
     return n
 
 
+def e4m3_for(device) -> torch.dtype:
+    """The e4m3 flavour a device multiplies: fnuz on gfx942, the OCP format elsewhere."""
+    arch = gc.arch_of(device) or ""
+    return torch.float8_e4m3fnuz if arch.startswith("gfx942") else E4M3[0]
+
+
 def fp8_supported(device) -> bool:
     """fp8 tensor cores: NVIDIA sm_89 and newer, AMD gfx942/gfx950; the CPU interpreter."""
     if str(device) == "cpu":
@@ -279,7 +285,7 @@ def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
     p = shape.params
     per_row = p.get("scaling", "row") == "row"
     layout = p.get("layout", "nk")
-    fp8 = E4M3[0]
+    fp8 = e4m3_for(device)
     if device.type == "meta":
         a = torch.empty((m, k), dtype=fp8, device=device)
         b = torch.empty((n, k) if layout == "nk" else (k, n), dtype=fp8, device=device)

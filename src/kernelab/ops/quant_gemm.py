@@ -17,7 +17,9 @@ rounded. Two launch shapes:
 - larger M, the tiled path: output tiles in grouped order, as ``gemm``.
 
 For int4 the even and odd k of a K tile are multiplied as two half-depth products (the low and
-high nibbles of one byte), so the packed bytes are used as loaded, without an interleave.
+high nibbles of one byte), so the packed bytes are used as loaded, without an interleave; the
+activation tile is loaded contiguously (vector loads) and split into its even and odd columns
+in registers.
 """
 
 from __future__ import annotations
@@ -102,10 +104,13 @@ def _wq_gemm_kernel(
             z = tl.load(Z + g * stride_zk + rn, mask=n_ok, other=0).to(tl.int32)
             w_lo = ((q & 15) - z[None, :]).to(X.dtype.element_ty)
             w_hi = ((q >> 4) - z[None, :]).to(X.dtype.element_ty)
-            ke = k0 + 2 * rh
-            x_ok = m_ok[:, None] & (ke[None, :] < k_stop)
-            x_even = tl.load(x_rows + ke[None, :] * stride_xk, mask=x_ok, other=0.0)
-            x_odd = tl.load(x_rows + (ke[None, :] + 1) * stride_xk, mask=x_ok, other=0.0)
+            kk = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(
+                x_rows + kk[None, :] * stride_xk,
+                mask=m_ok[:, None] & (kk[None, :] < k_stop),
+                other=0.0,
+            )
+            x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, BLOCK_K // 2, 2)))
             part = tl.dot(x_even, w_lo) + tl.dot(x_odd, w_hi)
             acc += part * s[None, :]
     else:
@@ -457,7 +462,7 @@ def _launches_for(bits: int):
                 cfg.num_warps,
                 cfg.num_stages,
                 (gc.cdiv(m, cfg.block_m) * gc.cdiv(n, cfg.block_n), split),
-                divisible_16=(*ptrs, *(a for a, v in ints.items() if v % 16 == 0 and v)),
+                divisible_16=(*ptrs, *(a for a, v in ints.items() if v % 16 == 0)),
                 equal_1=tuple(a for a, v in ints.items() if v == 1),
                 config=cfg,
             )
