@@ -11,9 +11,12 @@ from kernelab.inspect.spec import from_launch
 from tests import inspect_kernels as K
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("inspect-cache")
+    """One compile cache for the session's inspect tests (test_inspect_cli.py shares it)."""
+    path = tmp_path_factory.getbasetemp() / "inspect-cache"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 @pytest.fixture(autouse=True)

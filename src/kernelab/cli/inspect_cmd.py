@@ -62,6 +62,7 @@ def register(app: typer.Typer) -> None:
             raise ValueError("signature: needs --kernel path/to/file.py:kernel")
         if kernel and (check or update_baseline or ops or space):
             raise ValueError("kernel: --kernel inspects one user kernel; drop OPS/--check/--space")
+        base = bl.load(baseline_path) if check else None  # a missing baseline fails first
         started = time.perf_counter()
         if kernel:
             from kernelab._loader import load_callable
@@ -99,7 +100,7 @@ def register(app: typer.Typer) -> None:
         if check:
             comparison = bl.compare(
                 result.reports,
-                bl.load(baseline_path),
+                base,
                 ops=[o.name for o in selected],
                 targets=[t.name for t in targets],
             )
