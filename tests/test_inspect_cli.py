@@ -112,3 +112,15 @@ def test_ops_without_launches_are_skipped_and_reported():
 
     p = plan([NoLaunches()], parse_targets("sm_90"))
     assert p.jobs == [] and p.skipped == ["nolaunch: declares no launches (nothing to compile)"]
+
+
+def test_space_plans_every_config_of_the_tuning_space():
+    op = ops.get("rmsnorm")
+    default = plan([op], parse_targets("sm_90"), dtypes=["bfloat16"])
+    space = plan([op], parse_targets("sm_90"), space=True, dtypes=["bfloat16"])
+    shape = op.shapes("representative")[0]
+    per_shape = len(op.tuning_space(shape, None))
+    assert len(space.jobs) > len(default.jobs) and per_shape > 1
+    configs = {j.spec.config_text() for j in space.jobs if shape.key in j.key}
+    assert len(configs) == per_shape  # one job per config, the config in its key
+    assert len({j.key for j in space.jobs}) == len(space.jobs)

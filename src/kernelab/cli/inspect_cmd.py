@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import typer
+from rich import box
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -140,26 +141,27 @@ def _print(result, elapsed: float, all_rows: bool) -> None:
         shown = [v[1] for v in best.values()]
     else:
         shown = reps
-    table = Table(title=f"kernelab inspect (triton {escape(result.triton)})")
-    for col in ("op", "kernel", "target", "config", "regs", "spill B", "shared", "occupancy",
-                "loads/stores", "tensor cores"):  # fmt: skip
-        table.add_column(col)
+    table = Table(title=f"kernelab inspect (triton {escape(result.triton)})", box=box.SIMPLE)
+    for col in ("kernel", "target", "config", "regs", "spill B", "smem KB", "occupancy",
+                "ld/st bits", "tensor cores"):  # fmt: skip
+        wide = {"kernel": 22, "config": 34}.get(col)
+        table.add_column(col, no_wrap=wide is None, min_width=wide, overflow="fold")
     for r in shown:
         f = r.facts or {}
         occ = r.occupancy
+        name = f"{r.op}/{r.kernel}" if r.op else r.kernel
         if r.error:
-            table.add_row(r.op or "", r.kernel, r.target, escape(r.config), "", "", "", "",
+            table.add_row(name, r.target, escape(r.config), "", "", "", "",
                           f"[red]{escape(r.error)}[/]", "")  # fmt: skip
             continue
         table.add_row(
-            r.op or "",
-            r.kernel,
+            escape(name),
             r.target,
             escape(r.config),
             str(f.get("registers")),
             str(f.get("spill_bytes") or 0),
-            f"{f.get('shared_bytes', 0) / 1024:.1f} KB",
-            f"{occ['occupancy']:.0%} ({occ['limiter']})" if occ else "?",
+            f"{f.get('shared_bytes', 0) / 1024:.1f}",
+            f"{occ['occupancy']:.0%} {occ['limiter']}" if occ else "?",
             _widths(f),
             "+".join(f"{k}×{v}" for k, v in sorted((f.get("tensor_cores") or {}).items()))
             + (" tma" if f.get("tma") else ""),
@@ -188,9 +190,9 @@ def _print(result, elapsed: float, all_rows: bool) -> None:
 
 def _widths(f: dict) -> str:
     def fmt(d):
-        return " ".join(f"{k}b×{v}" for k, v in d.items()) or "-"
+        return ",".join(d) or "-"
 
-    return f"{fmt(f.get('loads', {}))} / {fmt(f.get('stores', {}))}"
+    return f"{fmt(f.get('loads', {}))}/{fmt(f.get('stores', {}))}"
 
 
 def _print_check(c, path: str) -> None:
