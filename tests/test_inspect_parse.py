@@ -248,3 +248,14 @@ def test_baseline_is_deterministic_and_parsed_not_executed(tmp_path):
         bl.load(bad)
     with pytest.raises(FileNotFoundError, match="baseline: no such file"):
         bl.load(tmp_path / "none.json")
+
+
+def test_partial_update_keeps_entries_not_inspected(tmp_path):
+    path = tmp_path / "b.json"
+    bl.write(path, [_report(), _report("op/k/gfx942/bf16/n=1")])
+    bl.write(path, [_report(registers=40)], merge=True)
+    entries = bl.load(path)["entries"]
+    assert entries["op/k/sm_90/bf16/n=1"]["registers"] == 40
+    assert "op/k/gfx942/bf16/n=1" in entries
+    bl.write(path, [_report()])
+    assert list(bl.load(path)["entries"]) == ["op/k/sm_90/bf16/n=1"]

@@ -106,7 +106,8 @@ def register(app: typer.Typer) -> None:
                 targets=[t.name for t in targets],
             )
         if update_baseline:
-            bl.write(baseline_path, result.reports, merge=bool(ops) or target is not None)
+            subset = bool(ops) or target is not None or dtype is not None or space
+            bl.write(baseline_path, result.reports, merge=subset)
         if json:
             emit_json(
                 {
