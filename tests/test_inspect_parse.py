@@ -259,3 +259,36 @@ def test_partial_update_keeps_entries_not_inspected(tmp_path):
     assert "op/k/gfx942/bf16/n=1" in entries
     bl.write(path, [_report()])
     assert list(bl.load(path)["entries"]) == ["op/k/sm_90/bf16/n=1"]
+
+
+HELPER_FILE = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def helper(x):
+    return x + {step}
+
+
+@triton.jit
+def k(p):
+    tl.store(p, helper(tl.load(p)))
+"""
+
+
+def test_cache_key_covers_called_helpers(tmp_path):
+    import importlib.util
+
+    def load(step):
+        path = tmp_path / f"helper_{step}.py"
+        path.write_text(HELPER_FILE.format(step=step))
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return parse_signature(module.k, "*fp32")
+
+    one, two = load(1), load(2)
+    assert one.kernel.src == two.kernel.src  # the kernel itself is the same text
+    assert one.identity() == two.identity()
+    assert one.source_key() != two.source_key()  # its helper is not
