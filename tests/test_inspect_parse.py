@@ -292,3 +292,8 @@ def test_cache_key_covers_called_helpers(tmp_path):
     assert one.kernel.src == two.kernel.src  # the kernel itself is the same text
     assert one.identity() == two.identity()
     assert one.source_key() != two.source_key()  # its helper is not
+
+
+def test_autotuned_kernels_are_unwrapped():
+    spec = parse_signature(K.tuned_copy_kernel, "*fp16,*fp16,i32,BLOCK=64")
+    assert spec.name == "copy_kernel" and spec.kernel is K.copy_kernel

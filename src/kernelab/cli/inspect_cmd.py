@@ -71,7 +71,9 @@ def register(app: typer.Typer) -> None:
 
             if not signature:
                 raise ValueError("signature: --kernel needs --signature (argument types)")
-            spec = parse_signature(load_callable(kernel, "kernel"), signature)
+            spec = parse_signature(
+                load_callable(kernel, "kernel", require_callable=False), signature
+            )
             result = Inspection(
                 analyze_spec(spec, targets, use_cache=not no_cache), [], triton_version()
             )
