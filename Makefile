@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 OUT ?= out
 
-.PHONY: setup run test lint format gpu-check clean
+.PHONY: setup run test lint format gpu-check clean inspect-check inspect-baseline
 
 setup: $(VENV)/.installed
 
@@ -24,8 +24,14 @@ $(VENV)/.installed: pyproject.toml
 run: setup  ## the kernel report card
 	$(BIN)/kernelab run
 
-test: setup lint  ## lint, then the whole test suite
+test: setup lint inspect-check  ## lint, the inspect gate, then the whole test suite
 	$(BIN)/python -m pytest -n 2 -q
+
+inspect-check: setup  ## compile every kernel for sm_80/sm_90/sm_100/gfx942; fail on regressions
+	$(BIN)/kernelab inspect --check
+
+inspect-baseline: setup  ## rewrite inspect-baseline.json from the kernels as they are now
+	$(BIN)/kernelab inspect --update-baseline
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks

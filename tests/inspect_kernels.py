@@ -62,3 +62,9 @@ def row_scale_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs)
     tl.store(out_ptr + offs, x / tl.sum(x * x, 0))
+
+
+#: An autotuned wrapper: inspect looks through it to the JIT function.
+tuned_copy_kernel = triton.autotune(configs=[triton.Config({}, num_warps=4)], key=["n"])(
+    copy_kernel
+)

@@ -1,6 +1,7 @@
 """inspect on real compilations for sm_80, sm_90, sm_100 and gfx942 (Triton on the CPU)."""
 
 import dataclasses
+import typing
 
 import pytest
 import torch
@@ -11,9 +12,12 @@ from kernelab.inspect.spec import from_launch
 from tests import inspect_kernels as K
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("inspect-cache")
+    """One compile cache for the session's inspect tests (test_inspect_cli.py shares it)."""
+    path = tmp_path_factory.getbasetemp() / "inspect-cache"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 @pytest.fixture(autouse=True)
@@ -135,3 +139,34 @@ def test_run_stage_cell(monkeypatch):
     cell = report.cells[("rmsnorm", "kernelab")]
     assert cell.status == "pass", cell.text
     assert "128-bit" in cell.text and "0 spills" in cell.text and "occ" in cell.text
+
+
+class _MatmulOp:
+    """An op-shaped object whose one launch needs more shared memory than sm_90 has."""
+
+    name = "planted_matmul"
+    dtypes = (torch.bfloat16,)
+    variants: typing.ClassVar[dict] = {}
+    tuning_space = None
+
+    def shapes(self, shape_set):
+        return [ops.Shape("one tile", {"k": 4096})]
+
+    def inputs(self, *args, **kwargs):
+        raise NotImplementedError  # sizes unknown: inspect still runs
+
+    def launches(self, shape, dtype, config=None):
+        spec = parse_signature(
+            K.matmul_kernel, "*bf16:16,*bf16:16,*fp32:16,i32:16,BM=64,BN=64,BK=128,num_stages=9"
+        )
+        return [
+            ops.Launch(spec.kernel, spec.signature, spec.constexprs, 4, 9, (1,),
+                       divisible_16=spec.divisible_16)
+        ]  # fmt: skip
+
+
+def test_run_stage_fails_an_op_that_cannot_launch():
+    report = stage([_MatmulOp()], None)
+    cell = report.cells[("planted_matmul", "*")]
+    assert cell.status == "fail" and "matmul_kernel" in cell.text
+    assert "cannot launch" in cell.text

@@ -248,3 +248,52 @@ def test_baseline_is_deterministic_and_parsed_not_executed(tmp_path):
         bl.load(bad)
     with pytest.raises(FileNotFoundError, match="baseline: no such file"):
         bl.load(tmp_path / "none.json")
+
+
+def test_partial_update_keeps_entries_not_inspected(tmp_path):
+    path = tmp_path / "b.json"
+    bl.write(path, [_report(), _report("op/k/gfx942/bf16/n=1")])
+    bl.write(path, [_report(registers=40)], merge=True)
+    entries = bl.load(path)["entries"]
+    assert entries["op/k/sm_90/bf16/n=1"]["registers"] == 40
+    assert "op/k/gfx942/bf16/n=1" in entries
+    bl.write(path, [_report()])
+    assert list(bl.load(path)["entries"]) == ["op/k/sm_90/bf16/n=1"]
+
+
+HELPER_FILE = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def helper(x):
+    return x + {step}
+
+
+@triton.jit
+def k(p):
+    tl.store(p, helper(tl.load(p)))
+"""
+
+
+def test_cache_key_covers_called_helpers(tmp_path):
+    import importlib.util
+
+    def load(step):
+        path = tmp_path / f"helper_{step}.py"
+        path.write_text(HELPER_FILE.format(step=step))
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return parse_signature(module.k, "*fp32")
+
+    one, two = load(1), load(2)
+    assert one.kernel.src == two.kernel.src  # the kernel itself is the same text
+    assert one.identity() == two.identity()
+    assert one.source_key() != two.source_key()  # its helper is not
+
+
+def test_autotuned_kernels_are_unwrapped():
+    spec = parse_signature(K.tuned_copy_kernel, "*fp16,*fp16,i32,BLOCK=64")
+    assert spec.name == "copy_kernel" and spec.kernel is K.copy_kernel

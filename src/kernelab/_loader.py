@@ -14,8 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def load_callable(spec: str, argname: str = "candidate") -> Callable:
+def load_callable(spec: str, argname: str = "candidate", require_callable: bool = True) -> Callable:
     """Import ``file.py:function`` or ``module:function`` and return the function.
+
+    ``require_callable=False`` also accepts objects launched otherwise (a Triton autotuner).
 
     Errors are ``ValueError`` (bad form, missing function, not callable) or
     ``FileNotFoundError`` (no such file), each one line naming ``argname``.
@@ -54,7 +56,7 @@ def load_callable(spec: str, argname: str = "candidate") -> Callable:
     fn = getattr(module, name, None)
     if fn is None:
         raise ValueError(f"{argname}: {target!r} has no attribute {name!r}")
-    if not callable(fn):
+    if require_callable and not callable(fn):
         raise ValueError(f"{argname}: {target}:{name} is not callable")
     return fn
 

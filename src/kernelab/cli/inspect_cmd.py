@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import typer
+from rich import box
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -62,6 +63,7 @@ def register(app: typer.Typer) -> None:
             raise ValueError("signature: needs --kernel path/to/file.py:kernel")
         if kernel and (check or update_baseline or ops or space):
             raise ValueError("kernel: --kernel inspects one user kernel; drop OPS/--check/--space")
+        base = bl.load(baseline_path) if check else None  # a missing baseline fails first
         started = time.perf_counter()
         if kernel:
             from kernelab._loader import load_callable
@@ -69,7 +71,9 @@ def register(app: typer.Typer) -> None:
 
             if not signature:
                 raise ValueError("signature: --kernel needs --signature (argument types)")
-            spec = parse_signature(load_callable(kernel, "kernel"), signature)
+            spec = parse_signature(
+                load_callable(kernel, "kernel", require_callable=False), signature
+            )
             result = Inspection(
                 analyze_spec(spec, targets, use_cache=not no_cache), [], triton_version()
             )
@@ -99,12 +103,13 @@ def register(app: typer.Typer) -> None:
         if check:
             comparison = bl.compare(
                 result.reports,
-                bl.load(baseline_path),
+                base,
                 ops=[o.name for o in selected],
                 targets=[t.name for t in targets],
             )
         if update_baseline:
-            bl.write(baseline_path, result.reports, merge=bool(ops) or target is not None)
+            subset = bool(ops) or target is not None or dtype is not None or space
+            bl.write(baseline_path, result.reports, merge=subset)
         if json:
             emit_json(
                 {
@@ -139,26 +144,27 @@ def _print(result, elapsed: float, all_rows: bool) -> None:
         shown = [v[1] for v in best.values()]
     else:
         shown = reps
-    table = Table(title=f"kernelab inspect (triton {escape(result.triton)})")
-    for col in ("op", "kernel", "target", "config", "regs", "spill B", "shared", "occupancy",
-                "loads/stores", "tensor cores"):  # fmt: skip
-        table.add_column(col)
+    table = Table(title=f"kernelab inspect (triton {escape(result.triton)})", box=box.SIMPLE)
+    for col in ("kernel", "target", "config", "regs", "spill B", "smem KB", "occupancy",
+                "ld/st bits", "tensor cores"):  # fmt: skip
+        wide = {"kernel": 22, "config": 34}.get(col)
+        table.add_column(col, no_wrap=wide is None, min_width=wide, overflow="fold")
     for r in shown:
         f = r.facts or {}
         occ = r.occupancy
+        name = f"{r.op}/{r.kernel}" if r.op else r.kernel
         if r.error:
-            table.add_row(r.op or "", r.kernel, r.target, escape(r.config), "", "", "", "",
+            table.add_row(name, r.target, escape(r.config), "", "", "", "",
                           f"[red]{escape(r.error)}[/]", "")  # fmt: skip
             continue
         table.add_row(
-            r.op or "",
-            r.kernel,
+            escape(name),
             r.target,
             escape(r.config),
             str(f.get("registers")),
             str(f.get("spill_bytes") or 0),
-            f"{f.get('shared_bytes', 0) / 1024:.1f} KB",
-            f"{occ['occupancy']:.0%} ({occ['limiter']})" if occ else "?",
+            f"{f.get('shared_bytes', 0) / 1024:.1f}",
+            f"{occ['occupancy']:.0%} {occ['limiter']}" if occ else "?",
             _widths(f),
             "+".join(f"{k}×{v}" for k, v in sorted((f.get("tensor_cores") or {}).items()))
             + (" tma" if f.get("tma") else ""),
@@ -187,9 +193,9 @@ def _print(result, elapsed: float, all_rows: bool) -> None:
 
 def _widths(f: dict) -> str:
     def fmt(d):
-        return " ".join(f"{k}b×{v}" for k, v in d.items()) or "-"
+        return ",".join(d) or "-"
 
-    return f"{fmt(f.get('loads', {}))} / {fmt(f.get('stores', {}))}"
+    return f"{fmt(f.get('loads', {}))}/{fmt(f.get('stores', {}))}"
 
 
 def _print_check(c, path: str) -> None:

@@ -4,6 +4,19 @@ Each rule reads the parsed facts (:mod:`kernelab.inspect.parse`), the occupancy,
 kernel has memory accesses narrower than 128 bits and arguments Triton did not specialise as
 16-divisible, the facts of the same kernel compiled with every argument 16-divisible: that
 counterfactual tells whether alignment is what stood in the way of vector loads.
+
+Rules (severity):
+- spills (warn): local memory or spill instructions in the compiled code;
+- shared-limit / cannot-launch (error): more shared memory (LDS) or registers than the target
+  allows per block, so this config cannot launch there;
+- occupancy (info): below 50% and limited by registers or shared memory, with the register
+  count or shared-memory size at which one more block fits;
+- no-tensor-cores (warn): a ``tl.dot`` without mma / wgmma / tcgen05 / MFMA instructions;
+- offset-32bit (warn when the op's tensors reach 2^31 elements, info when sizes are unknown):
+  pointers offset by 32-bit values scaled from the program id;
+- vectorisation: accesses narrower than 128 bits that 16-divisible arguments would widen
+  (warn, naming the arguments), or that stay narrow even then (info: stride or too few
+  contiguous elements per thread).
 """
 
 from __future__ import annotations

@@ -156,8 +156,6 @@ def ttir(text: str) -> dict:
             continue
         m = _DEF.match(line)
         if not m:
-            if re.search(r"\btt\.store\b", line):
-                pass
             continue
         name, op, rest = m.group(1), m.group(2), _strip_loc(m.group(3))
         operands_text, _, types = rest.rpartition(" : ") if " : " in rest else (rest, "", "")

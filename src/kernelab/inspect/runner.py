@@ -25,7 +25,7 @@ from kernelab.inspect.spec import Spec
 from kernelab.inspect.targets import Target
 
 #: Bumped whenever parsing changes what a cached entry would hold.
-PARSER_VERSION = 1
+PARSER_VERSION = 2
 
 _JOBS: list[tuple[Spec, Target]] = []
 

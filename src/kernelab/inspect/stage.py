@@ -58,17 +58,19 @@ def stage(ops, device=None, progress=None) -> StageReport:
             if op.launches is None:
                 report.cells[(op.name, "*")] = Cell("skip", "no launches declared")
             continue
+        # The row of the op's Triton variant (its kernels are what was compiled).
+        row = next((v.name for v in op.variants.values() if v.kind == "triton"), "*")
         errors = [r for r in reps if not r.ok]
         warns = [(r, f) for r in reps for f in r.findings if f.severity == "warn"]
         data = {"kernels": len(reps), "triton": result.triton}
         if errors:
             r = errors[0]
             text = r.error or next(f.message for f in r.findings if f.severity == "error")
-            report.cells[(op.name, "kernelab")] = Cell("fail", f"{r.kernel}: {text}", data)
+            report.cells[(op.name, row)] = Cell("fail", f"{r.kernel}: {text}", data)
         elif warns:
             r, f = warns[0]
-            report.cells[(op.name, "kernelab")] = Cell("info", f"{r.kernel}: {f.message}", data)
+            report.cells[(op.name, row)] = Cell("info", f"{r.kernel}: {f.message}", data)
         else:
             worst = min(reps, key=lambda r: (r.occupancy or {}).get("occupancy", 1.0))
-            report.cells[(op.name, "kernelab")] = Cell("pass", worst.summary(), data)
+            report.cells[(op.name, row)] = Cell("pass", worst.summary(), data)
     return report

@@ -1,0 +1,126 @@
+"""``kernelab inspect``: users' kernels, the committed baseline, and the CI gate end to end."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kernelab import ops
+from kernelab.cli import app
+from kernelab.inspect import baseline as bl
+from kernelab.inspect.ops import plan
+from kernelab.inspect.targets import parse_targets
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+KERNELS = str(ROOT / "tests" / "inspect_kernels.py")
+GATE = ["inspect", "rmsnorm", "-t", "sm_90", "--dtype", "bfloat16"]
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path_factory, monkeypatch):
+    path = tmp_path_factory.getbasetemp() / "inspect-cache"
+    path.mkdir(exist_ok=True)
+    monkeypatch.setenv("KERNELAB_CACHE_DIR", str(path))
+
+
+def test_users_kernel_with_signature_as_json():
+    sig = "*fp16,*fp16,i32,BLOCK=1024,num_warps=4"
+    args = ["inspect", "--kernel", f"{KERNELS}:copy_kernel", "--signature", sig, "-t", "sm_90"]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["triton"]
+    (rep,) = data["reports"]
+    assert rep["kernel"] == "copy_kernel" and rep["target"] == "sm_90"
+    assert rep["facts"]["loads"] == {"16": 8}
+    assert "vectorisation" in {f["kind"] for f in rep["findings"]}
+    table = runner.invoke(app, args)
+    assert table.exit_code == 0 and "Findings" in table.output and "triton" in table.output
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--kernel", f"{KERNELS}:copy_kernel", "--signature", "*fp16"], "signature:"),
+        (["--kernel", f"{KERNELS}:copy_kernel"], "--kernel needs --signature"),
+        (["--kernel", f"{KERNELS}:nothing", "--signature", "i32"], "has no attribute"),
+        (["--signature", "i32"], "needs --kernel"),
+        (["rmsnorm", "-t", "sm_75"], "target: expected"),
+        (["rmsnorm", "--check", "--baseline", "/nonexistent/b.json"], "baseline: no such file"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, fragment):
+    result = runner.invoke(app, ["inspect", *args])
+    assert result.exit_code == 2, result.output
+    assert fragment in result.output and "Traceback" not in result.output
+
+
+def test_committed_baseline_covers_rmsnorm_on_all_targets():
+    data = bl.load(ROOT / bl.DEFAULT_PATH)
+    keys = {j.key for j in plan([ops.get("rmsnorm")], parse_targets(None)).jobs}
+    assert keys <= set(data["entries"])
+    assert {k.split("/")[2] for k in keys} == {"sm_80", "sm_90", "sm_100", "gfx942"}
+    for key in keys:
+        e = data["entries"][key]
+        assert e["spill_bytes"] == 0 and e["narrow_accesses"] == 0 and e["launchable"]
+
+
+def test_gate_fails_on_a_planted_regression_and_update_rewrites(tmp_path, monkeypatch):
+    path = str(tmp_path / "baseline.json")
+    first = runner.invoke(app, [*GATE, "--update-baseline", "--baseline", path])
+    assert first.exit_code == 0, first.output
+    written = Path(path).read_bytes()
+    ok = runner.invoke(app, [*GATE, "--check", "--baseline", path])
+    assert ok.exit_code == 0, ok.output
+    assert "no regressions" in ok.output
+
+    # Plant: the launcher stops passing 16-byte-aligned, 16-divisible arguments.
+    op = ops.get("rmsnorm")
+    declared = op.launches
+
+    def unaligned(shape, dtype, config=None):
+        return [dataclasses.replace(x, divisible_16=()) for x in declared(shape, dtype, config)]
+
+    monkeypatch.setattr(op, "launches", unaligned)
+    bad = runner.invoke(app, [*GATE, "--check", "--baseline", path, "--json"])
+    assert bad.exit_code == 1, bad.output
+    regressions = json.loads(bad.output)["check"]["regressions"]
+    assert regressions and all("_rmsnorm_kernel on sm_90" in r for r in regressions)
+    lost = [r for r in regressions if "lost vectorisation: widest load 128 → 16 bits" in r]
+    assert len(lost) == len(json.loads(written)["entries"])  # every shape, named by its key
+    assert any("registers" in r for r in regressions)  # unpacked accesses cost registers too
+    table = runner.invoke(app, [*GATE, "--check", "--baseline", path])
+    assert table.exit_code == 1 and "regression(s)" in table.output
+
+    rewrite = runner.invoke(app, [*GATE, "--update-baseline", "--baseline", path])
+    assert rewrite.exit_code == 0 and Path(path).read_bytes() != written
+    assert runner.invoke(app, [*GATE, "--check", "--baseline", path]).exit_code == 0
+
+    monkeypatch.setattr(op, "launches", declared)
+    runner.invoke(app, [*GATE, "--update-baseline", "--baseline", path])
+    assert Path(path).read_bytes() == written  # deterministic: same reports, same bytes
+
+
+def test_ops_without_launches_are_skipped_and_reported():
+    class NoLaunches:
+        name = "nolaunch"
+        launches = None
+        tuning_space = None
+
+    p = plan([NoLaunches()], parse_targets("sm_90"))
+    assert p.jobs == [] and p.skipped == ["nolaunch: declares no launches (nothing to compile)"]
+
+
+def test_space_plans_every_config_of_the_tuning_space():
+    op = ops.get("rmsnorm")
+    default = plan([op], parse_targets("sm_90"), dtypes=["bfloat16"])
+    space = plan([op], parse_targets("sm_90"), space=True, dtypes=["bfloat16"])
+    shape = op.shapes("representative")[0]
+    per_shape = len(op.tuning_space(shape, None))
+    assert len(space.jobs) > len(default.jobs) and per_shape > 1
+    configs = {j.spec.config_text() for j in space.jobs if shape.key in j.key}
+    assert len(configs) == per_shape  # one job per config, the config in its key
+    assert len({j.key for j in space.jobs}) == len(space.jobs)
