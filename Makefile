@@ -28,10 +28,10 @@ test: setup lint inspect-check  ## lint, the inspect gate, then the whole test s
 	$(BIN)/python -m pytest -n 2 -q
 
 inspect-check: setup  ## compile every kernel for sm_80/sm_90/sm_100/gfx942; fail on regressions
-	$(BIN)/kernelab inspect --check
+	$(BIN)/kernelab inspect --check --dtype bfloat16
 
 inspect-baseline: setup  ## rewrite inspect-baseline.json from the kernels as they are now
-	$(BIN)/kernelab inspect --update-baseline
+	$(BIN)/kernelab inspect --update-baseline --dtype bfloat16
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks
