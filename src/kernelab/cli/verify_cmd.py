@@ -73,7 +73,7 @@ def register(app: typer.Typer) -> None:
         cap: int = typer.Option(
             None,
             help="Largest batch size (rows, tokens) on CPU; 0 for none (default: 4 for "
-            "representative, 64 otherwise).",
+            "representative, 32 otherwise).",
         ),
         candidate: str = typer.Option(
             None, help="Your callable, path/to/file.py:function (with --op or --reference)."

@@ -1,17 +1,18 @@
-"""One case: a callable on one op × shape × dtype, over several trials of three calls each.
+"""One case: a callable on one op × shape × dtype, over several trials.
 
-Per trial, with fresh inputs from one distribution (the last trial also holds NaN and ±Inf):
+Each trial draws fresh inputs from one distribution (the last trial also holds NaN and ±Inf).
 
-1. every input is copied into a canary-guarded buffer, every output is a guarded buffer passed
-   as ``out=`` and poisoned with NaN (a sentinel for integers); the result must meet the output
-   contract, match the float64 reference within tolerance and its NaN/Inf pattern, leave
-   canaries and non-in-place inputs bitwise intact, and update in-place arguments as the
-   reference does;
-2. the same call at the same addresses after restoring the inputs, outputs poisoned with a
-   different value: results must be bitwise identical (unless the op declares itself
-   nondeterministic), and an element holding the poison after both calls was never written;
-3. (first trial) new values written into the same input buffers: the result must follow them;
-   a wrong result equal to the previous one is a cached result.
+- Trial 0, call 1: every input is copied into a canary-guarded buffer; every output is a
+  guarded buffer passed as ``out=`` and poisoned with NaN (a sentinel for integers). The result
+  must meet the output contract, match the float64 reference within tolerance and its NaN/Inf
+  pattern, leave canaries and non-in-place inputs bitwise intact, and update in-place
+  arguments as the reference does.
+- Trial 0, call 2: the same inputs restored at the same addresses, outputs poisoned with a
+  different value: results must be bitwise identical (unless the op declares itself
+  nondeterministic); an element holding the poison after both calls was never written.
+- Each later trial (or, with one trial, one extra draw): new values written into the same
+  buffers, one call: all the checks of call 1, and a wrong result bitwise equal to the
+  previous (right) result is a cached result.
 """
 
 from __future__ import annotations
@@ -264,34 +265,36 @@ def run_case(
             "no out= argument: outputs were allocated by the candidate, so they could not be "
             "poisoned or guarded by canaries (inputs and in-place arguments still are)"
         )
-    for t in range(trials):
+    trial, previous = None, None
+    for t in range(trials + (1 if trials == 1 else 0)):
         dist = DISTRIBUTIONS[(dist_offset + t) % len(DISTRIBUTIONS)]
         tseed = derive_seed(seed, op.name, shape.key, str(dtype), t)
-        specials = t == trials - 1
         inputs = op.inputs(shape, dtype, device, seed=tseed, dist=dist)
-        where = inject_specials(inputs, tseed) if specials else None
+        where = inject_specials(inputs, tseed) if t == trials - 1 else None
         case.trials.append({"seed": tseed, "dist": dist, "specials": where})
         exp = expected(op, inputs, baseline, dtype, device)
-        trial = _Trial(case, op, subject, device, use_out, t)
-        trial.setup(inputs, exp)
-        first = trial.call(exp, 0, "first")
-        if first is None:
-            break
-        trial.judge(exp, first, "first")
+        if trial is None:
+            trial = _Trial(case, op, subject, device, use_out, t)
+            trial.setup(inputs, exp)
+            first = trial.call(exp, 0, "first")
+            if first is None:
+                break
+            trial.judge(exp, first, "first")
+            trial.load(inputs)
+            second = trial.call(exp, 1, "repeat")
+            if second is None:
+                break
+            _compare_calls(trial, op, exp, first, second)
+            previous = (exp, second)
+            continue
+        # New values in the same buffers (same addresses): the result must follow them.
+        trial.trial, trial.inputs = t, inputs
         trial.load(inputs)
-        second = trial.call(exp, 1, "repeat")
-        if second is None:
+        got = trial.call(exp, t % 2, "new values")
+        if got is None:
             break
-        _compare_calls(trial, op, exp, first, second)
-        if t == 0:
-            new_dist = DISTRIBUTIONS[(dist_offset + t + 1) % len(DISTRIBUTIONS)]
-            new_inputs = op.inputs(shape, dtype, device, seed=tseed + 1, dist=new_dist)
-            new_exp = expected(op, new_inputs, baseline, dtype, device)
-            trial.inputs = new_inputs
-            trial.load(new_inputs)
-            third = trial.call(new_exp, 0, "new values")
-            if third is not None:
-                trial.judge(new_exp, third, "new values", previous=(exp, second))
+        trial.judge(exp, got, "new values", previous=previous)
+        previous = (exp, got)
     case.seconds = time.perf_counter() - started
     return case
 

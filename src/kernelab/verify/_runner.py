@@ -14,12 +14,13 @@ from kernelab.ops._model import dtype_name
 from kernelab.verify._case import Subject, run_case
 from kernelab.verify._types import Report
 
-#: Trials per shape and dtype (each trial: three calls of the candidate; see _case).
+#: Trials per shape and dtype (the first: two calls of the candidate, later ones one; see
+#: _case).
 DEFAULT_TRIALS = 2
 
 #: On CPU, batch sizes (rows, tokens) are cut to these for the interpreter; labels show it.
 CPU_CAPS = {"representative": 4}
-CPU_CAP_OTHER = 64
+CPU_CAP_OTHER = 32
 
 
 def default_device() -> str:
@@ -136,7 +137,7 @@ def verify(
 
     ``variants`` None: every variant that runs here, except ``compile`` on CPU (inductor
     builds C++, which is slow: name it to include it). ``cap``: batch size limit (None: 4 for
-    representative and 64 for other shape sets on CPU, none on GPUs; 0: none).
+    representative and 32 for other shape sets on CPU, none on GPUs; 0: none).
     """
     _check_common(trials, seed)
     device = str(device or default_device())
