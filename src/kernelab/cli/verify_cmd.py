@@ -116,11 +116,18 @@ def register(app: typer.Typer) -> None:
                 fn = load_callable(candidate, "candidate")
                 ref = load_callable(reference, "reference")
                 gen = load_callable(inputs, "inputs")
-                report = v.verify_custom(fn, ref, gen, **common)
+                name = candidate.rpartition(":")[2]
+                report = v.verify_custom(fn, ref, gen, name=name, **common)
             elif candidate is not None:
                 fn = load_callable(candidate, "candidate")
                 report = v.verify_candidate(
-                    fn, op, shape_sets=shapes, dtypes=dtype or None, cap=cap, **common
+                    fn,
+                    op,
+                    shape_sets=shapes,
+                    dtypes=dtype or None,
+                    cap=cap,
+                    name=candidate.rpartition(":")[2],
+                    **common,
                 )
             else:
                 report = v.verify(
