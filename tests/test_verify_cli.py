@@ -131,3 +131,12 @@ def test_candidate_in_a_subprocess(user_file):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=user_file.parent)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["passed"] is True
+
+
+def test_custom_reference_that_raises_is_one_line(tmp_path):
+    path = tmp_path / "custom.py"
+    path.write_text(CUSTOM + "\ndef broken_ref(a):\n    raise RuntimeError('boom')\n")
+    args = ["verify", "--candidate", f"{path}:mine", "--reference", f"{path}:broken_ref"]
+    result = runner.invoke(app, [*args, "--inputs", f"{path}:inputs", "--device", "cpu"])
+    assert result.exit_code == 2 and "RuntimeError: boom" in result.output
+    assert "Traceback" not in result.output
