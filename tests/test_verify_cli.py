@@ -140,3 +140,14 @@ def test_custom_reference_that_raises_is_one_line(tmp_path):
     result = runner.invoke(app, [*args, "--inputs", f"{path}:inputs", "--device", "cpu"])
     assert result.exit_code == 2 and "RuntimeError: boom" in result.output
     assert "Traceback" not in result.output
+
+
+def test_audit_names_a_broken_op_definition_and_exits_1(monkeypatch):
+    from kernelab.ops import _model
+    from tests.flawed import toy_ops
+
+    loose = toy_ops.double_op(tolerance={"float32": 10.0})
+    monkeypatch.setitem(_model._REGISTRY, loose.name, loose)
+    result = runner.invoke(app, ["verify", loose.name, "--audit", "--device", "cpu"])
+    assert result.exit_code == 1, result.output
+    assert "toy_double_loose: broken op definition" in result.output
