@@ -184,6 +184,10 @@ def _print_report(report, show: int) -> None:
     if len(failing) > show:
         console.print(f"[dim]… {len(failing) - show} more failing case(s); --json has all[/]")
     notes = list(dict.fromkeys(n for c in report.cases for n in c.notes))
+    if any("→" in c.shape for c in report.cases):
+        notes.append(
+            "batch sizes were capped for the interpreter (labels show [rows→N]); --cap 0 for none"
+        )
     for line in notes:
         console.print(f"[yellow]note:[/] {escape(line)}")
     for line in dict.fromkeys(report.skipped):
