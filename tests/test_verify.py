@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernelab.ops import Variant
-from kernelab.verify import CLASSES, stage, verify, verify_candidate, verify_custom
+from kernelab.verify import CLASSES, audit, stage, verify, verify_candidate, verify_custom
 from kernelab.verify._buffers import PAD, bits, guard, output, poison, poison_value
 from tests.flawed import toy_ops
 
@@ -259,3 +259,19 @@ def test_rmsnorm_kernel_passes_on_every_dtype_and_both_shape_sets():
     assert {c.dtype for c in report.cases} == {"float32", "float16", "bfloat16"}
     assert {c.shape_set for c in report.cases} == {"representative", "edge"}
     assert {c.variant for c in report.cases} == {"kernelab", "torch"}
+
+
+def test_outputs_passed_under_one_keyword_each():
+    op = toy_ops.quant_op()
+    op.out_arg = ("values_out", "scales_out")
+
+    def quant(x, values_out=None, scales_out=None):
+        q, s = toy_ops.quant_torch(x)
+        values_out.copy_(q)
+        scales_out[:-1].copy_(s[:-1])
+        return values_out, scales_out
+
+    report = verify_candidate(quant, op, device="cpu", seed=SEED)
+    assert _classes(report) == {"unwritten elements"}
+    assert {f.target for c in report.cases for f in c.failures} == {"scales"}
+    assert audit([op], device="cpu", seed=SEED).passed

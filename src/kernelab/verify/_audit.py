@@ -91,7 +91,13 @@ def null_candidate(op: Op, kind: str, target: str, baseline: Callable | None) ->
     """A candidate that gets everything right except ``target``, spoiled as ``kind``."""
 
     def null(**kwargs):
-        out = kwargs.pop(op.out_arg, None) if op.out_arg else None
+        if isinstance(op.out_arg, str):
+            out = kwargs.pop(op.out_arg, None)
+        elif op.out_arg:
+            outs = [kwargs.pop(n, None) for n in op.out_arg]
+            out = None if any(o is None for o in outs) else tuple(outs)
+        else:
+            out = None
         ref_out, ref_inplace = op.run_reference(kwargs)
         dtype = next(
             (

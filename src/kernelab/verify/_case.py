@@ -47,15 +47,29 @@ def derive_seed(seed: int, *parts) -> int:
     return (int(seed) * 1_000_003 + zlib.crc32(repr(parts).encode())) % (2**31 - 1)
 
 
-def accepts(fn: Callable, name: str | None) -> bool:
-    """Whether ``fn`` takes a keyword argument ``name``."""
-    if name is None:
+def accepts(fn: Callable, name) -> bool:
+    """Whether ``fn`` takes keyword argument ``name`` (or every name of a tuple of names)."""
+    if not name:
         return False
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
-    return name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return True
+    names = (name,) if isinstance(name, str) else tuple(name)
+    return all(n in params for n in names)
+
+
+def out_kwargs(out_arg, views: list) -> dict:
+    """How preallocated outputs are passed: ``out_arg`` a name (one output: the tensor; several:
+    a tuple in ``Op.outputs`` order) or a tuple of names, one per output."""
+    if isinstance(out_arg, str):
+        return {out_arg: views[0] if len(views) == 1 else tuple(views)}
+    names = tuple(out_arg)
+    if len(names) != len(views):
+        raise ValueError(f"out_arg: expected one name per output ({len(views)}), got {list(names)}")
+    return dict(zip(names, views, strict=True))
 
 
 def _clone(inputs: dict) -> dict:
@@ -175,8 +189,7 @@ class _Trial:
                 _buffers.poison(o.view, poison)
         kwargs = {k: self.guards[k].view if k in self.guards else v for k, v in self.inputs.items()}
         if self.outs is not None:
-            views = [o.view for o in self.outs]
-            kwargs[self.op.out_arg] = views[0] if len(views) == 1 else tuple(views)
+            kwargs.update(out_kwargs(self.op.out_arg, [o.view for o in self.outs]))
         if self.subject.prepare is not None:
             kwargs = self.subject.prepare(kwargs)
         try:
