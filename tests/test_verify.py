@@ -158,6 +158,7 @@ def test_a_seed_repeats_a_run_exactly_and_another_seed_draws_other_inputs():
 def test_report_json_shape_and_tolerance_source():
     d = _small(3).as_dict()
     assert d["schema"] == "kernelab.verify/1" and d["passed"] is True and d["seed"] == 3
+    assert d["versions"]["torch"] == torch.__version__
     case = d["cases"][0]
     assert {"op", "variant", "shape_set", "shape", "dtype", "passed", "failure_class"} <= set(case)
     m = case["measures"][0]
