@@ -1,6 +1,6 @@
 """Wall time of ``kernelab verify`` per op, variant and shape set, at the default settings.
 
-    PYTHONPATH=src python benchmarks/bench_verify.py [OP ...] [--trials N] [--threads N]
+    PYTHONPATH=src python benchmarks/bench_verify.py [OP ...] [--trials N] [--seed N]
 
 Runs what ``kernelab verify`` runs by default (representative and edge shapes, every dtype,
 every variant that runs here except compile on CPU) and prints the machine, versions, load and
@@ -29,11 +29,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ops", nargs="*", help="ops (default: all registered)")
     parser.add_argument("--trials", type=int, default=DEFAULT_TRIALS)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     info = detect(None)
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     print(
@@ -41,7 +38,10 @@ def main() -> None:
         f"python {platform.python_version()}"
     )
     print(f"versions: torch {torch.__version__}, triton {triton.__version__}")
-    print(f"torch threads: {torch.get_num_threads()}; load average before: {load[0]:.2f}")
+    print(
+        f"torch threads: {torch.get_num_threads()} (verify uses 1 on CPU); "
+        f"load average before: {load[0]:.2f}"
+    )
     print(f"settings: trials {args.trials}, seed {args.seed}, default caps (labels show them)")
     started = time.perf_counter()
     cpu_started = time.process_time()

@@ -169,6 +169,21 @@ def test_report_json_shape_and_tolerance_source():
     assert {g["shape_set"] for g in d["groups"]} == {"representative", "edge"}
 
 
+def test_cpu_threads_are_restored_after_a_run():
+    before = torch.get_num_threads()
+    seen = []
+    op = toy_ops.double_op()
+    op.add_variant(
+        Variant(
+            "probe",
+            lambda x, out=None: seen.append(torch.get_num_threads()) or out.copy_(2 * x),
+            "torch",
+        )
+    )
+    assert verify([op], variants=["probe"], device="cpu", seed=1).passed
+    assert set(seen) == {1} and torch.get_num_threads() == before
+
+
 def test_compile_is_skipped_on_cpu_unless_named():
     op = toy_ops.double_op(compile_variant=True)
     report = verify([op], device="cpu", seed=1, trials=1)

@@ -30,6 +30,7 @@ from kernelab.verify._runner import (
     DEFAULT_TRIALS,
     _check_common,
     _ops,
+    cpu_threads,
     default_device,
     new_seed,
     shapes_for,
@@ -164,7 +165,14 @@ def audit(
     seed = new_seed() if seed is None else seed
     report = Report(seed, device, trials, list(shape_sets))
     started = time.perf_counter()
-    for op in _ops(ops):
+    with cpu_threads(device):
+        _audit_ops(report, _ops(ops), shape_sets, device, seed, trials, cap, progress)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _audit_ops(report, ops, shape_sets, device, seed, trials, cap, progress) -> None:
+    for op in ops:
         baseline = op.variants["torch"].fn if "torch" in op.variants else None
         shapes = [
             (s, shape)
@@ -183,8 +191,6 @@ def audit(
                             op, subject, kind, target, dtype, shapes, device, seed, trials, baseline
                         )
                     )
-    report.seconds = time.perf_counter() - started
-    return report
 
 
 def _audit_one(op, subject, kind, target, dtype, shapes, device, seed, trials, baseline):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -78,6 +79,25 @@ def shapes_for(op: Op, shape_set: str, device, cap: int | None):
     return out
 
 
+@contextmanager
+def cpu_threads(device):
+    """On CPU, torch single-threaded while verify runs (restored afterwards).
+
+    Cases on CPU are small (capped batch sizes); intra-op threads only add synchronisation, and
+    on a shared machine they spin against other processes: on a loaded 2-core machine the whole
+    default verify of RMSNorm took 56 s with 2 threads and 17 s with 1 (benchmarks/bench_verify.py).
+    """
+    if torch.device(device).type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run_subject(
     report: Report,
     op: Op,
@@ -90,6 +110,15 @@ def run_subject(
     baseline: Callable | None,
     progress: Callable[[str], None] | None = None,
     shapes: Sequence | None = None,
+) -> None:
+    with cpu_threads(device):
+        _run_subject(
+            report, op, subject, shape_sets, dtypes, device, trials, cap, baseline, progress, shapes
+        )
+
+
+def _run_subject(
+    report, op, subject, shape_sets, dtypes, device, trials, cap, baseline, progress, shapes
 ) -> None:
     dist_offset = 0
     for shape_set in shape_sets:
