@@ -270,7 +270,9 @@ def test_run_stage_cells_say_pass_or_the_failure_class():
 
 @pytest.mark.slow
 def test_rmsnorm_kernel_passes_on_every_dtype_and_both_shape_sets():
-    report = verify(["rmsnorm"], variants=["kernelab", "torch"], device="cpu", trials=1)
+    # What `kernelab verify rmsnorm` does by default (the Triton kernel through the interpreter).
+    report = verify(["rmsnorm"], variants=["kernelab", "torch"], device="cpu")
+    assert len(report.cases) == 2 * 3 * (12 + 14)  # 18 representative shapes are 12 once capped
     assert report.passed, [(c.shape, c.dtype, f.line()) for c in report.cases for f in c.failures]
     assert {c.dtype for c in report.cases} == {"float32", "float16", "bfloat16"}
     assert {c.shape_set for c in report.cases} == {"representative", "edge"}
