@@ -72,8 +72,8 @@ def register(app: typer.Typer) -> None:
         trials: int = typer.Option(None, help="Trials per shape and dtype (default: 2)."),
         cap: int = typer.Option(
             None,
-            help="Largest batch size (rows, tokens) on CPU; 0 for none (default: 4 for "
-            "representative, 32 otherwise).",
+            help="Largest batch size (rows, tokens); 0 for none (default on CPU: 4 for "
+            "representative, 32 otherwise; none on GPUs).",
         ),
         candidate: str = typer.Option(
             None, help="Your callable, path/to/file.py:function (with --op or --reference)."

@@ -256,9 +256,8 @@ def verify_candidate(
     check_signature(fn, input_names(op))
     device = str(device or default_device())
     seed = new_seed() if seed is None else seed
-    report = Report(
-        seed, device, trials, [shape_sets] if isinstance(shape_sets, str) else list(shape_sets)
-    )
+    sets = [shape_sets] if isinstance(shape_sets, str) else list(shape_sets)
+    report = Report(seed, device, trials, ["given"] if shapes is not None else sets)
     started = time.perf_counter()
     op_dtypes = op.dtypes if dtypes is None else [_dtype(d) for d in dtypes]
     for d in op_dtypes:
