@@ -43,3 +43,7 @@ format: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info src/*.egg-info
+
+.PHONY: verify
+verify: setup  ## every op's variants against the float64 reference (docs/verify.md)
+	$(BIN)/kernelab verify

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernelab.ops import Variant
-from kernelab.verify import CLASSES, stage, verify, verify_candidate, verify_custom
+from kernelab.verify import CLASSES, audit, stage, verify, verify_candidate, verify_custom
 from kernelab.verify._buffers import PAD, bits, guard, output, poison, poison_value
 from tests.flawed import toy_ops
 
@@ -158,6 +158,7 @@ def test_a_seed_repeats_a_run_exactly_and_another_seed_draws_other_inputs():
 def test_report_json_shape_and_tolerance_source():
     d = _small(3).as_dict()
     assert d["schema"] == "kernelab.verify/1" and d["passed"] is True and d["seed"] == 3
+    assert d["versions"]["torch"] == torch.__version__
     case = d["cases"][0]
     assert {"op", "variant", "shape_set", "shape", "dtype", "passed", "failure_class"} <= set(case)
     m = case["measures"][0]
@@ -166,6 +167,21 @@ def test_report_json_shape_and_tolerance_source():
     )
     assert sum(g["cases"] for g in d["groups"]) == len(d["cases"])
     assert {g["shape_set"] for g in d["groups"]} == {"representative", "edge"}
+
+
+def test_cpu_threads_are_restored_after_a_run():
+    before = torch.get_num_threads()
+    seen = []
+    op = toy_ops.double_op()
+    op.add_variant(
+        Variant(
+            "probe",
+            lambda x, out=None: seen.append(torch.get_num_threads()) or out.copy_(2 * x),
+            "torch",
+        )
+    )
+    assert verify([op], variants=["probe"], device="cpu", seed=1).passed
+    assert set(seen) == {1} and torch.get_num_threads() == before
 
 
 def test_compile_is_skipped_on_cpu_unless_named():
@@ -254,8 +270,26 @@ def test_run_stage_cells_say_pass_or_the_failure_class():
 
 @pytest.mark.slow
 def test_rmsnorm_kernel_passes_on_every_dtype_and_both_shape_sets():
-    report = verify(["rmsnorm"], variants=["kernelab", "torch"], device="cpu", trials=1)
+    # What `kernelab verify rmsnorm` does by default (the Triton kernel through the interpreter).
+    report = verify(["rmsnorm"], variants=["kernelab", "torch"], device="cpu")
+    assert len(report.cases) == 2 * 3 * (12 + 14)  # 18 representative shapes are 12 once capped
     assert report.passed, [(c.shape, c.dtype, f.line()) for c in report.cases for f in c.failures]
     assert {c.dtype for c in report.cases} == {"float32", "float16", "bfloat16"}
     assert {c.shape_set for c in report.cases} == {"representative", "edge"}
     assert {c.variant for c in report.cases} == {"kernelab", "torch"}
+
+
+def test_outputs_passed_under_one_keyword_each():
+    op = toy_ops.quant_op()
+    op.out_arg = ("values_out", "scales_out")
+
+    def quant(x, values_out=None, scales_out=None):
+        q, s = toy_ops.quant_torch(x)
+        values_out.copy_(q)
+        scales_out[:-1].copy_(s[:-1])
+        return values_out, scales_out
+
+    report = verify_candidate(quant, op, device="cpu", seed=SEED)
+    assert _classes(report) == {"unwritten elements"}
+    assert {f.target for c in report.cases for f in c.failures} == {"scales"}
+    assert audit([op], device="cpu", seed=SEED).passed

@@ -79,7 +79,7 @@ def test_candidate_from_a_file_outside_the_project(user_file):
     args = ["verify", "--candidate", f"{user_file}:my_rmsnorm", "--op", "rmsnorm", *FAST]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert "candidate" in result.output and "pass" in result.output
+    assert "my_rmsnorm" in result.output and "pass" in result.output
 
 
 def test_a_flawed_candidate_fails_with_its_class_and_exit_1(user_file):
@@ -131,3 +131,23 @@ def test_candidate_in_a_subprocess(user_file):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=user_file.parent)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["passed"] is True
+
+
+def test_custom_reference_that_raises_is_one_line(tmp_path):
+    path = tmp_path / "custom.py"
+    path.write_text(CUSTOM + "\ndef broken_ref(a):\n    raise RuntimeError('boom')\n")
+    args = ["verify", "--candidate", f"{path}:mine", "--reference", f"{path}:broken_ref"]
+    result = runner.invoke(app, [*args, "--inputs", f"{path}:inputs", "--device", "cpu"])
+    assert result.exit_code == 2 and "RuntimeError: boom" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_audit_names_a_broken_op_definition_and_exits_1(monkeypatch):
+    from kernelab.ops import _model
+    from tests.flawed import toy_ops
+
+    loose = toy_ops.double_op(tolerance={"float32": 10.0})
+    monkeypatch.setitem(_model._REGISTRY, loose.name, loose)
+    result = runner.invoke(app, ["verify", loose.name, "--audit", "--device", "cpu"])
+    assert result.exit_code == 1, result.output
+    assert "toy_double_loose: broken op definition" in result.output

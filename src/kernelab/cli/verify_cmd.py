@@ -72,8 +72,8 @@ def register(app: typer.Typer) -> None:
         trials: int = typer.Option(None, help="Trials per shape and dtype (default: 2)."),
         cap: int = typer.Option(
             None,
-            help="Largest batch size (rows, tokens) on CPU; 0 for none (default: 4 for "
-            "representative, 64 otherwise).",
+            help="Largest batch size (rows, tokens); 0 for none (default on CPU: 4 for "
+            "representative, 32 otherwise; none on GPUs).",
         ),
         candidate: str = typer.Option(
             None, help="Your callable, path/to/file.py:function (with --op or --reference)."
@@ -116,11 +116,18 @@ def register(app: typer.Typer) -> None:
                 fn = load_callable(candidate, "candidate")
                 ref = load_callable(reference, "reference")
                 gen = load_callable(inputs, "inputs")
-                report = v.verify_custom(fn, ref, gen, **common)
+                name = candidate.rpartition(":")[2]
+                report = v.verify_custom(fn, ref, gen, name=name, **common)
             elif candidate is not None:
                 fn = load_callable(candidate, "candidate")
                 report = v.verify_candidate(
-                    fn, op, shape_sets=shapes, dtypes=dtype or None, cap=cap, **common
+                    fn,
+                    op,
+                    shape_sets=shapes,
+                    dtypes=dtype or None,
+                    cap=cap,
+                    name=candidate.rpartition(":")[2],
+                    **common,
                 )
             else:
                 report = v.verify(
@@ -177,6 +184,10 @@ def _print_report(report, show: int) -> None:
     if len(failing) > show:
         console.print(f"[dim]… {len(failing) - show} more failing case(s); --json has all[/]")
     notes = list(dict.fromkeys(n for c in report.cases for n in c.notes))
+    if any("→" in c.shape for c in report.cases):
+        notes.append(
+            "batch sizes were capped for the interpreter (labels show [rows→N]); --cap 0 for none"
+        )
     for line in notes:
         console.print(f"[yellow]note:[/] {escape(line)}")
     for line in dict.fromkeys(report.skipped):

@@ -17,7 +17,7 @@ each seed derived from one run seed that is printed and can be given back with `
 - NaN/Inf pattern equal to the reference's (as stored in the output's dtype);
 - the output contract: a plain ``torch.Tensor`` of the expected shape, dtype and device, the
   ``out=`` buffer when one was passed;
-- a third call with new values in the same buffers: a wrong result equal to the previous one
+- later calls with new values in the same buffers: a wrong result equal to the previous one
   is a cached result;
 - ``audit()``: null candidates that each op's checks must reject.
 
@@ -26,7 +26,7 @@ elements, nondeterministic, cached result, NaN mismatch, wrong values. The JSON 
 ``Report`` (``Report.as_dict()``, ``kernelab verify --json``) is documented in docs/verify.md.
 
 On CPU, Triton variants run through the interpreter and batch sizes are capped (4 rows for
-representative shapes, 64 for the others; labels show ``[rows→4]``); the ``compile`` variant
+representative shapes, 32 for the others; labels show ``[rows→4]``); the ``compile`` variant
 runs only when asked for by name.
 """
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from kernelab._loader import check_signature
 from kernelab.ops import Contract, Cost, Op, Shape, as_tuple
 from kernelab.verify._case import Subject
 from kernelab.verify._runner import (
@@ -98,7 +99,17 @@ def verify_custom(
             raise TypeError(f"{arg}: expected a callable, got {type(value).__name__}")
     device = str(device or default_device())
     seed = new_seed() if seed is None else seed
-    op = custom_op(reference, make_inputs, device)
+    try:
+        op = custom_op(reference, make_inputs, device)
+    except (TypeError, ValueError):
+        raise
+    except Exception as exc:  # the user's code: one line, naming what failed
+        raise ValueError(
+            f"reference: generating inputs or calling the reference on them raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    sample = op.inputs(op.shapes("representative")[0], op.dtypes[0], device, seed=0)
+    check_signature(fn, list(sample))
     report = Report(seed, device, trials, ["representative"])
     started = time.perf_counter()
     run_subject(

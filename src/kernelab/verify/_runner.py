@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -14,12 +15,13 @@ from kernelab.ops._model import dtype_name
 from kernelab.verify._case import Subject, run_case
 from kernelab.verify._types import Report
 
-#: Trials per shape and dtype (each trial: three calls of the candidate; see _case).
+#: Trials per shape and dtype (the first: two calls of the candidate, later ones one; see
+#: _case).
 DEFAULT_TRIALS = 2
 
 #: On CPU, batch sizes (rows, tokens) are cut to these for the interpreter; labels show it.
 CPU_CAPS = {"representative": 4}
-CPU_CAP_OTHER = 64
+CPU_CAP_OTHER = 32
 
 
 def default_device() -> str:
@@ -77,6 +79,25 @@ def shapes_for(op: Op, shape_set: str, device, cap: int | None):
     return out
 
 
+@contextmanager
+def cpu_threads(device):
+    """On CPU, torch single-threaded while verify runs (restored afterwards).
+
+    Cases on CPU are small (capped batch sizes); intra-op threads only add synchronisation, and
+    on a shared machine they spin against other processes: on a loaded 2-core machine the whole
+    default verify of RMSNorm took 56 s with 2 threads and 17 s with 1 (benchmarks/bench_verify.py).
+    """
+    if torch.device(device).type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run_subject(
     report: Report,
     op: Op,
@@ -89,6 +110,15 @@ def run_subject(
     baseline: Callable | None,
     progress: Callable[[str], None] | None = None,
     shapes: Sequence | None = None,
+) -> None:
+    with cpu_threads(device):
+        _run_subject(
+            report, op, subject, shape_sets, dtypes, device, trials, cap, baseline, progress, shapes
+        )
+
+
+def _run_subject(
+    report, op, subject, shape_sets, dtypes, device, trials, cap, baseline, progress, shapes
 ) -> None:
     dist_offset = 0
     for shape_set in shape_sets:
@@ -136,7 +166,7 @@ def verify(
 
     ``variants`` None: every variant that runs here, except ``compile`` on CPU (inductor
     builds C++, which is slow: name it to include it). ``cap``: batch size limit (None: 4 for
-    representative and 64 for other shape sets on CPU, none on GPUs; 0: none).
+    representative and 32 for other shape sets on CPU, none on GPUs; 0: none).
     """
     _check_common(trials, seed)
     device = str(device or default_device())
@@ -226,9 +256,8 @@ def verify_candidate(
     check_signature(fn, input_names(op))
     device = str(device or default_device())
     seed = new_seed() if seed is None else seed
-    report = Report(
-        seed, device, trials, [shape_sets] if isinstance(shape_sets, str) else list(shape_sets)
-    )
+    sets = [shape_sets] if isinstance(shape_sets, str) else list(shape_sets)
+    report = Report(seed, device, trials, ["given"] if shapes is not None else sets)
     started = time.perf_counter()
     op_dtypes = op.dtypes if dtypes is None else [_dtype(d) for d in dtypes]
     for d in op_dtypes:

@@ -1,18 +1,15 @@
-"""The verify stage of ``kernelab run``: every variant that runs here, on representative and
-edge shapes, every dtype, one trial per case (``kernelab verify`` runs the default count);
-one cell per op × variant: pass or the failure class, with the worst error / tolerance."""
+"""The verify stage of ``kernelab run``: what ``kernelab verify`` does by default (every
+variant that runs here, representative and edge shapes, every dtype, the default trials); one
+cell per op × variant: pass or the failure class, with the worst error / tolerance."""
 
 from __future__ import annotations
 
 from kernelab.stages import Cell, StageReport
 from kernelab.verify._runner import verify
 
-#: Trials per case in ``kernelab run`` (every check still runs; fewer input draws).
-RUN_TRIALS = 1
-
 
 def stage(ops, device, progress=None) -> StageReport:
-    report = verify(ops, device=_device_name(device), trials=RUN_TRIALS, progress=progress)
+    report = verify(ops, device=_device_name(device), progress=progress)
     out = StageReport("verify")
     out.skipped = [f"{line}" for line in report.skipped]
     for line in report.skipped:

@@ -239,6 +239,7 @@ class Report:
         return {
             "schema": "kernelab.verify/1",
             "passed": self.passed,
+            "versions": _versions(),
             "seed": self.seed,
             "device": self.device,
             "trials": self.trials,
@@ -250,3 +251,19 @@ class Report:
             "audit": [a.as_dict() for a in self.audit],
             "broken_ops": self.broken_ops,
         }
+
+
+def _versions() -> dict:
+    import platform
+
+    import torch
+    import triton
+
+    import kernelab
+
+    return {
+        "kernelab": kernelab.__version__,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+    }
