@@ -129,7 +129,7 @@ def test_source_key_follows_the_kernel_source(tmp_path):
     from tests.mutants import mutate
 
     spec = from_launch(_rmsnorm_launch()[2])
-    mutant = mutate(spec.kernel, "tl.rsqrt(", "1.0 / tl.sqrt(", tmp_path, count=2)
+    mutant = mutate(spec.kernel, "tl.rsqrt(", "1.0 / tl.sqrt(", tmp_path, count=3)
     assert dataclasses.replace(spec, kernel=mutant).source_key() != spec.source_key()
 
 
