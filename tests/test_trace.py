@@ -8,6 +8,7 @@ import pytest
 
 from kernelab.hardware import occupancy
 from kernelab.trace import _ingest, load, summarize
+from kernelab.trace._link import nesting_parents
 from kernelab.trace.kernels import normalise
 from kernelab.trace.summary import NothingToAnalyse, public
 from tests.kineto_builder import TraceBuilder
@@ -250,9 +251,16 @@ def test_chunked_and_compact_parsing_agree(tmp_path, monkeypatch):
     b = scenario()
     for i in range(50):
         fusible(b, 1000 + 100 * i)
+    whole = _ingest._load_whole
+
+    def no_fallback(path):
+        raise AssertionError("a Kineto-layout file must stream, not be parsed whole")
+
+    monkeypatch.setattr(_ingest, "_load_whole", no_fallback)
     a = load(b.write(tmp_path / "a.json.gz"))
-    monkeypatch.setattr(_ingest, "_CHUNK_BYTES", 256)  # many chunks
+    monkeypatch.setattr(_ingest, "_CHUNK_BYTES", 256)  # many chunks, many pieces
     c = load(b.write(tmp_path / "c.json"))
+    monkeypatch.setattr(_ingest, "_load_whole", whole)
     d = load(b.write(tmp_path / "d.json", layout="compact"))  # the whole-document path
     monkeypatch.setattr(_ingest, "_DECODER", None)  # orjson instead of msgspec
     e = load(tmp_path / "c.json")
@@ -261,6 +269,36 @@ def test_chunked_and_compact_parsing_agree(tmp_path, monkeypatch):
         for col in ("kind", "name", "ts", "dur", "pid", "tid", "corr", "regs", "block"):
             assert np.array_equal(getattr(a, col), getattr(other, col)), col
         assert other.shapes == a.shapes
+
+
+def test_nesting_parents_match_a_stack_walk():
+    rng = np.random.default_rng(0)
+    spans = []  # random properly nested intervals on two threads, with zero-length ones
+
+    def grow(thread, lo, hi, depth):
+        t = lo
+        while t < hi and depth < 5:
+            a = int(rng.integers(t, min(hi, t + 10) + 1))
+            b = int(rng.integers(a, a + (hi - a) // 2 + 1))
+            spans.append((thread, a, b))
+            if b > a:
+                grow(thread, a, b, depth + 1)
+            t = b + int(rng.integers(0, 3))
+
+    grow(1, 0, 400, 0)
+    grow(2, 0, 400, 0)
+    spans.sort(key=lambda x: (x[0], x[1], -(x[2] - x[1])))
+    th, s, e = (np.array(c) for c in zip(*spans, strict=True))
+    expected, stack, last = [], [], None
+    for i in range(len(s)):
+        if th[i] != last:
+            stack, last = [], th[i]
+        while stack and e[stack[-1]] <= s[i] and s[stack[-1]] < s[i]:
+            stack.pop()
+        expected.append(stack[-1] if stack else -1)
+        stack.append(i)
+    assert len(spans) > 50
+    assert nesting_parents(th, s, e).tolist() == expected
 
 
 def test_untrusted_names_are_data(tmp_path):

@@ -667,6 +667,19 @@ class _Fallback(Exception):
     """The file is not laid out as Kineto writes it: parse it whole instead."""
 
 
+def _add_in_place(cols: _Columns, buf: bytearray, a: int, b: int) -> None:
+    """Decode the events ``buf[a:b]`` as an array without copying them: the byte before
+    (blank or the array's '[') and the byte after (',' or blank) become the brackets for
+    the call and are restored after it."""
+    saved = buf[a - 1], buf[b]
+    buf[a - 1], buf[b] = 0x5B, 0x5D
+    try:
+        with memoryview(buf) as view, view[a - 1 : b + 1] as chunk:
+            cols.add_raw(chunk)
+    finally:
+        buf[a - 1], buf[b] = saved
+
+
 def _load_streaming(path: Path, cols: _Columns) -> dict:
     """Decompress, cut and parse the events as they stream in; returns the top-level fields.
 
@@ -705,14 +718,14 @@ def _load_streaming(path: Path, cols: _Columns) -> dict:
             nxt = buf.find(sep, start + _CHUNK_BYTES)
             if nxt < 0:
                 break
-            cols.add_raw(memoryview(b"[" + buf[start : nxt + 1] + b"]"))
+            _add_in_place(cols, buf, start, nxt + 1)
             start = nxt + len(sep) - 1
         piece = next(pieces, None)
         if piece is None:
             done = True
         else:
-            del buf[:start]
-            start = 0
+            del buf[: start - 1]  # keep the byte before the next event for its '['
+            start = 1
             buf += piece
     # The rest: the last events, the array's ']' and the trailing top-level fields.
     tail = buf.rfind(b"]")
@@ -729,7 +742,7 @@ def _load_streaming(path: Path, cols: _Columns) -> dict:
         raise _Fallback from None
     if not isinstance(trailer, dict):
         raise _Fallback
-    cols.add_raw(memoryview(b"[" + buf[start : close + 1] + b"]"))
+    _add_in_place(cols, buf, start, close + 1)
     return {**head, **trailer}
 
 
