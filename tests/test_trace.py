@@ -345,3 +345,23 @@ def test_no_events_and_cpu_only(tmp_path):
     ops = {o["name"]: o for o in s["cpu"]["ops"]}
     assert ops["aten::linear"]["self_us"] == 20 and ops["aten::addmm"]["self_us"] == 30
     assert s["cpu"]["overhead_share"] == 0.5
+
+
+def test_event_order_in_the_file_does_not_matter(tmp_path, monkeypatch):
+    """Times are relative to the first chunk's earliest event, so later chunks can hold
+    negative times; every result must be the same as for a time-ordered file."""
+    ordered = public(summarize(scenario().write(tmp_path / "o.json")))
+    b = scenario()
+    b.events.reverse()
+    monkeypatch.setattr(_ingest, "_CHUNK_BYTES", 300)
+    shuffled = public(summarize(b.write(tmp_path / "r.json")))
+    for dev in (ordered, shuffled):
+        for d in dev["gpu"]["breakdown"]:
+            d.pop("start_ns")
+        for r in dev["gpu"]["launch"]["replays"]:
+            r.pop("launch_ts_ns"), r.pop("start_ns")
+        # equal totals may list in either order
+        dev["gpu"]["top_kernels"].sort(key=lambda k: (k["total_us"], k["name"]))
+        dev["gpu"]["occupancy"]["kernels"].sort(key=lambda k: (k["time_us"], k["name"]))
+    assert shuffled["gpu"] == ordered["gpu"]
+    assert shuffled["gpu"]["breakdown"][0]["idle_us"] == 104

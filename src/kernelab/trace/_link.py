@@ -119,12 +119,11 @@ def merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     new = np.empty(len(s), dtype=bool)
     new[0] = True
     new[1:] = s[1:] > reach[:-1]
-    groups = np.cumsum(new) - 1
-    ms = s[new]
-    me = np.zeros(len(ms), dtype=e.dtype)
-    np.maximum.at(me, groups, e)
-    me = np.maximum(me, ms)
-    return ms, me
+    heads = np.flatnonzero(new)
+    # A merged interval ends at the running maximum of ends at its last member (times may be
+    # negative: they are relative to the first chunk's earliest event).
+    last = np.r_[heads[1:] - 1, len(s) - 1]
+    return s[heads], reach[last]
 
 
 def covered(starts: np.ndarray, ends: np.ndarray) -> int:
