@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kernelab.hardware import occupancy
-from kernelab.trace import _ingest, load, summarize
+from kernelab.trace import _columns, _ingest, load, summarize
 from kernelab.trace._link import nesting_parents
 from kernelab.trace.kernels import normalise
 from kernelab.trace.summary import NothingToAnalyse, public
@@ -262,7 +262,7 @@ def test_chunked_and_compact_parsing_agree(tmp_path, monkeypatch):
     c = load(b.write(tmp_path / "c.json"))
     monkeypatch.setattr(_ingest, "_load_whole", whole)
     d = load(b.write(tmp_path / "d.json", layout="compact"))  # the whole-document path
-    monkeypatch.setattr(_ingest, "_DECODER", None)  # orjson instead of msgspec
+    monkeypatch.setattr(_columns, "_DECODER", None)  # orjson instead of msgspec
     e = load(tmp_path / "c.json")
     for other in (c, d, e):
         assert other.strings == a.strings
