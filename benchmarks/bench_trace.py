@@ -125,12 +125,21 @@ def versions(hta_python: str) -> dict:
         capture_output=True,
         text=True,
     ).stdout.strip()
+
+    def version(module: str) -> str:
+        try:
+            return __import__(module).__version__
+        except (ImportError, AttributeError):
+            return "not installed"
+
     return {
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "numpy": numpy.__version__,
         "orjson": orjson.__version__,
+        "msgspec": version("msgspec"),
+        "isal": version("isal"),
         "hta": hta or "not found",
         "load": os.getloadavg(),
     }

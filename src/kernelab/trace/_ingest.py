@@ -39,6 +39,12 @@ from kernelab.trace._events import (  # noqa: F401 - re-exported for the analyse
     TraceError,
 )
 
+try:  # ISA-L inflates about twice as fast as zlib, with the same API; optional
+    from isal import isal_zlib as _inflate
+except ImportError:  # pragma: no cover - exercised where isal is not installed
+    _inflate = zlib
+_ZLIB_ERRORS = (zlib.error, _inflate.error)
+
 _CHUNK_BYTES = 1 << 19
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 
@@ -116,7 +122,7 @@ def _pieces(path: Path, size: int = 1 << 20):
             while piece := fh.read(size):
                 yield piece
             return
-        d = zlib.decompressobj(31)
+        d = _inflate.decompressobj(31)
         pending = b""
         while True:
             if not pending:
@@ -129,7 +135,7 @@ def _pieces(path: Path, size: int = 1 << 20):
                 rest = d.unused_data + fh.read()
                 if not rest.strip(b"\x00"):
                     return
-                d = zlib.decompressobj(31)  # another gzip member follows
+                d = _inflate.decompressobj(31)  # another gzip member follows
                 pending = rest
         tail = d.flush()
         if tail:
@@ -240,7 +246,7 @@ def load(path) -> Trace:
         meta = _load_streaming(p, cols)
     except (_Fallback, orjson.JSONDecodeError):
         meta = None
-    except (OSError, EOFError, zlib.error) as exc:
+    except (OSError, EOFError, *_ZLIB_ERRORS) as exc:
         raise TraceError(f"trace: {str(p)!r} is not a readable gzip file ({exc})") from None
     finally:
         if enabled:
