@@ -201,6 +201,17 @@ def test_roofline_mm_exact(tmp_path):
     assert op["roofline_share"] == pytest.approx(flops / 19.5e12 / 10e-6, rel=1e-3)
 
 
+def test_rms_norm_cost_comes_from_the_kernelab_op():
+    from kernelab.trace.roofline import op_cost
+
+    bf = "c10::BFloat16"
+    flops, nbytes, dtype = op_cost("aten::rms_norm", [[4, 4096], [], [4096], []], [bf, "", bf, ""])
+    n = 4 * 4096
+    # rmsnorm's model: 4 FLOP per element; read x and weight, write out (the generic norm
+    # formula would give 5 FLOP per element)
+    assert (flops, nbytes, dtype) == (4 * n, 2 * n * 2 + 4096 * 2, bf)
+
+
 def test_roofline_skips_unknown_device(tmp_path):
     dev = {"id": 0, "name": "Tesla V100-SXM2-16GB", "numSms": 80, "totalGlobalMem": 16945512448}
     b = TraceBuilder(devices=(dev,))
