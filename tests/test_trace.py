@@ -77,6 +77,8 @@ def test_idle_attribution_exact(scenario_summary):
     assert idle["idle_us"] == 104
     assert idle["by_cause_us"] == {"sync": 40, "host": 52, "other": 12}
     assert idle["sync_by_kind_us"] == {"device": 40}
+    sync = [v for v in scenario_summary["verdicts"] if "host synchronisations" in v["finding"]]
+    assert sync and sync[0]["severity"] == round(40 / 185, 4)
     assert idle["largest"][0] == {
         "start_us": 65.0,
         "length_us": 40.0,
