@@ -1,7 +1,7 @@
 """Reading a Kineto (PyTorch profiler) Chrome trace into columnar numpy arrays.
 
 The file is decompressed as it is read; the ``traceEvents`` array is cut into chunks of
-about half a megabyte at the top-level object boundaries Kineto writes, and each chunk is
+about two megabytes at the top-level object boundaries Kineto writes, and each chunk is
 decoded (msgspec, reading only the fields used, or orjson) and turned into numpy columns at
 once. The decoded events of a chunk are dropped before the next is decoded, so peak memory
 stays near one chunk plus the columns, never the whole file. Names are interned into one
@@ -45,7 +45,7 @@ except ImportError:  # pragma: no cover - exercised where isal is not installed
     _inflate = zlib
 _ZLIB_ERRORS = (zlib.error, _inflate.error)
 
-_CHUNK_BYTES = 1 << 19
+_CHUNK_BYTES = 1 << 21
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 
 
