@@ -378,3 +378,17 @@ def test_event_order_in_the_file_does_not_matter(tmp_path, monkeypatch):
         dev["gpu"]["occupancy"]["kernels"].sort(key=lambda k: (k["time_us"], k["name"]))
     assert shuffled["gpu"] == ordered["gpu"]
     assert shuffled["gpu"]["breakdown"][0]["idle_us"] == 104
+
+
+def test_collectives_and_gemms_break_fusion_runs(tmp_path):
+    b = TraceBuilder()
+    b.launch("void at::native::vectorized_elementwise_kernel<4, AddFunctor>(int)", 0, 5, 10, 3)
+    b.launch("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWork*)", 6, 5, 14, 3)
+    b.launch("void at::native::vectorized_elementwise_kernel<4, MulFunctor>(int)", 12, 5, 18, 3)
+    b.launch("ampere_sgemm_128x64_tn", 18, 5, 22, 3)
+    b.launch("void at::native::vectorized_elementwise_kernel<4, MulFunctor>(int)", 24, 5, 26, 3)
+    fusion = public(summarize(b.write(tmp_path / "n.json")))["gpu"]["fusion"]
+    assert fusion == {"candidates": [], "runs": 0}
+    b.launch("void at::native::vectorized_elementwise_kernel<4, AddFunctor>(int)", 30, 5, 31, 3)
+    fusion = public(summarize(b.write(tmp_path / "m.json")))["gpu"]["fusion"]
+    assert fusion["runs"] == 1 and fusion["candidates"][0]["launches_saved"] == 1

@@ -103,11 +103,13 @@ def fusion_candidates(links: Links, n: int = 10, registered: set[str] | None = N
     specs: dict[int, object] = {}
     strings = t.strings
     name_mem = np.array([_name_memory(x) for x in strings], dtype=bool)
-    heavy_op = np.array([x in GEMM or x in ATTENTION for x in strings], dtype=bool)
+    heavy_op = np.array([_heavy(x) for x in strings], dtype=bool)
     linked = op_rows >= 0
     op_name = np.where(linked, t.name[np.maximum(op_rows, 0)], -1)
-    # Without shapes: by the kernel's name, unless the op is a GEMM or attention.
+    # Without shapes: by the kernel's name, unless the op is a GEMM, convolution or attention;
+    # communication kernels never join.
     mem = name_mem[names] & ~(linked & heavy_op[np.maximum(op_name, 0)])
+    mem &= links.category[kern] != 2
     out_bytes = np.full(len(kern), np.nan)
     # Labels: the op's name where linked, else the kernel group's name.
     label_ids = np.where(linked, op_name, len(strings) + ids[kern])
@@ -206,6 +208,17 @@ def fusion_candidates(links: Links, n: int = 10, registered: set[str] | None = N
             }
         )
     return {"candidates": out, "runs": runs}
+
+
+def _heavy(op_name: str) -> bool:
+    """GEMM, convolution, attention and collective ops: not part of an elementwise fusion."""
+    return (
+        op_name in GEMM
+        or op_name in ATTENTION
+        or "conv" in op_name
+        or op_name.startswith(("c10d::", "nccl:"))
+        or op_name == "record_param_comms"
+    )
 
 
 def _name_memory(kernel_name: str) -> bool:
