@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from itertools import islice
 from operator import attrgetter, itemgetter, methodcaller
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 import orjson
@@ -99,8 +99,9 @@ if msgspec is not None:
         dims: Any = msgspec.field(default=None, name="Input Dims")
         types: Any = msgspec.field(default=None, name="Input type")
 
-    class _Event(msgspec.Struct, gc=False):
-        ph: Any = None
+    class _Event(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
+        """A complete ('X') event: the only phase analysed."""
+
         cat: Any = None
         name: Any = None
         ts: Any = None
@@ -109,7 +110,36 @@ if msgspec is not None:
         tid: Any = None
         args: _Args | None = None
 
-    _DECODER = msgspec.json.Decoder(list[_Event])
+    # Every other phase of the Chrome trace format decodes to an empty struct: its fields are
+    # skipped in C. An unlisted or missing phase fails the chunk over to orjson.
+    _SKIPPED = tuple(
+        msgspec.defstruct(f"_Phase{i}", [], gc=False, tag_field="ph", tag=ph)
+        for i, ph in enumerate(
+            [
+                "B",
+                "E",
+                "i",
+                "I",
+                "C",
+                "b",
+                "n",
+                "e",
+                "s",
+                "t",
+                "f",
+                "P",
+                "O",
+                "N",
+                "D",
+                "M",
+                "R",
+                "c",
+                "(",
+                ")",
+            ]
+        )
+    )
+    _DECODER = msgspec.json.Decoder(list[Union[(_Event, *_SKIPPED)]])
     _NO_ARGS = _Args()
 else:
     _DECODER = None
@@ -118,7 +148,10 @@ else:
 
 def _as_dict(event) -> dict:
     """A decoded struct back as the dict the careful path expects."""
-    out = {k: getattr(event, k) for k in ("ph", "cat", "name", "ts", "dur", "pid", "tid")}
+    if type(event) is not _Event:
+        return {"ph": type(event).__struct_config__.tag}
+    out = {k: getattr(event, k) for k in ("cat", "name", "ts", "dur", "pid", "tid")}
+    out["ph"] = "X"
     a = event.args
     if a is not None:
         out["args"] = {key: getattr(a, attr) for key, attr in _ARG_ATTRS.items()}
@@ -174,7 +207,7 @@ class _Columns:
         ``structs``: the events are msgspec structs (attributes) rather than dicts.
         """
         if structs:
-            xs = [e for e in events if e.ph == "X"]
+            xs = [e for e in events if type(e) is _Event]
         else:
             xs = [e for e in events if e["ph"] == "X"]
         if not xs:
