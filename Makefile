@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 OUT ?= out
 
-.PHONY: setup run test lint format gpu-check clean inspect-check inspect-baseline
+.PHONY: setup run test lint format gpu-check clean inspect-check inspect-baseline bench-trace
 
 setup: $(VENV)/.installed
 
@@ -40,6 +40,10 @@ lint: setup
 format: setup
 	$(BIN)/ruff check --fix src tests benchmarks
 	$(BIN)/ruff format src tests benchmarks
+
+HTA_PYTHON ?= /tmp/hta/bin/python
+bench-trace: setup  ## kernelab trace vs HTA (python3 -m venv /tmp/hta && /tmp/hta/bin/pip install holistictraceanalysis)
+	$(BIN)/python benchmarks/bench_trace.py --hta-python $(HTA_PYTHON)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info src/*.egg-info

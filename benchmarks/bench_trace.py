@@ -36,8 +36,10 @@ import json, resource, subprocess, sys, time
 t = time.perf_counter()
 proc = subprocess.run(sys.argv[2:], stdout=open(sys.argv[1], "wb"), stderr=subprocess.PIPE)
 wall = time.perf_counter() - t
-rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+rss = ru.ru_maxrss * 1024
 print(json.dumps({"rc": proc.returncode, "wall_s": wall, "peak_rss": rss,
+                  "cpu_s": ru.ru_utime + ru.ru_stime,
                   "stderr": proc.stderr.decode(errors="replace")[-2000:]}))
 """
 
@@ -62,6 +64,8 @@ print("HTA_RESULT" + json.dumps(out))
 """
 
 KERNELAB_TO_HTA = {"compute": "COMPUTATION", "memory": "MEMORY", "communication": "COMMUNICATION"}
+#: The event categories kernelab counts as GPU work (HTA also counts any event with a stream).
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
 
 
 def measure(cmd: list[str], env: dict) -> tuple[dict, bytes]:
@@ -84,6 +88,30 @@ def hta_filters(trace: Path) -> bool:
     return sum(s.startswith("ProfilerStep") for s in t.strings) >= 2
 
 
+def with_hta_conventions(trace: Path) -> dict[str, float]:
+    """kernelab's per-category kernel time computed with HTA's two conventions: events without
+    a launch call dropped (when it filters), and nanosecond times rounded inwards to whole
+    microseconds (start up, end down) when the trace has fractional microseconds."""
+    import numpy as np
+
+    from kernelab.trace import load
+    from kernelab.trace._link import CATEGORY_ORDER, Links
+
+    t = load(trace)
+    links = Links(t)
+    rows = links.gpu
+    start, dur = t.ts[rows], t.dur[rows]
+    if (start % 1000).any() or (dur % 1000).any():
+        us = -(-start // 1000), (start + dur) // 1000  # ceil(start), floor(end)
+        dur_us = (us[1] - us[0]).astype(np.float64)
+    else:
+        dur_us = dur / 1000
+    keep = links.launch_of >= 0 if hta_filters(trace) else np.ones(len(rows), dtype=bool)
+    return {
+        c: float(dur_us[keep & (links.category == i)].sum()) for i, c in enumerate(CATEGORY_ORDER)
+    }
+
+
 def versions(hta_python: str) -> dict:
     import numpy
     import orjson
@@ -97,12 +125,21 @@ def versions(hta_python: str) -> dict:
         capture_output=True,
         text=True,
     ).stdout.strip()
+
+    def version(module: str) -> str:
+        try:
+            return __import__(module).__version__
+        except (ImportError, AttributeError):
+            return "not installed"
+
     return {
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "numpy": numpy.__version__,
         "orjson": orjson.__version__,
+        "msgspec": version("msgspec"),
+        "isal": version("isal"),
         "hta": hta or "not found",
         "load": os.getloadavg(),
     }
@@ -111,7 +148,10 @@ def versions(hta_python: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hta-python", default="/tmp/hta/bin/python")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=3, help="runs per trace per tool")
+    ap.add_argument(
+        "--repeat-small", type=int, default=1, help="runs for traces under 1 MB (default 1)"
+    )
     ap.add_argument("--traces", nargs="*", help="trace files (default: the shared folder's)")
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args()
@@ -127,15 +167,16 @@ def main() -> int:
     env_h = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     print(json.dumps(versions(args.hta_python)))
     header = (
-        f"{'trace':28} {'kernelab s':>10} {'HTA s':>8} {'speedup':>8} "
-        f"{'kernelab MB':>11} {'HTA MB':>8} {'mem ratio':>9}  categories (kernelab/HTA sum)"
+        f"{'trace':28} {'wall kl':>7} {'HTA':>7} {'ratio':>7} {'cpu kl':>7} {'HTA':>7} "
+        f"{'ratio':>7} {'MB kl':>7} {'HTA':>7} {'kl/HTA':>6}"
     )
     print(header)
     results = []
     for trace in traces:
         k_runs, h_runs = [], []
         k_out = h_out = b""
-        for _ in range(args.repeat):  # interleaved, so both see the same machine load
+        reps = args.repeat if trace.stat().st_size >= 2**20 else args.repeat_small
+        for _ in range(reps):  # interleaved, so both see the same machine load
             st, k_out = measure(
                 [sys.executable, "-m", "kernelab.trace", "summary", str(trace), "--json"], env_k
             )
@@ -149,47 +190,71 @@ def main() -> int:
                 "ok": len(ok) == len(runs),
                 "wall_s": statistics.median(r["wall_s"] for r in ok) if ok else None,
                 "peak_mb": max(r["peak_rss"] for r in ok) / 2**20 if ok else None,
+                "cpu_s": statistics.median(r["cpu_s"] for r in ok) if ok else None,
                 "error": None if ok else runs[0]["stderr"].strip().splitlines()[-1:],
             }
         cats = {}
         if row["kernelab"]["ok"]:
             summary = json.loads(k_out)
-            # HTA keeps only GPU events whose launch call it saw when the trace has two or more
-            # ProfilerStep names; compare like with like (docs/trace.md, "Differences from HTA").
-            key = "launched_kernel_time_us" if hta_filters(trace) else "kernel_time_us"
             mine: dict[str, float] = {}
             for dev in (summary.get("gpu") or {}).get("breakdown", []):
                 for c, v in dev["categories"].items():
-                    mine[c] = mine.get(c, 0.0) + v[key]
+                    mine[c] = mine.get(c, 0.0) + v["kernel_time_us"]
+            conv = with_hta_conventions(trace)
             hta = {}
             marker = h_out.find(b"HTA_RESULT")
             if row["hta"]["ok"] and marker >= 0:
                 hta = json.loads(h_out[marker + len(b"HTA_RESULT") :])
             for c, hk in KERNELAB_TO_HTA.items():
-                a, b = mine.get(c, 0.0), hta.get("sum", {}).get(hk)
-                rel = None if not b else (a - b) / b
-                cats[c] = {"kernelab_us": a, "hta_us": b, "rel_diff": rel}
+                h_all = hta.get("sum", {}).get(hk, 0.0)
+                h_gpu = sum(
+                    v
+                    for key, v in hta.get("sum_by_cat", {}).items()
+                    if key.split("|")[0] == hk and key.split("|")[1] in GPU_CATS
+                )
+                cats[c] = {
+                    "kernelab_us": mine.get(c, 0.0),
+                    "kernelab_hta_conventions_us": conv[c],
+                    "hta_us": h_all,
+                    "hta_gpu_events_us": h_gpu,
+                    "rel_diff": (mine.get(c, 0.0) - h_all) / h_all if h_all else None,
+                    "rel_diff_like_for_like": (conv[c] - h_gpu) / h_gpu if h_gpu else None,
+                }
             row["hta_detail"] = hta
         row["categories"] = cats
         results.append(row)
         k, h = row["kernelab"], row["hta"]
         speed = h["wall_s"] / k["wall_s"] if k["wall_s"] and h["wall_s"] else None
+        cpu = h["cpu_s"] / k["cpu_s"] if k["cpu_s"] and h["cpu_s"] else None
         mem = k["peak_mb"] / h["peak_mb"] if k["peak_mb"] and h["peak_mb"] else None
-        cat_text = ", ".join(
-            f"{c[:4]} {v['kernelab_us']:.0f}/{v['hta_us'] if v['hta_us'] is not None else '-'}"
-            + (f" ({100 * v['rel_diff']:+.2f}%)" if v["rel_diff"] is not None else "")
-            for c, v in cats.items()
-        )
 
         def fmt(v, spec):
             return format(v, spec) if v is not None else "fail"
 
         print(
-            f"{trace.name:28} {fmt(k['wall_s'], '10.2f')} {fmt(h['wall_s'], '8.2f')} "
-            f"{fmt(speed, '7.1f')}x {fmt(k['peak_mb'], '11.0f')} {fmt(h['peak_mb'], '8.0f')} "
-            f"{fmt(mem, '9.2f')}  {cat_text}"
-            + (f"  HTA error: {h['error']}" if not h["ok"] else "")
+            f"{trace.name:28} {fmt(k['wall_s'], '7.2f')} {fmt(h['wall_s'], '7.2f')} "
+            f"{fmt(speed, '6.1f')}x {fmt(k['cpu_s'], '7.2f')} {fmt(h['cpu_s'], '7.2f')} "
+            f"{fmt(cpu, '6.1f')}x {fmt(k['peak_mb'], '7.0f')} {fmt(h['peak_mb'], '7.0f')} "
+            f"{fmt(mem, '6.2f')}" + (f"  HTA error: {h['error']}" if not h["ok"] else "")
         )
+    print()
+    print(
+        f"{'trace':28} {'category':13} {'kernelab us':>12} {'HTA us':>12} {'diff':>8}   "
+        f"{'kl, HTA conv.':>13} {'HTA GPU evts':>12} {'diff':>8}"
+    )
+    for row in results:
+        for c, v in row["categories"].items():
+            if not v["kernelab_us"] and not v["hta_us"]:
+                continue
+
+            def pct(x):
+                return f"{100 * x:+7.2f}%" if x is not None else "       -"
+
+            print(
+                f"{row['trace']:28} {c:13} {v['kernelab_us']:12.1f} {v['hta_us']:12.1f} "
+                f"{pct(v['rel_diff'])}   {v['kernelab_hta_conventions_us']:13.1f} "
+                f"{v['hta_gpu_events_us']:12.1f} {pct(v['rel_diff_like_for_like'])}"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

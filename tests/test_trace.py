@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from kernelab.hardware import occupancy
-from kernelab.trace import _ingest, load, summarize
+from kernelab.trace import _columns, _ingest, load, summarize
+from kernelab.trace._link import nesting_parents
 from kernelab.trace.kernels import normalise
 from kernelab.trace.summary import NothingToAnalyse, public
 from tests.kineto_builder import TraceBuilder
@@ -76,6 +77,8 @@ def test_idle_attribution_exact(scenario_summary):
     assert idle["idle_us"] == 104
     assert idle["by_cause_us"] == {"sync": 40, "host": 52, "other": 12}
     assert idle["sync_by_kind_us"] == {"device": 40}
+    sync = [v for v in scenario_summary["verdicts"] if "host synchronisations" in v["finding"]]
+    assert sync and sync[0]["severity"] == round(40 / 185, 4)
     assert idle["largest"][0] == {
         "start_us": 65.0,
         "length_us": 40.0,
@@ -200,6 +203,17 @@ def test_roofline_mm_exact(tmp_path):
     assert op["roofline_share"] == pytest.approx(flops / 19.5e12 / 10e-6, rel=1e-3)
 
 
+def test_rms_norm_cost_comes_from_the_kernelab_op():
+    from kernelab.trace.roofline import op_cost
+
+    bf = "c10::BFloat16"
+    flops, nbytes, dtype = op_cost("aten::rms_norm", [[4, 4096], [], [4096], []], [bf, "", bf, ""])
+    n = 4 * 4096
+    # rmsnorm's model: 4 FLOP per element; read x and weight, write out (the generic norm
+    # formula would give 5 FLOP per element)
+    assert (flops, nbytes, dtype) == (4 * n, 2 * n * 2 + 4096 * 2, bf)
+
+
 def test_roofline_skips_unknown_device(tmp_path):
     dev = {"id": 0, "name": "Tesla V100-SXM2-16GB", "numSms": 80, "totalGlobalMem": 16945512448}
     b = TraceBuilder(devices=(dev,))
@@ -250,17 +264,54 @@ def test_chunked_and_compact_parsing_agree(tmp_path, monkeypatch):
     b = scenario()
     for i in range(50):
         fusible(b, 1000 + 100 * i)
+    whole = _ingest._load_whole
+
+    def no_fallback(path):
+        raise AssertionError("a Kineto-layout file must stream, not be parsed whole")
+
+    monkeypatch.setattr(_ingest, "_load_whole", no_fallback)
     a = load(b.write(tmp_path / "a.json.gz"))
-    monkeypatch.setattr(_ingest, "_CHUNK_BYTES", 256)  # many chunks
+    monkeypatch.setattr(_ingest, "_CHUNK_BYTES", 256)  # many chunks, many pieces
     c = load(b.write(tmp_path / "c.json"))
+    monkeypatch.setattr(_ingest, "_load_whole", whole)
     d = load(b.write(tmp_path / "d.json", layout="compact"))  # the whole-document path
-    monkeypatch.setattr(_ingest, "_DECODER", None)  # orjson instead of msgspec
+    monkeypatch.setattr(_columns, "_DECODER", None)  # orjson instead of msgspec
     e = load(tmp_path / "c.json")
     for other in (c, d, e):
         assert other.strings == a.strings
         for col in ("kind", "name", "ts", "dur", "pid", "tid", "corr", "regs", "block"):
             assert np.array_equal(getattr(a, col), getattr(other, col)), col
         assert other.shapes == a.shapes
+
+
+def test_nesting_parents_match_a_stack_walk():
+    rng = np.random.default_rng(0)
+    spans = []  # random properly nested intervals on two threads, with zero-length ones
+
+    def grow(thread, lo, hi, depth):
+        t = lo
+        while t < hi and depth < 5:
+            a = int(rng.integers(t, min(hi, t + 10) + 1))
+            b = int(rng.integers(a, a + (hi - a) // 2 + 1))
+            spans.append((thread, a, b))
+            if b > a:
+                grow(thread, a, b, depth + 1)
+            t = b + int(rng.integers(0, 3))
+
+    grow(1, 0, 400, 0)
+    grow(2, 0, 400, 0)
+    spans.sort(key=lambda x: (x[0], x[1], -(x[2] - x[1])))
+    th, s, e = (np.array(c) for c in zip(*spans, strict=True))
+    expected, stack, last = [], [], None
+    for i in range(len(s)):
+        if th[i] != last:
+            stack, last = [], th[i]
+        while stack and e[stack[-1]] <= s[i] and s[stack[-1]] < s[i]:
+            stack.pop()
+        expected.append(stack[-1] if stack else -1)
+        stack.append(i)
+    assert len(spans) > 50
+    assert nesting_parents(th, s, e).tolist() == expected
 
 
 def test_untrusted_names_are_data(tmp_path):
@@ -307,3 +358,37 @@ def test_no_events_and_cpu_only(tmp_path):
     ops = {o["name"]: o for o in s["cpu"]["ops"]}
     assert ops["aten::linear"]["self_us"] == 20 and ops["aten::addmm"]["self_us"] == 30
     assert s["cpu"]["overhead_share"] == 0.5
+
+
+def test_event_order_in_the_file_does_not_matter(tmp_path, monkeypatch):
+    """Times are relative to the first chunk's earliest event, so later chunks can hold
+    negative times; every result must be the same as for a time-ordered file."""
+    ordered = public(summarize(scenario().write(tmp_path / "o.json")))
+    b = scenario()
+    b.events.reverse()
+    monkeypatch.setattr(_ingest, "_CHUNK_BYTES", 300)
+    shuffled = public(summarize(b.write(tmp_path / "r.json")))
+    for dev in (ordered, shuffled):
+        for d in dev["gpu"]["breakdown"]:
+            d.pop("start_ns")
+        for r in dev["gpu"]["launch"]["replays"]:
+            r.pop("launch_ts_ns"), r.pop("start_ns")
+        # equal totals may list in either order
+        dev["gpu"]["top_kernels"].sort(key=lambda k: (k["total_us"], k["name"]))
+        dev["gpu"]["occupancy"]["kernels"].sort(key=lambda k: (k["time_us"], k["name"]))
+    assert shuffled["gpu"] == ordered["gpu"]
+    assert shuffled["gpu"]["breakdown"][0]["idle_us"] == 104
+
+
+def test_collectives_and_gemms_break_fusion_runs(tmp_path):
+    b = TraceBuilder()
+    b.launch("void at::native::vectorized_elementwise_kernel<4, AddFunctor>(int)", 0, 5, 10, 3)
+    b.launch("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWork*)", 6, 5, 14, 3)
+    b.launch("void at::native::vectorized_elementwise_kernel<4, MulFunctor>(int)", 12, 5, 18, 3)
+    b.launch("ampere_sgemm_128x64_tn", 18, 5, 22, 3)
+    b.launch("void at::native::vectorized_elementwise_kernel<4, MulFunctor>(int)", 24, 5, 26, 3)
+    fusion = public(summarize(b.write(tmp_path / "n.json")))["gpu"]["fusion"]
+    assert fusion == {"candidates": [], "runs": 0}
+    b.launch("void at::native::vectorized_elementwise_kernel<4, AddFunctor>(int)", 30, 5, 31, 3)
+    fusion = public(summarize(b.write(tmp_path / "m.json")))["gpu"]["fusion"]
+    assert fusion["runs"] == 1 and fusion["candidates"][0]["launches_saved"] == 1

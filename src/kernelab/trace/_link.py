@@ -70,6 +70,45 @@ def _group_ids(links: Links) -> tuple[np.ndarray, list[str]]:
     return ids, names
 
 
+def nesting_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """The enclosing interval of each interval on its thread, or -1 (vectorised).
+
+    Input is sorted by (thread, start, longest first). Interval j encloses i when it started
+    no later and had not ended by i's start; an interval ending exactly where i starts is a
+    sibling, except a zero-length one at the same start, which encloses. The parent of i is
+    the latest interval before it one nesting level up.
+    """
+    n = len(start)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    new_thread = np.r_[True, thread[1:] != thread[:-1]]
+    rank = np.cumsum(new_thread) - 1
+    first = np.flatnonzero(new_thread)[rank]  # index of the thread's first interval
+    base = int(min(start.min(), end.min()))
+    width = int(max(start.max(), end.max())) - base + 1
+    end_key = np.sort(rank * width + (end - base))
+    at = rank * width + (start - base)
+    ended = np.searchsorted(end_key, at, side="right") - first
+    # Zero-length intervals starting exactly at i's start have not ended for it (they sort
+    # before i, or are i itself).
+    zero = np.sort(at[end == start])
+    ended -= np.searchsorted(zero, at, side="right") - np.searchsorted(zero, at, side="left")
+    depth = np.maximum(np.arange(n) - first - ended, 0)
+    levels = int(depth.max()) + 2
+    group = rank * levels + depth
+    key = group * n + np.arange(n)
+    order = np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    want = (group - 1) * n + np.arange(n)
+    pos = np.searchsorted(sorted_key, want, side="left") - 1
+    ok = (depth > 0) & (pos >= 0)
+    cand = np.where(ok, order[np.maximum(pos, 0)], -1)
+    ok &= (cand >= 0) & (group[np.maximum(cand, 0)] == group - 1)
+    c = np.maximum(cand, 0)
+    ok &= (end[c] > start) | (start[c] == start)  # it still runs when i starts
+    return np.where(ok, cand, -1)
+
+
 def merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Union of intervals as sorted, disjoint [start, end) arrays."""
     if len(starts) == 0:
@@ -80,12 +119,11 @@ def merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     new = np.empty(len(s), dtype=bool)
     new[0] = True
     new[1:] = s[1:] > reach[:-1]
-    groups = np.cumsum(new) - 1
-    ms = s[new]
-    me = np.zeros(len(ms), dtype=e.dtype)
-    np.maximum.at(me, groups, e)
-    me = np.maximum(me, ms)
-    return ms, me
+    heads = np.flatnonzero(new)
+    # A merged interval ends at the running maximum of ends at its last member (times may be
+    # negative: they are relative to the first chunk's earliest event).
+    last = np.r_[heads[1:] - 1, len(s) - 1]
+    return s[heads], reach[last]
 
 
 def covered(starts: np.ndarray, ends: np.ndarray) -> int:
@@ -170,24 +208,9 @@ class Links:
         rows = np.flatnonzero(t.kind == CPU_OP)
         order = np.lexsort((-t.dur[rows], t.ts[rows], t.tid[rows], t.pid[rows]))
         rows = rows[order]
-        parent = np.full(len(rows), -1, dtype=np.int64)
-        ts = t.ts[rows].tolist()
-        ends = (t.ts[rows] + t.dur[rows]).tolist()
-        thread = (t.pid[rows] * 1_000_003 + t.tid[rows]).tolist()
-        stack: list[int] = []
-        last_thread = None
-        par = parent.tolist()
-        for i in range(len(rows)):
-            if thread[i] != last_thread:
-                stack = []
-                last_thread = thread[i]
-            # The top encloses i unless it ended by i's start (an op starting at the same
-            # time sorts first when longer, so it stays the parent).
-            while stack and ends[stack[-1]] <= ts[i] and ts[stack[-1]] < ts[i]:
-                stack.pop()
-            par[i] = stack[-1] if stack else -1
-            stack.append(i)
-        return rows, np.array(par, dtype=np.int64)
+        thread = t.pid[rows] * 1_000_003 + t.tid[rows]
+        start = t.ts[rows]
+        return rows, nesting_parents(thread, start, start + np.maximum(t.dur[rows], 0))
 
     def enclosing_op(self, rows: np.ndarray) -> np.ndarray:
         """For each row (a CPU-side event), the innermost cpu op containing it, or -1."""

@@ -103,11 +103,13 @@ def fusion_candidates(links: Links, n: int = 10, registered: set[str] | None = N
     specs: dict[int, object] = {}
     strings = t.strings
     name_mem = np.array([_name_memory(x) for x in strings], dtype=bool)
-    heavy_op = np.array([x in GEMM or x in ATTENTION for x in strings], dtype=bool)
+    heavy_op = np.array([_heavy(x) for x in strings], dtype=bool)
     linked = op_rows >= 0
     op_name = np.where(linked, t.name[np.maximum(op_rows, 0)], -1)
-    # Without shapes: by the kernel's name, unless the op is a GEMM or attention.
+    # Without shapes: by the kernel's name, unless the op is a GEMM, convolution or attention;
+    # communication kernels never join.
     mem = name_mem[names] & ~(linked & heavy_op[np.maximum(op_name, 0)])
+    mem &= links.category[kern] != 2
     out_bytes = np.full(len(kern), np.nan)
     # Labels: the op's name where linked, else the kernel group's name.
     label_ids = np.where(linked, op_name, len(strings) + ids[kern])
@@ -154,37 +156,42 @@ def fusion_candidates(links: Links, n: int = 10, registered: set[str] | None = N
     run_id[~m] = 0
     patterns: dict[tuple, dict] = {}
     durs = np.maximum(t.dur[gpu[kern]], 0)
-    runs = 0
     # Runs are contiguous in ``order``: cut it where the run id changes.
     starts = np.flatnonzero(np.r_[True, run_id[1:] != run_id[:-1]])
     ends = np.r_[starts[1:], len(run_id)]
-    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-        if run_id[a] == 0 or b - a < 2:
-            continue
-        members = order[a:b]
-        runs += 1
-        pat = tuple(label_text[j] for j in label_ids[members].tolist())
-        inter = out_bytes[members[:-1]]
-        saved = float(2 * inter.sum()) if not np.isnan(inter).any() else None
-        p = patterns.setdefault(
-            pat,
-            {"count": 0, "time": 0.0, "bytes": 0.0, "bytes_known": True, "rows": []},
-        )
+    real = (run_id[starts] > 0) & (ends - starts >= 2)
+    runs = int(real.sum())
+    if runs:
+        # Sums over every segment (reduceat runs to the next start), then the real runs.
+        run_time = np.add.reduceat(durs[order].astype(np.float64), starts)[real]
+        # Intermediates: every member's output but the last one's (NaN where unknown).
+        ob_sorted = out_bytes[order].copy()
+        ob_sorted[ends - 1] = 0.0
+        inter = np.add.reduceat(ob_sorted, starts)[real]
+        lab_sorted = label_ids[order].tolist()
+    starts, ends = starts[real], ends[real]
+    for r, (a, b) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        pat = tuple(lab_sorted[a:b])
+        p = patterns.get(pat)
+        if p is None:
+            p = patterns[pat] = {"count": 0, "time": 0.0, "bytes": 0.0, "known": True, "rows": []}
         p["count"] += 1
-        p["time"] += float(durs[members].sum())
-        if saved is None:
-            p["bytes_known"] = False
+        p["time"] += float(run_time[r])
+        saved = float(inter[r])
+        if saved != saved:
+            p["known"] = False
         else:
-            p["bytes"] += saved
+            p["bytes"] += 2 * saved
         if len(p["rows"]) < 50:
-            p["rows"].append(gpu[kern[members]])
+            p["rows"].append(gpu[kern[order[a:b]]])
     spec_bw = next((s.hbm_bytes_per_s for s in specs.values() if s is not None), None)
     out = []
-    for pat, p in sorted(patterns.items(), key=lambda kv: -kv[1]["time"])[:n]:
-        desc, op = fused_op_for(list(pat), registered)
+    for ids_, p in sorted(patterns.items(), key=lambda kv: -kv[1]["time"])[:n]:
+        pat = [label_text[j] for j in ids_]
+        desc, op = fused_op_for(pat, registered)
         if desc and registered is None:
             registered = _registered() or set()
-        saved_bytes = p["bytes"] if p["bytes_known"] else None
+        saved_bytes = p["bytes"] if p["known"] else None
         out.append(
             {
                 "ops": list(pat),
@@ -201,6 +208,17 @@ def fusion_candidates(links: Links, n: int = 10, registered: set[str] | None = N
             }
         )
     return {"candidates": out, "runs": runs}
+
+
+def _heavy(op_name: str) -> bool:
+    """GEMM, convolution, attention and collective ops: not part of an elementwise fusion."""
+    return (
+        op_name in GEMM
+        or op_name in ATTENTION
+        or "conv" in op_name
+        or op_name.startswith(("c10d::", "nccl:"))
+        or op_name == "record_param_comms"
+    )
 
 
 def _name_memory(kernel_name: str) -> bool:

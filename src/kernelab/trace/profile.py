@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import runpy
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -72,12 +73,16 @@ def profile(
         written.append(out_path)
 
     total = warmup + steps
-    with torch_profile(
-        activities=activities,
-        record_shapes=True,
-        schedule=schedule(wait=0, warmup=warmup, active=steps, repeat=1),
-        on_trace_ready=export,
-    ) as prof:
+    with warnings.catch_warnings():
+        # With warmup=0 the profiler warns that it skips warm-up: that was asked for.
+        warnings.filterwarnings("ignore", message=".*won't be using warmup.*")
+        prof_ctx = torch_profile(
+            activities=activities,
+            record_shapes=True,
+            schedule=schedule(wait=0, warmup=warmup, active=steps, repeat=1),
+            on_trace_ready=export,
+        )
+    with prof_ctx as prof:
         for i in range(total):
             step()
             if use_gpu:
