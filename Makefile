@@ -35,5 +35,11 @@ format: setup
 	$(BIN)/ruff check --fix src tests benchmarks
 	$(BIN)/ruff format src tests benchmarks
 
+# On a CUDA machine, offline, with what is installed (no set-up step): ceilings, verify, bench of
+# every op and the HTML report into $(OUT). GPU_PYTHON: the interpreter that has CUDA torch.
+GPU_PYTHON ?= python3
+gpu-check:  ## ceilings, verify, bench and report on the GPU into $(OUT) (under 8 min on an H200)
+	PYTHONUNBUFFERED=1 PYTHONPATH=src $(GPU_PYTHON) benchmarks/gpu_check.py --out $(OUT)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info src/*.egg-info
