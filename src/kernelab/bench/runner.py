@@ -24,12 +24,12 @@ from kernelab.bench.telemetry import NoTelemetry, energy_per_call
 from kernelab.ops._model import Shape, dtype_name
 
 #: Default stopping rules: the CPU is noisier and slower to sample than a GPU.
-CPU_RULE = StopRule(rel_ci=0.03, min_samples=10, min_time=0.05, max_time=1.0)
+CPU_RULE = StopRule(rel_ci=0.03, min_samples=10, min_time=0.05, max_time=0.5)
 GPU_RULE = StopRule(rel_ci=0.01, min_samples=20, min_time=0.1, max_time=2.0)
 
 #: On the CPU, shapes keep at most this many rows (tokens) unless asked otherwise: prefill
 #: shapes of GPU size take seconds per call on a small host and add nothing to the method.
-CPU_MAX_ROWS = 512
+CPU_MAX_ROWS = 128
 
 #: Wall time aimed at per batch of samples (between two looks at the stopping rule).
 BATCH_S = 0.02
@@ -225,7 +225,8 @@ def bench_case(op, shape, dtype, subjects, info, timer, ceilings: Ceilings, cfg,
                 continue
             threads = set(integrity.threading.enumerate())
             t0 = time.perf_counter()
-            xs, result = timer.samples(run.call, run.batch, run.calls, before_for(run))
+            n = max(1, min(run.batch, rule.max_samples - len(run.samples)))
+            xs, result = timer.samples(run.call, n, run.calls, before_for(run))
             run.elapsed += time.perf_counter() - t0
             summary = summarize([*run.samples, *xs])
             run.done = rule.done(summary, run.elapsed)
@@ -245,7 +246,7 @@ def bench_case(op, shape, dtype, subjects, info, timer, ceilings: Ceilings, cfg,
         _device_extras(run, timer, telemetry, cfg, info)
         if inplace:
             integrity.refill(run.args, run.pristine)
-    _fresh_checks(op, shape, dtype, device, runs, timer, cfg, inplace)
+    _fresh_checks(op, shape, dtype, device, runs, timer, cfg, ref.tolerances)
 
     in_cache = mode == "hot" and set_bytes <= cache_size
     for run in runs:
@@ -253,7 +254,11 @@ def bench_case(op, shape, dtype, subjects, info, timer, ceilings: Ceilings, cfg,
         roof = roofline(cost, m["median_s"], ceilings, dtype, in_cache=in_cache)
         m.update({k: v for k, v in roof.items() if k != "below_floor"})
         if roof["below_floor"]:
-            run.flags.append("below-floor: invalid (faster than the speed of light; work skipped?)")
+            run.flags.append(
+                f"below-floor: invalid: median {m['median_s'] * 1e6:.2f} µs < floor "
+                f"{m['floor_s'] * 1e6:.2f} µs (work skipped, or a stale ceiling: "
+                f"{m['ceiling_source']})"
+            )
         if not m.get("converged"):
             run.flags.append(f"noise target not reached (±{m['rel_ci'] * 100:.1f}% of median)")
         if run.throttled:
@@ -375,10 +380,10 @@ def _device_extras(run, timer, telemetry, cfg, info) -> None:
             m["energy_window_s"] = energy["window_s"]
 
 
-def _fresh_checks(op, shape, dtype, device, runs, timer, cfg, inplace) -> None:
+def _fresh_checks(op, shape, dtype, device, runs, timer, cfg, tolerances) -> None:
     """Fresh values at the same addresses (pointer caches), then at new addresses."""
     fresh = op.inputs(shape, dtype, device, seed=cfg.seed + 1)
-    ref = integrity.Reference.build(op, fresh, dtype)
+    ref = integrity.Reference.build(op, fresh, dtype, tolerances)
     for run in runs:
         s = run.subject
         prepared = s.prepare(integrity.clone_inputs(fresh)) if s.prepare else fresh

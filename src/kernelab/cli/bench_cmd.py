@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
         mode: str = typer.Option("auto", help="auto (cold if memory-bound), cold or hot."),
         compile: bool = typer.Option(False, "--compile", help="Time torch.compile on CPU."),
         max_rows: int = typer.Option(
-            None, help="Cap the batch dimension (rows, tokens); CPU default 512, 0: no cap."
+            None, help="Cap the batch dimension (rows, tokens); CPU default 128, 0: no cap."
         ),
         rel_ci: float = typer.Option(None, help="Noise target: CI half-width / median."),
         min_samples: int = typer.Option(None, help="Minimum samples per case."),
