@@ -193,6 +193,8 @@ def main() -> int:
                 f"{max(5.0, per_op - 20):.0f}",
                 "--energy-window",
                 "0.2",
+                "--max-time",
+                "1",
                 *args.bench_arg,
             ]
             summary["steps"].append(

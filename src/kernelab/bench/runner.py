@@ -253,6 +253,9 @@ def bench_case(op, shape, dtype, subjects, info, timer, ceilings: Ceilings, cfg,
         m = run.metrics
         roof = roofline(cost, m["median_s"], ceilings, dtype, in_cache=in_cache)
         m.update({k: v for k, v in roof.items() if k != "below_floor"})
+        if m.get("joules_per_call"):
+            m["flops_per_joule"] = cost.flops / m["joules_per_call"]
+            m["bytes_per_joule"] = cost.bytes / m["joules_per_call"]
         if roof["below_floor"]:
             run.flags.append(
                 f"below-floor: invalid: median {m['median_s'] * 1e6:.2f} µs < floor "
