@@ -2,7 +2,8 @@
 
     PYTHONUNBUFFERED=1 PYTHONPATH=src python benchmarks/gpu_check.py --out OUT
 
-Meant for a CUDA machine (one H200: under 8 minutes), offline, with only what is installed.
+Meant for a CUDA machine (one H200: under 8 minutes), offline, with only what is installed;
+``--wheels DIR`` installs wheels brought along first (the CLI needs typer, rich and orjson).
 Every step runs as a ``kernelab`` command in a subprocess with its own time limit; a command
 this checkout does not have, or one that fails, is reported and the check goes on. Writes
 ``ceilings.json``, ``verify.json``, ``bench-<op>.json``, ``report.html``, the ledger
@@ -18,6 +19,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -117,6 +119,20 @@ def api_bench(ops, out: Path, device: str, dtype: str, budget: float) -> list[di
     return steps
 
 
+def install_wheels(folder: Path) -> str | None:
+    """Install every wheel in ``folder`` into a private directory, without the network."""
+    wheels = sorted(str(w) for w in folder.glob("*.whl"))
+    if not wheels:
+        log(f"no wheels in {folder}")
+        return None
+    target = tempfile.mkdtemp(prefix="kernelab-wheels-")
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
+    cmd += ["--no-compile", "--target", target, *wheels]
+    rc = subprocess.run(cmd).returncode
+    log(f"installed {len(wheels)} wheel(s) into {target}" if rc == 0 else "wheel install failed")
+    return target if rc == 0 else None
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="folder for JSON, HTML and the ledger")
@@ -126,7 +142,16 @@ def main() -> int:
     p.add_argument("--verify-s", type=float, default=120.0, help="time limit of verify")
     p.add_argument("--ops", nargs="*", default=None, help="ops (default: all registered)")
     p.add_argument("--bench-arg", action="append", default=[], help="extra bench argument")
+    p.add_argument(
+        "--wheels", default=None, help="folder of wheels to install first (offline machines)"
+    )
     args = p.parse_args()
+    extra_path = install_wheels(Path(args.wheels)) if args.wheels else None
+    if extra_path:
+        sys.path.insert(0, extra_path)
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [extra_path, os.environ.get("PYTHONPATH")])
+        )
 
     started = time.perf_counter()
     out = Path(args.out)

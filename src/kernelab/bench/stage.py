@@ -39,7 +39,9 @@ def _cell(cases: list[dict]) -> Cell:
     text = f"{med * 1e6:.1f} µs median"
     if pcts:
         text += f", {min(pcts):.0f}–{max(pcts):.0f}% roofline"
-    return Cell("pass", text, {"cases": len(cases), "median_s": med, "pct_roofline": pcts})
+    data = {"cases": len(cases), "median_s": med, "pct_roofline": pcts}
+    data["ceiling_source"] = cases[0]["metrics"].get("ceiling_source")
+    return Cell("pass", text, data)
 
 
 def stage(ops, device, progress=None) -> StageReport:
