@@ -45,6 +45,15 @@ HTA_PYTHON ?= /tmp/hta/bin/python
 bench-trace: setup  ## kernelab trace vs HTA (python3 -m venv /tmp/hta && /tmp/hta/bin/pip install holistictraceanalysis)
 	$(BIN)/python benchmarks/bench_trace.py --hta-python $(HTA_PYTHON)
 
+# On a CUDA machine, offline, with what is installed (no set-up step): ceilings, verify, bench of
+# every op and the HTML report into $(OUT). GPU_PYTHON: the interpreter that has CUDA torch.
+# WHEELS: a folder of wheels to install first, for packages the machine lacks (offline).
+GPU_PYTHON ?= python3
+WHEELS ?=
+gpu-check:  ## ceilings, verify, bench and report on the GPU into $(OUT) (under 8 min on an H200)
+	PYTHONUNBUFFERED=1 PYTHONPATH=src $(GPU_PYTHON) benchmarks/gpu_check.py --out $(OUT) \
+		$(if $(WHEELS),--wheels $(WHEELS))
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info src/*.egg-info
 

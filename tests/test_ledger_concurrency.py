@@ -15,12 +15,14 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 WRITER = textwrap.dedent(
     """
     import sys, time
+    from pathlib import Path
     from kernelab import ledger
-    path, name, runs, start = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+    path, name, runs, gate = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
     db = ledger.open(path)
     prov = {"device": {"name": "cpu", "key": "cpu|2|8GB"}, "writer": name}
-    while time.time() < start:
-        time.sleep(0.005)
+    (gate / name).write_text("ready")
+    while not (gate / "go").exists():  # all writers start at once, after their imports
+        time.sleep(0.002)
     for i in range(runs):
         cases = [
             {"op": "rmsnorm", "variant": name, "shape_key": f"s{j}", "dtype": "float32",
@@ -63,16 +65,23 @@ def _env():
 def test_concurrent_writer_processes_lose_nothing(tmp_path):
     path = str(tmp_path / "shared.sqlite")
     writers, runs = 4, 12
-    start = time.time() + 4.0  # all start together, after their imports
+    gate = tmp_path / "gate"
+    gate.mkdir()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", WRITER, path, f"w{k}", str(runs), str(start)],
+            [sys.executable, "-c", WRITER, path, f"w{k}", str(runs), str(gate)],
             env=_env(),
             stderr=subprocess.PIPE,
             text=True,
         )
         for k in range(writers)
     ]
+    deadline = time.time() + 120
+    while len(list(gate.iterdir())) < writers:
+        assert all(p.poll() is None for p in procs), "a writer died before starting"
+        assert time.time() < deadline, "writers never got ready"
+        time.sleep(0.01)
+    (gate / "go").write_text("go")
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err

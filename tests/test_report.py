@@ -178,3 +178,11 @@ def test_chromium_runs_no_injected_markup(db, tmp_path):
     assert "PWNED</body>" not in dom and "<script" not in dom.lower()
     assert "<img" not in dom.lower()
     assert "&lt;script&gt;document.body.innerHTML='PWNED'&lt;/script&gt;" in dom
+
+
+def test_several_runs_each_get_a_section(db, tmp_path):
+    a = db.record_run("bench", synthetic_cases(1), provenance(), label="one")
+    b = db.record_run("bench", synthetic_cases(2), provenance(), label="two")
+    page = report_html.write(db, ["one", b], tmp_path / "r.html").read_text()
+    assert page.count('class="chart roofline"') == 2
+    assert page.index(f"bench run {a}") < page.index(f"bench run {b}")

@@ -24,8 +24,12 @@ from kernelab.bench.telemetry import NoTelemetry, energy_per_call
 from kernelab.ops._model import Shape, dtype_name
 
 #: Default stopping rules: the CPU is noisier and slower to sample than a GPU.
-CPU_RULE = StopRule(rel_ci=0.03, min_samples=10, min_time=0.05, max_time=1.0)
+CPU_RULE = StopRule(rel_ci=0.03, min_samples=10, min_time=0.05, max_time=0.5)
 GPU_RULE = StopRule(rel_ci=0.01, min_samples=20, min_time=0.1, max_time=2.0)
+
+#: On the CPU, shapes keep at most this many rows (tokens) unless asked otherwise: prefill
+#: shapes of GPU size take seconds per call on a small host and add nothing to the method.
+CPU_MAX_ROWS = 128
 
 #: Wall time aimed at per batch of samples (between two looks at the stopping rule).
 BATCH_S = 0.02
@@ -35,6 +39,7 @@ WARMUP_MAX_S = 1.0
 WARMUP_BATCHES = 20
 #: Wall time of the host-clock cross-check, per repetition.
 HOST_CHECK_S = 0.005
+HOST_CHECK_TRIES = 7
 
 INTERPRETED = "Triton interpreter on CPU: correctness only, timing it would be meaningless"
 
@@ -58,7 +63,7 @@ class BenchConfig:
     rule: StopRule | None = None  # None: CPU_RULE or GPU_RULE
     seed: int = 0
     compile: bool = False  # time "compile" variants on the CPU (slow to compile there)
-    max_rows: int | None = None  # cap the batch dimension of every shape
+    max_rows: int | None = None  # cap the batch dimension (None: CPU_MAX_ROWS on CPU; 0: none)
     shapes: tuple[str, ...] | None = None  # keep shapes whose label contains one of these
     graph_calls: int = 100
     energy_window_s: float = 0.3  # 0 disables energy measurement
@@ -113,12 +118,12 @@ def subjects_for(op, device_type: str, cfg: BenchConfig, candidate=None):
     return subjects, skipped
 
 
-def _select_shapes(op, cfg: BenchConfig) -> list[Shape]:
+def _select_shapes(op, cfg: BenchConfig, max_rows: int | None) -> list[Shape]:
     shapes = [s for s in op.shapes(cfg.shape_set) if all(v > 0 for v in s.dims.values())]
     if cfg.shapes:
         shapes = [s for s in shapes if any(k in s.label for k in cfg.shapes)]
-    if cfg.max_rows:
-        shapes = [s.reduced(cfg.max_rows) for s in shapes]
+    if max_rows:
+        shapes = [s.reduced(max_rows) for s in shapes]
     return shapes
 
 
@@ -130,7 +135,8 @@ class _Run:
         self.pristine = integrity.clone_inputs(args)
         self.call = lambda: subject.fn(**args)
         self.samples: list[float] = []
-        self.elapsed = 0.0
+        self.elapsed = 0.0  # in the timer, flushes included
+        self.wall = 0.0  # in the sampling loop, bookkeeping included
         self.calls = 1
         self.batch = 3
         self.done = False
@@ -201,8 +207,8 @@ def bench_case(op, shape, dtype, subjects, info, timer, ceilings: Ceilings, cfg,
                 break
             prev = med
         run.batch = max(3, min(200, rule.max_samples, int(BATCH_S / max(med * run.calls, 1e-7))))
-        if flush is not None:
-            run.batch = max(3, min(run.batch, 20))
+        if flush is not None and timer.kind == "host":
+            run.batch = max(3, min(run.batch, 20))  # a host flush costs milliseconds
         run.metrics["warmup_s"] = spent
         before = before_for(run)
         if before is not None:
@@ -219,7 +225,8 @@ def bench_case(op, shape, dtype, subjects, info, timer, ceilings: Ceilings, cfg,
                 continue
             threads = set(integrity.threading.enumerate())
             t0 = time.perf_counter()
-            xs, result = timer.samples(run.call, run.batch, run.calls, before_for(run))
+            n = max(1, min(run.batch, rule.max_samples - len(run.samples)))
+            xs, result = timer.samples(run.call, n, run.calls, before_for(run))
             run.elapsed += time.perf_counter() - t0
             summary = summarize([*run.samples, *xs])
             run.done = rule.done(summary, run.elapsed)
@@ -227,8 +234,10 @@ def bench_case(op, shape, dtype, subjects, info, timer, ceilings: Ceilings, cfg,
             if telemetry.throttle():
                 run.throttled += len(xs)
             run.samples.extend(xs)
+            run.wall += time.perf_counter() - t0
             if run.done:
                 run.metrics.update(summary.as_dict())
+                run.metrics["sampling_wall_s"] = run.wall
                 run.metrics["converged"] = rule.converged(summary, run.elapsed)
                 _after_loop(run, result, early, threads, ref, timer, inplace)
     snap1 = telemetry.snapshot()
@@ -237,15 +246,22 @@ def bench_case(op, shape, dtype, subjects, info, timer, ceilings: Ceilings, cfg,
         _device_extras(run, timer, telemetry, cfg, info)
         if inplace:
             integrity.refill(run.args, run.pristine)
-    _fresh_checks(op, shape, dtype, device, runs, timer, cfg, inplace)
+    _fresh_checks(op, shape, dtype, device, runs, timer, cfg, ref.tolerances)
 
     in_cache = mode == "hot" and set_bytes <= cache_size
     for run in runs:
         m = run.metrics
         roof = roofline(cost, m["median_s"], ceilings, dtype, in_cache=in_cache)
         m.update({k: v for k, v in roof.items() if k != "below_floor"})
+        if m.get("joules_per_call"):
+            m["flops_per_joule"] = cost.flops / m["joules_per_call"]
+            m["bytes_per_joule"] = cost.bytes / m["joules_per_call"]
         if roof["below_floor"]:
-            run.flags.append("below-floor: invalid (faster than the speed of light; work skipped?)")
+            run.flags.append(
+                f"below-floor: invalid: median {m['median_s'] * 1e6:.2f} µs < floor "
+                f"{m['floor_s'] * 1e6:.2f} µs (work skipped, or a stale ceiling: "
+                f"{m['ceiling_source']})"
+            )
         if not m.get("converged"):
             run.flags.append(f"noise target not reached (±{m['rel_ci'] * 100:.1f}% of median)")
         if run.throttled:
@@ -278,7 +294,12 @@ def bench_case(op, shape, dtype, subjects, info, timer, ceilings: Ceilings, cfg,
                 "threads": timer.threads,
                 "timer": timer.kind,
                 "seed": cfg.seed,
-                "metrics": m,
+                "metrics": {
+                    **m,
+                    "threads": timer.threads,
+                    "cold_cache": cold_how,
+                    "cache_bytes": cache_size,
+                },
                 "flags": run.flags,
                 "telemetry": {"before": snap0, "after": snap1, "source": telemetry.source},
                 "samples": run.samples,
@@ -320,11 +341,13 @@ def _after_loop(run, result, early, threads, ref, timer, inplace) -> None:
     dispatch = timer.dispatch(run.call, calls) if timer.kind != "host" else 0.0
     # The same back-to-back loop, on the timer and on the host clock stopped only once all
     # work is done. Noise only ever adds time, hidden work adds it every time: keep the
-    # fastest of three of each, interleaved.
+    # fastest of each, interleaved, and try again (a few times) while they disagree.
     timed, host = math.inf, math.inf
-    for _ in range(3):
+    for _ in range(HOST_CHECK_TRIES):
         timed = min(timed, timer.samples(run.call, 1, calls)[0][0])
         host = min(host, integrity.host_clock(run.call, timer, calls)[0])
+        if not integrity.host_disagrees(host, timed, dispatch):
+            break
     run.metrics["host_clock_s"] = host
     if timer.kind != "host":
         run.metrics["host_dispatch_s"] = dispatch
@@ -360,10 +383,10 @@ def _device_extras(run, timer, telemetry, cfg, info) -> None:
             m["energy_window_s"] = energy["window_s"]
 
 
-def _fresh_checks(op, shape, dtype, device, runs, timer, cfg, inplace) -> None:
+def _fresh_checks(op, shape, dtype, device, runs, timer, cfg, tolerances) -> None:
     """Fresh values at the same addresses (pointer caches), then at new addresses."""
     fresh = op.inputs(shape, dtype, device, seed=cfg.seed + 1)
-    ref = integrity.Reference.build(op, fresh, dtype)
+    ref = integrity.Reference.build(op, fresh, dtype, tolerances)
     for run in runs:
         s = run.subject
         prepared = s.prepare(integrity.clone_inputs(fresh)) if s.prepare else fresh
@@ -409,6 +432,12 @@ def run(
             "threads": timer.threads,
         },
     )
+    max_rows = cfg.max_rows
+    if max_rows is None and info.type == "cpu":
+        max_rows = CPU_MAX_ROWS
+        result.skipped.append(
+            f"cpu: batch dimension capped at {CPU_MAX_ROWS} (--max-rows 0 for full shapes)"
+        )
     plan = []
     for op in ops:
         subjects, skipped = subjects_for(op, info.type, cfg, candidate)
@@ -419,7 +448,7 @@ def run(
         for dt in dtypes:
             if dt not in op.dtypes:
                 result.skipped.append(f"{op.name}: does not take {dtype_name(dt)}")
-        for shape in _select_shapes(op, cfg):
+        for shape in _select_shapes(op, cfg, max_rows):
             for dt in (d for d in dtypes if d in op.dtypes):
                 plan.append((op, shape, dt, subjects))
     for i, (op, shape, dt, subjects) in enumerate(plan):

@@ -8,15 +8,25 @@ representative set in bf16 where the op takes it, within a time budget.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
-from kernelab.bench.runner import BenchConfig, bench_case, subjects_for
+from kernelab.bench.runner import INTERPRETED, BenchConfig, bench_case, subjects_for
 from kernelab.bench.stats import StopRule
 from kernelab.stages import Cell, StageReport
 
 CPU_STAGE_RULE = StopRule(rel_ci=0.05, min_samples=5, min_time=0.02, max_time=0.3)
 CPU_ROWS, CPU_SHAPES = 64, 2
 GPU_BUDGET_S = 120.0
+
+
+def _short(why: str) -> str:
+    if why == INTERPRETED:
+        return "interpreter on CPU: not timed"
+    if why.startswith("torch.compile on CPU"):
+        return "not timed on CPU (bench --compile)"
+    return why[:40]
 
 
 def _cell(cases: list[dict]) -> Cell:
@@ -29,7 +39,9 @@ def _cell(cases: list[dict]) -> Cell:
     text = f"{med * 1e6:.1f} µs median"
     if pcts:
         text += f", {min(pcts):.0f}–{max(pcts):.0f}% roofline"
-    return Cell("pass", text, {"cases": len(cases), "median_s": med, "pct_roofline": pcts})
+    data = {"cases": len(cases), "median_s": med, "pct_roofline": pcts}
+    data["ceiling_source"] = cases[0]["metrics"].get("ceiling_source")
+    return Cell("pass", text, data)
 
 
 def stage(ops, device, progress=None) -> StageReport:
@@ -67,8 +79,8 @@ def stage(ops, device, progress=None) -> StageReport:
         subjects, skipped = subjects_for(op, device.type, cfg)
         report.skipped.extend(skipped)
         for line in skipped:
-            name = line.split(":", 1)[0].split("/", 1)[1]
-            report.cells[(op.name, name)] = Cell("skip", line.split(": ", 1)[1][:60])
+            name, why = line.split(": ", 1)
+            report.cells[(op.name, name.split("/", 1)[1])] = Cell("skip", _short(why))
         by_variant: dict[str, list[dict]] = {}
         for shape in shapes:
             for dt in dtypes:
@@ -77,8 +89,6 @@ def stage(ops, device, progress=None) -> StageReport:
                     break
                 if progress:
                     progress(f"bench {op.name} {shape.label}")
-                import time
-
                 t0 = time.perf_counter()
                 cases = bench_case(op, shape, dt, subjects, device, timer, ceilings, cfg, telemetry)
                 spent += time.perf_counter() - t0

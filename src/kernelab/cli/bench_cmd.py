@@ -48,7 +48,9 @@ def register(app: typer.Typer) -> None:
         op: str = typer.Option(None, "--op", help="The op a --candidate implements."),
         mode: str = typer.Option("auto", help="auto (cold if memory-bound), cold or hot."),
         compile: bool = typer.Option(False, "--compile", help="Time torch.compile on CPU."),
-        max_rows: int = typer.Option(None, help="Cap the batch dimension of every shape."),
+        max_rows: int = typer.Option(
+            None, help="Cap the batch dimension (rows, tokens); CPU default 128, 0: no cap."
+        ),
         rel_ci: float = typer.Option(None, help="Noise target: CI half-width / median."),
         min_samples: int = typer.Option(None, help="Minimum samples per case."),
         max_time: float = typer.Option(None, help="Timeout per case, seconds."),

@@ -183,11 +183,12 @@ def _variant_speedups(cases: list[dict], baseline_variant: str) -> list[dict]:
     return rows
 
 
-def _run_speedups(baseline: dict, run: dict, op: str) -> list[dict]:
+def _run_speedups(baseline: dict, run: dict) -> list[dict]:
+    """Per-case speedups of ``run`` over ``baseline`` with their bootstrap intervals."""
     from kernelab.ledger.compare import case_key, compare_runs
 
     result = compare_runs(baseline, run)
-    by_key = {case_key(c): c for c in run["cases"] if c["op"] == op}
+    by_key = {case_key(c): c for c in run["cases"]}
     rows = []
     for r in result.cases:
         key = (r.op, r.variant, r.shape_key, r.dtype, r.device, r.mode)
@@ -205,7 +206,7 @@ def _run_speedups(baseline: dict, run: dict, op: str) -> list[dict]:
     return rows
 
 
-def _op_charts(name, cases, colors, baseline_variant, baseline, run) -> list[str]:
+def _op_charts(name, cases, colors, baseline_variant, baseline, speedups) -> list[str]:
     """Latency and speedup charts of one op's cases (one dtype)."""
     out = [charts.latency(cases, colors, f"{name}: latency per shape")]
     vs = _variant_speedups(cases, baseline_variant)
@@ -214,7 +215,7 @@ def _op_charts(name, cases, colors, baseline_variant, baseline, run) -> list[str
         out.append(charts.speedup(vs, colors, title, f"{baseline_variant} time / variant time"))
     if baseline is not None:
         mine = {id(c) for c in cases}
-        rs = [r for r in _run_speedups(baseline, run, cases[0]["op"]) if id(r["case"]) in mine]
+        rs = [r for r in speedups if id(r["case"]) in mine]
         if rs:
             title = f"{name}: speedup over run {baseline['id']}"
             out.append(charts.speedup(rs, colors, title, "baseline time / this run's time"))
@@ -254,6 +255,7 @@ def render(
         out.append('<div class="charts">')
         out.append(charts.roofline(run["cases"], ceil, colors, f"roofline · {run['id']}"))
         out.append("</div>")
+        speedups = _run_speedups(baseline, run) if baseline is not None else []
         for op in dict.fromkeys(c["op"] for c in run["cases"]):
             cases = [c for c in run["cases"] if c["op"] == op]
             out.append(f"<h3>{esc(op)}</h3>")
@@ -262,7 +264,7 @@ def render(
                 group = [c for c in cases if c["dtype"] == dtype]
                 name = f"{op} · {dtype}" if len(dtypes) > 1 else op
                 out.append('<div class="charts">')
-                out.extend(_op_charts(name, group, colors, baseline_variant, baseline, run))
+                out.extend(_op_charts(name, group, colors, baseline_variant, baseline, speedups))
                 out.append("</div>")
             out.append(_case_table(cases))
         prov = orjson.dumps(run.get("provenance") or {}, option=orjson.OPT_INDENT_2, default=str)
