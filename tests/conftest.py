@@ -1,8 +1,14 @@
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 # Test the checkout these tests belong to, whatever kernelab the environment has installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+# Never write to the user's own ledger: each test process gets a fresh one (tests that need
+# another set KERNELAB_LEDGER or pass --ledger themselves).
+os.environ["KERNELAB_LEDGER"] = str(Path(tempfile.mkdtemp(prefix="kernelab-tests-")) / "l.sqlite")
 
 import pytest
 import torch
