@@ -1,0 +1,169 @@
+"""Linear projections on kernelab GEMMs, dense and quantized: parity against the
+quantize-dequantized original, reversibility, refusal of a wrong GEMM, the custom ops."""
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from kernelab import ops  # noqa: E402
+from kernelab.models import (  # noqa: E402
+    PatchError,
+    _linear,
+    _parity,
+    build,
+    patch,
+    state_of,
+    unpatch,
+)
+from kernelab.models._arch import blueprint_for  # noqa: E402
+from kernelab.numerics import error  # noqa: E402
+
+ALL = ("rmsnorm", "fused_residual", "mlp", "rope", "linear")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a loaded machine their spinning
+    costs orders of magnitude; the tests check results, not speed."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# bfloat16: the Triton GEMMs through the interpreter; float32: the ops' torch references (the
+# kernels take 16-bit activations), which check the prepared weights' layout and plumbing.
+CASES = [
+    ("tiny-llama", "w8a16", torch.bfloat16),
+    ("tiny-qwen3", "w4a16", torch.bfloat16),
+    ("tiny-llama", "w4a16", torch.float32),
+    ("tiny-qwen3", "w8a16", torch.float32),
+]
+
+
+@pytest.mark.parametrize(("name", "quantize", "dtype"), CASES)
+def test_quantized_patch_matches_the_quantize_dequantized_original(
+    name, quantize, dtype, interpret
+):
+    model = build(name, dtype=dtype)
+    ids = _parity.probe_inputs(model, tokens=4)
+    original = _parity.logits(model, ids)
+    with _linear.reference_forwards(model, blueprint_for(model), quantize):
+        fake_quant = _parity.logits(model, ids)
+    patch(model, quantize=quantize, check_tokens=4)  # the parity check runs inside
+    state = state_of(model)
+    # 4 attention projections and down_proj per layer, plus one fused gate/up per MLP
+    assert len(state.linears) == 2 * 6
+    assert {p.kind for _, _, p in state.linears} == {quantize}
+    got = _parity.logits(model, ids)
+    tol = _parity.tolerance(dtype, quantize)
+    assert error(got, fake_quant).rel_l2 <= tol
+    if dtype == torch.float32:
+        # the quantization is real: the original is farther away than the contract allows
+        assert error(got, original).rel_l2 > 100 * error(got, fake_quant).rel_l2
+        assert error(got, original).rel_l2 > tol
+    unpatch(model)
+
+
+def test_dense_linear_and_fp8_patches_hold_their_contract(interpret):
+    for quantize in (None, "fp8"):
+        model = build("tiny-llama", dtype=torch.bfloat16)
+        patch(model, ops=ALL, quantize=quantize, check_tokens=4)
+        kinds = {p.kind for _, _, p in state_of(model).linears}
+        assert kinds == {"dense" if quantize is None else "fp8"}
+        unpatch(model)
+
+
+def test_unpatch_restores_dense_weights_bitwise_and_frees_the_packed_ones():
+    model = build("tiny-qwen2", dtype=torch.bfloat16)
+    ids = _parity.probe_inputs(model)
+    before = _parity.logits(model, ids)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    patch(model, quantize="w4a16")
+    packed = weakref.ref(state_of(model).linears[0][2].tensors["qweight"])
+    unpatch(model)
+    gc.collect()
+    assert packed() is None
+    assert torch.equal(_parity.logits(model, ids), before)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, weights[k]), k
+    assert not any("_kernelab" in a or a == "forward" for m in model.modules() for a in vars(m))
+
+
+def test_a_wrong_int8_gemm_is_refused_and_named(monkeypatch):
+    model = build("tiny-llama", dtype=torch.bfloat16)
+    ids = _parity.probe_inputs(model)
+    before = _parity.logits(model, ids)
+    real = ops.w8a16_gemm
+
+    def wrong(x, qweight, scales, bias=None, out=None):  # scales of the wrong columns
+        return real(x, qweight, scales.roll(1), bias, out)
+
+    monkeypatch.setattr(ops, "w8a16_gemm", wrong)
+    with pytest.raises(PatchError, match=r"quantize='w8a16'.*model\.layers\.0\.self_attn\.q_proj"):
+        patch(model, quantize="w8a16")
+    assert state_of(model) is None
+    assert torch.equal(_parity.logits(model, ids), before)
+
+
+def test_a_wrong_int4_zero_point_is_refused(monkeypatch):
+    model = build("tiny-qwen3", dtype=torch.bfloat16)
+    real = ops.w4a16_gemm
+
+    def wrong(x, qweight, scales, zeros, group_size, bias=None, out=None):  # zero off by one
+        return real(x, qweight, scales, (zeros + 1).clamp(max=15), group_size, bias, out)
+
+    monkeypatch.setattr(ops, "w4a16_gemm", wrong)
+    with pytest.raises(PatchError, match=r"first module that differs: model\.layers\.0\."):
+        patch(model, quantize="w4a16")
+    assert state_of(model) is None
+
+
+def test_bad_quantize_arguments(monkeypatch):
+    model = build("tiny-llama")
+    with pytest.raises(ValueError, match=r"quantize: expected None, 'w4a16'.*got 'int3'"):
+        patch(model, quantize="int3")
+    with pytest.raises(ValueError, match=r"K \(in_features\) a multiple of 64.*proj has K=96"):
+        _linear.prepare(torch.randn(8, 96), None, "w4a16", "proj")
+    monkeypatch.setattr(_linear._fp8, "fp8_supported", lambda device: False)
+    with pytest.raises(ValueError, match="'fp8' needs an fp8-capable device"):
+        patch(model, quantize="fp8")
+    assert state_of(model) is None
+
+
+def test_gemm_custom_ops_pass_torch_opcheck():
+    from kernelab.models import _library
+    from kernelab.ops import _packing
+
+    lib = _library._registered()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 64, generator=gen).to(torch.bfloat16)
+    w = torch.randn(24, 64, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(24, generator=gen).to(torch.bfloat16)
+    torch.library.opcheck(lib["gemm"], (x, w, bias))
+    torch.library.opcheck(lib["gemm"], (x, w, None))
+    q8, s8 = _packing.quantize_int8(w.t())
+    torch.library.opcheck(lib["w8a16_gemm"], (x, q8, s8, bias))
+    w4 = _packing.quantize_int4(w.t(), group_size=64)
+    torch.library.opcheck(lib["w4a16_gemm"], (x, w4.qweight, w4.scales, w4.zeros, 64, None))
+    fp8 = _linear._fp8
+    a8, sa = fp8.quantize_fp8(x)
+    b8, sb = fp8.quantize_fp8(w)
+    # test_schema compares inputs with arithmetic that CPU float8 tensors do not support
+    fp8_tests = ("test_faketensor", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(lib["fp8_gemm"], (a8, b8, sa, sb, bias), test_utils=fp8_tests)
+    # the fake kernels give the real output's shape and dtype
+    for op, args in (
+        ("gemm", (x, w, bias)),
+        ("w4a16_gemm", (x, w4.qweight, w4.scales, w4.zeros, 64, None)),
+        ("fp8_gemm", (a8, b8, sa, sb, None)),
+    ):
+        real = lib[op](*args)
+        with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+            fake = lib[op](*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
+                             for a in args))  # fmt: skip
+        assert (fake.shape, fake.dtype) == (real.shape, real.dtype) == ((3, 24), torch.bfloat16)
