@@ -133,37 +133,3 @@ def test_bad_quantize_arguments(monkeypatch):
     with pytest.raises(ValueError, match="'fp8' needs an fp8-capable device"):
         patch(model, quantize="fp8")
     assert state_of(model) is None
-
-
-def test_gemm_custom_ops_pass_torch_opcheck():
-    from kernelab.models import _library
-    from kernelab.ops import _packing
-
-    lib = _library._registered()
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(3, 64, generator=gen).to(torch.bfloat16)
-    w = torch.randn(24, 64, generator=gen).to(torch.bfloat16)
-    bias = torch.randn(24, generator=gen).to(torch.bfloat16)
-    torch.library.opcheck(lib["gemm"], (x, w, bias))
-    torch.library.opcheck(lib["gemm"], (x, w, None))
-    q8, s8 = _packing.quantize_int8(w.t())
-    torch.library.opcheck(lib["w8a16_gemm"], (x, q8, s8, bias))
-    w4 = _packing.quantize_int4(w.t(), group_size=64)
-    torch.library.opcheck(lib["w4a16_gemm"], (x, w4.qweight, w4.scales, w4.zeros, 64, None))
-    fp8 = _linear._fp8
-    a8, sa = fp8.quantize_fp8(x)
-    b8, sb = fp8.quantize_fp8(w)
-    # test_schema compares inputs with arithmetic that CPU float8 tensors do not support
-    fp8_tests = ("test_faketensor", "test_aot_dispatch_dynamic")
-    torch.library.opcheck(lib["fp8_gemm"], (a8, b8, sa, sb, bias), test_utils=fp8_tests)
-    # the fake kernels give the real output's shape and dtype
-    for op, args in (
-        ("gemm", (x, w, bias)),
-        ("w4a16_gemm", (x, w4.qweight, w4.scales, w4.zeros, 64, None)),
-        ("fp8_gemm", (a8, b8, sa, sb, None)),
-    ):
-        real = lib[op](*args)
-        with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
-            fake = lib[op](*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
-                             for a in args))  # fmt: skip
-        assert (fake.shape, fake.dtype) == (real.shape, real.dtype) == ((3, 24), torch.bfloat16)
