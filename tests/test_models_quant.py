@@ -16,6 +16,7 @@ from kernelab.models import (  # noqa: E402
     _parity,
     build,
     patch,
+    patched,
     state_of,
     unpatch,
 )
@@ -133,3 +134,23 @@ def test_bad_quantize_arguments(monkeypatch):
     with pytest.raises(ValueError, match="'fp8' needs an fp8-capable device"):
         patch(model, quantize="fp8")
     assert state_of(model) is None
+
+
+def test_quantized_greedy_decoding_with_static_cache_equals_the_fake_quantized_original():
+    model = build("tiny-llama", dtype=torch.float32)
+    ids = _parity.probe_inputs(model, tokens=4, seed=3)
+    kwargs = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
+    kwargs["cache_implementation"] = "static"
+    with _linear.reference_forwards(model, blueprint_for(model), "w8a16"):
+        want = model.generate(ids, **kwargs)
+    with patched(model, quantize="w8a16"):
+        got = model.generate(ids, **kwargs)
+    assert torch.equal(got, want)
+
+
+def test_quantized_model_compiles_without_graph_breaks():
+    model = build("tiny-qwen3", dtype=torch.bfloat16)
+    ids = _parity.probe_inputs(model)
+    with patched(model, quantize="w4a16"):
+        explained = torch._dynamo.explain(model)(input_ids=ids, use_cache=False)
+    assert explained.graph_break_count == 0, explained.break_reasons
