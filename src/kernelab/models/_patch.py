@@ -5,6 +5,9 @@ model's own modules — classes and other models are untouched — and records e
 ``unpatch`` can remove it. The gated MLP's gate and up weights are re-laid as two views of one
 [2·intermediate, hidden] matrix, so one GEMM produces both halves for the fused activation
 without a second copy of the weights; ``unpatch`` gives each projection back its own storage.
+The "linear" replacement runs the decoder layers' projections on kernelab GEMMs through
+weights prepared once (dense, or quantized: see ``_linear``); they live in instance attributes,
+so ``unpatch`` frees them, and the projections' own weights are never modified.
 """
 
 from __future__ import annotations
@@ -250,6 +253,8 @@ def apply(model, replacements=DEFAULT_REPLACEMENTS, quantize=None) -> PatchState
     try:
         for name, module in model.named_modules():
             cls = type(module).__name__
+            if cls == bp.layer_class:
+                layers.append((name, module))
             if "rmsnorm" in replacements and cls == bp.norm_class:
                 _set(state, module, "forward", types.MethodType(_norm_forward, module))
                 state.names.append(name)
@@ -258,8 +263,6 @@ def apply(model, replacements=DEFAULT_REPLACEMENTS, quantize=None) -> PatchState
                 _set(state, module, "_kernelab_signature", sig)
                 _set(state, module, "forward", types.MethodType(_layer_forward, module))
                 state.names.append(name)
-            if cls == bp.layer_class:
-                layers.append((name, module))
             elif "mlp" in replacements and cls == bp.mlp_class:
                 act_name = act_ops.get(hidden_act, "")
                 act = None if _op(act_name) is None else getattr(_library, act_name, _op(act_name))

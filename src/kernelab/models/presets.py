@@ -71,7 +71,13 @@ def build(name: str, dtype=None, device="cpu", seed: int = 0):
 
     preset = get(name)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(preset.config())
+    device = torch.device(device)
+    # Built on the target device: random initialisation of an 8B model is seconds on a GPU
+    # and minutes on a CPU. (The tiny presets are built on the CPU whatever the device, so a
+    # tiny model is the same model everywhere.)
+    where = device if device.type != "cpu" and not preset.tiny else torch.device("cpu")
+    with where:
+        model = transformers.AutoModelForCausalLM.from_config(preset.config())
     # Trained norm weights are not all ones (the initial value): spread them, so that kernels
     # that mishandle the weight cannot agree with the original by accident.
     with torch.no_grad():
