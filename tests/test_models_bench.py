@@ -44,6 +44,9 @@ def test_model_bench_stores_timings_and_a_decode_step_profile(tmp_path):
     timed, profiled = by_mode["end-to-end"], by_mode["profile"]
     assert set(timed) == set(profiled) == {"original", "patched-w8a16"}
     assert timed["patched-w8a16"]["flags"] == ["quantize=w8a16"]
+    # int8 codes and one scale per output channel: a little over 1 byte per weight
+    params = 2 * (4 * 64 * 64 // 2 + 64 * 64 + 3 * 64 * 192)  # q, k/v (2 kv heads), o, MLP
+    assert params < timed["patched-w8a16"]["metrics"]["linear_weight_bytes"] < 1.1 * params
     for case in timed.values():
         assert case["metrics"]["decode_tokens_per_s"] > 0 and case["samples"]
     for case in profiled.values():

@@ -152,6 +152,11 @@ def _store(rows, info, url):
                 "decode_tokens_per_s": r["decode_tokens_per_s"],
                 "prefill_speedup": r["prefill_speedup"],
                 "decode_speedup": r["decode_speedup"],
+                **(
+                    {"linear_weight_bytes": r["linear_weight_bytes"]}
+                    if "linear_weight_bytes" in r
+                    else {}
+                ),
             },
             "flags": [f"quantize={r['quantize']}"] if r.get("quantize") else [],
             "samples": r["prefill_samples"],

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 from kernelab.models import presets
-from kernelab.models._patch import unpatch
+from kernelab.models._patch import state_of, unpatch
 
 VARIANTS_CPU = ("original", "patched")
 VARIANTS_CUDA = ("original", "patched", "original+graphs", "patched+graphs")
@@ -110,9 +110,12 @@ def run(
         patched = variant.startswith("patched")
         if patched and quantize is not None:
             variant = variant.replace("patched", f"patched-{quantize}")
+        extra = {}
         if patched:
             patch(model, quantize=quantize)
-        extra = {}
+            linears = state_of(model).linears
+            if linears:
+                extra["linear_weight_bytes"] = sum(p.nbytes() for _, _, p in linears)
         try:
             graphs = variant.endswith("+graphs")
             result = measure(model, dev, prompt_tokens, decode_tokens, repeats, graphs=graphs)
@@ -121,10 +124,8 @@ def run(
                     progress(f"{preset} {variant}: profiling a decode step")
                 folder = None if profile_dir is None else f"{profile_dir}/{variant}"
                 summary = _profile.profile_decode(model, dev, prompt_tokens, out=folder)
-                extra = {
-                    "decode_profile": _profile.digest(summary),
-                    "decode_trace": summary["trace"],
-                }
+                extra["decode_profile"] = _profile.digest(summary)
+                extra["decode_trace"] = summary["trace"]
         finally:
             if patched:
                 unpatch(model)
