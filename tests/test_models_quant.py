@@ -154,3 +154,18 @@ def test_quantized_model_compiles_without_graph_breaks():
     with patched(model, quantize="w4a16"):
         explained = torch._dynamo.explain(model)(input_ids=ids, use_cache=False)
     assert explained.graph_break_count == 0, explained.break_reasons
+
+
+@pytest.mark.cuda
+def test_quantized_patches_on_a_gpu_hold_their_contract_and_compile_as_custom_ops():
+    fp8 = _linear._fp8.fp8_supported(torch.device("cuda"))
+    for quantize in (None, "w8a16", "w4a16") + (("fp8",) if fp8 else ()):
+        model = build("tiny-llama", dtype=torch.bfloat16, device="cuda")
+        ids = _parity.probe_inputs(model)
+        with patched(model, ALL, quantize=quantize):  # parity-checked on the GPU kernels
+            explained = torch._dynamo.explain(model)(input_ids=ids, use_cache=False)
+        assert explained.graph_break_count == 0, explained.break_reasons
+        name = {None: "gemm"}.get(quantize, f"{quantize}_gemm")
+        targets = {str(n.target) for g in explained.graphs for n in g.graph.nodes}
+        assert any(f"kernelab.{name}" in t for t in targets), (quantize, sorted(targets)[:20])
+        torch._dynamo.reset()
