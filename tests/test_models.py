@@ -22,6 +22,16 @@ from kernelab.numerics import error  # noqa: E402
 TINY = ("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a loaded machine their spinning
+    costs orders of magnitude; the tests check results, not speed."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def models():
     return {name: build(name, dtype=torch.float32) for name in TINY}
@@ -132,6 +142,7 @@ def test_model_bench_runs_on_cpu_and_stores_nothing_when_asked(tmp_path):
             "--decode-tokens",
             "4",
             "--no-ledger",
+            "--no-profile",
             "--json",
         ],
     )

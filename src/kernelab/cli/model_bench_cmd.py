@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -23,6 +24,17 @@ def register(app: typer.Typer) -> None:
         prompt_tokens: int = typer.Option(32, min=1, help="Prompt length for prefill."),
         decode_tokens: int = typer.Option(16, min=2, help="Tokens to decode."),
         repeats: int = typer.Option(3, min=1, help="Timed repetitions per measurement."),
+        quantize: str = typer.Option(
+            None, help="Also run the linear projections on quantized GEMMs: w4a16, w8a16, fp8."
+        ),
+        profile: bool = typer.Option(
+            True,
+            "--profile/--no-profile",
+            help="Profile one decode step of the eager variants with kernelab trace.",
+        ),
+        profile_dir: str = typer.Option(
+            None, help="Folder for the decode-step traces (default: a temporary folder)."
+        ),
         ledger: str = typer.Option(
             None, help="Ledger to store the run in (default: KERNELAB_LEDGER or the user ledger)."
         ),
@@ -36,6 +48,8 @@ def register(app: typer.Typer) -> None:
         from kernelab.models import bench, presets
 
         presets.get(preset)
+        if quantize is not None and quantize not in ("w4a16", "w8a16", "fp8"):
+            raise ValueError(f"quantize: expected w4a16, w8a16 or fp8, got {quantize!r}")
         torch_dtype = None
         if dtype is not None:
             torch_dtype = getattr(torch, dtype, None)
@@ -59,6 +73,9 @@ def register(app: typer.Typer) -> None:
                 decode_tokens,
                 repeats,
                 progress=lambda m: progress.update(task, description=m),
+                quantize=quantize,
+                profile=profile,
+                profile_dir=profile_dir,
             )
         run_id = None if no_ledger else _store(rows, info, ledger)
         if json:
@@ -76,15 +93,50 @@ def register(app: typer.Typer) -> None:
                 f"{r['decode_speedup']:.2f}",
             )
         console.print(table)
+        for r in rows:
+            if "decode_profile" in r:
+                _print_profile(r)
         if run_id is not None:
             console.print(f"[dim]stored as run {run_id}[/]")
 
 
+def _us(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v / 1e3:.2f} ms" if v >= 1000 else f"{v:.1f} µs"
+
+
+def _print_profile(row) -> None:
+    d = row["decode_profile"]
+    share = d.get("framework_overhead_share")
+    table = Table(
+        title=f"one decode step — {row['variant']}: {_us(d.get('step_us'))} per step, "
+        f"framework overhead {'-' if share is None else f'{share:.0%}'}"
+    )
+    for col in ("CPU op", "calls", "self", "share"):
+        table.add_column(col, justify="left" if col == "CPU op" else "right")
+    for o in d["top_cpu_ops"]:
+        table.add_row(
+            escape(o["name"][:60]), str(o["count"]), _us(o["self_us"]), f"{o['self_share']:.1%}"
+        )
+    console.print(table)
+    gpu = d.get("gpu")
+    if gpu:
+        latency = _us(gpu.get("launch_latency_us_total"))
+        p50 = _us(gpu.get("launch_latency_us_p50"))
+        short = gpu.get("short_kernel_share") or 0
+        console.print(
+            f"GPU: {gpu.get('kernels')} kernels; launch latency {latency} in total (p50 {p50}); "
+            f"short kernels {short:.0%}"
+        )
+    for finding in d.get("verdicts") or []:
+        console.print(f"[dim]· {escape(str(finding))}[/]")
+    console.print(f"[dim]trace: {escape(row['decode_trace'])}[/]")
+
+
 def _store(rows, info, url):
-    try:
-        from kernelab import ledger
-    except ImportError:
-        return None
+    from kernelab import ledger
+
     cases = [
         {
             "op": f"model:{r['preset']}",
@@ -100,11 +152,31 @@ def _store(rows, info, url):
                 "decode_tokens_per_s": r["decode_tokens_per_s"],
                 "prefill_speedup": r["prefill_speedup"],
                 "decode_speedup": r["decode_speedup"],
+                **(
+                    {"linear_weight_bytes": r["linear_weight_bytes"]}
+                    if "linear_weight_bytes" in r
+                    else {}
+                ),
             },
-            "flags": [],
+            "flags": [f"quantize={r['quantize']}"] if r.get("quantize") else [],
             "samples": r["prefill_samples"],
         }
         for r in rows
     ]
-    db = ledger.open(url)
-    return db.record_run(kind="model-bench", cases=cases, provenance=ledger.provenance(info))
+    cases += [
+        {
+            "op": f"model:{r['preset']}",
+            "variant": r["variant"],
+            "shape_key": f"prompt={r['prompt_tokens']},decode-step",
+            "shape_label": f"{r['preset']} one decode step after {r['prompt_tokens']} tokens",
+            "dtype": r["dtype"],
+            "device": r["device"],
+            "mode": "profile",
+            "metrics": {**r["decode_profile"], "trace": r["decode_trace"]},
+            "flags": [],
+        }
+        for r in rows
+        if "decode_profile" in r
+    ]
+    with ledger.open(url) as db:
+        return db.record_run(kind="model-bench", cases=cases, provenance=ledger.provenance(info))

@@ -2,7 +2,8 @@
 reversibly.
 
     from kernelab.models import patch, unpatch, patched
-    patch(model)                      # RMSNorm, fused residual + RMSNorm, fused SwiGLU MLP
+    patch(model)                      # RMSNorm, fused residual + RMSNorm, fused SwiGLU MLP, RoPE
+    patch(model, quantize="w4a16")    # ... and the projections on int4 weight-only GEMMs
     with patched(model): model.generate(...)
 
 Supported: the causal LMs of the Llama family (Llama, Mistral, Qwen2/Qwen2.5, Qwen3); see
@@ -12,14 +13,16 @@ Supported: the causal LMs of the Llama family (Llama, Mistral, Qwen2/Qwen2.5, Qw
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import partial
 
-from kernelab.models import _parity
-from kernelab.models._arch import ARCHITECTURES, REPLACEMENTS
+from kernelab.models import _linear, _parity
+from kernelab.models._arch import ARCHITECTURES, DEFAULT_REPLACEMENTS, REPLACEMENTS, blueprint_for
 from kernelab.models._patch import PatchError, apply, state_of, unpatch
 from kernelab.models.presets import PRESETS, build
 
 __all__ = [
     "ARCHITECTURES",
+    "DEFAULT_REPLACEMENTS",
     "PRESETS",
     "REPLACEMENTS",
     "PatchError",
@@ -31,29 +34,57 @@ __all__ = [
 ]
 
 
-def patch(model, ops=REPLACEMENTS, *, check: bool = True, check_tokens: int = 8):
+def patch(
+    model,
+    ops=DEFAULT_REPLACEMENTS,
+    *,
+    quantize: str | None = None,
+    check: bool = True,
+    check_tokens: int = 8,
+):
     """Replace the model's modules with kernelab ops, in place, and return the model.
 
-    ``ops`` chooses among ``REPLACEMENTS``. With ``check`` (the default), a few tokens run
-    through the original and the patched model; if their logits differ beyond the dtype's
-    contract the patch is undone and :class:`PatchError` names the first module that differs.
+    ``ops`` chooses among ``REPLACEMENTS``; "linear" (the decoder layers' projections on
+    kernelab GEMMs) is not in the default set. ``quantize`` ("w8a16", "w4a16" or "fp8") implies
+    "linear" and quantizes those weights once, here; ``unpatch`` frees them and the model's own
+    dense weights, never modified, serve again.
+
+    With ``check`` (the default), a few tokens run through the original and the patched model;
+    if their logits differ beyond the dtype's contract the patch is undone and
+    :class:`PatchError` names the first module that differs. A quantized patch is held to the
+    same contract against the original model whose projections compute with quantize-dequantized
+    weights (and, for fp8, per-token quantize-dequantized activations): the kernels must
+    reproduce the format exactly, up to rounding order, while the format's own error (what the
+    quantization costs the model) is not hidden inside a looser tolerance.
     """
     if isinstance(ops, str):
         ops = (ops,)
+    _linear.check_quantize(quantize)
     reference = None
+    originals = None
+    if quantize is not None:
+        bp = blueprint_for(model)
+        originals = partial(_linear.reference_forwards, model, bp, quantize)
+
     if check:
         probe = _parity.probe_inputs(model, check_tokens)
-        reference = _parity.logits(model, probe)
-    state = apply(model, tuple(ops))
+        if quantize is not None:
+            _linear.check_device(quantize, next(model.parameters()).device)
+            with originals():
+                reference = _parity.logits(model, probe)
+        else:
+            reference = _parity.logits(model, probe)
+    state = apply(model, tuple(ops), quantize=quantize)
     if check:
-        tol = _parity.tolerance(_parity.model_dtype(model))
+        tol = _parity.tolerance(_parity.model_dtype(model), quantize)
+        qtext = f", quantize={quantize!r}" if quantize else ""
         try:
             err = _parity_error(model, probe, reference)
             if not err <= tol:
-                where = _parity.localise(model, state, probe, tol)
+                where = _parity.localise(model, state, probe, tol, originals)
                 raise PatchError(
                     f"model: patched logits differ from the original by rel L2 {err:.2e} > "
-                    f"{tol:.1e} ({_parity.model_dtype(model)}); first module that differs: "
+                    f"{tol:.1e} ({_parity.model_dtype(model)}{qtext}); first module that differs: "
                     f"{where or _functions(state)}; the model was left unpatched"
                 )
         except BaseException:
@@ -76,9 +107,9 @@ def _parity_error(model, probe, reference) -> float:
 
 
 @contextmanager
-def patched(model, ops=REPLACEMENTS, *, check: bool = True):
+def patched(model, ops=DEFAULT_REPLACEMENTS, *, quantize: str | None = None, check: bool = True):
     """``with patched(model): ...`` patches for the block and always unpatches after it."""
-    patch(model, ops, check=check)
+    patch(model, ops, quantize=quantize, check=check)
     try:
         yield model
     finally:

@@ -7,7 +7,7 @@ Every architecture listed here shares the pre-norm decoder block of Llama:
 and so the same replacements: RMSNorm modules, the post-attention residual add fused into the
 post-attention RMSNorm, the gated MLP's activation fused with its product (SwiGLU), and the
 rotary embedding of q and k (one in-place kernel instead of a chain of slices, products and
-concatenations). Adding
+concatenations), and, on request, the linear projections (dense or quantized GEMMs). Adding
 an architecture that shares the block is one entry; one that does not needs its own block rule.
 """
 
@@ -27,6 +27,17 @@ class Blueprint:
     activations: tuple[tuple[str, str], ...] = (("silu", "silu_and_mul"),)
     #: the module-level function the attention calls to rotate q and k
     rope_function: str = "apply_rotary_pos_emb"
+    #: the decoder layer's nn.Linear projections (paths inside the layer) that the "linear"
+    #: replacement runs on kernelab GEMMs; the gated MLP's gate and up come last
+    linears: tuple[str, ...] = (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.down_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+    )
 
 
 _LLAMA_LIKE = {
@@ -48,7 +59,10 @@ ARCHITECTURES: dict[str, Blueprint] = {
 }
 
 #: Replacements a caller may ask for, in the order they are applied.
-REPLACEMENTS = ("rmsnorm", "fused_residual", "mlp", "rope")
+REPLACEMENTS = ("rmsnorm", "fused_residual", "mlp", "rope", "linear")
+#: What ``patch`` replaces unless told otherwise. "linear" (the projections on kernelab GEMMs)
+#: is opt-in: on a CPU it brings nothing; ``quantize=`` implies it.
+DEFAULT_REPLACEMENTS = ("rmsnorm", "fused_residual", "mlp", "rope")
 
 
 def blueprint_for(model) -> Blueprint:

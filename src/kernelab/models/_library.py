@@ -51,7 +51,58 @@ def _registered():
     def _(x):
         return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
 
+    @torch.library.custom_op("kernelab::gemm", mutates_args=())
+    def gemm(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return ops.gemm(a, weight, bias, b_layout="nk")
+
+    @gemm.register_fake
+    def _(a, weight, bias):
+        return a.new_empty((a.shape[0], weight.shape[0]))
+
+    @torch.library.custom_op("kernelab::w8a16_gemm", mutates_args=())
+    def w8a16_gemm(
+        x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        return ops.w8a16_gemm(x, qweight, scales, bias)
+
+    @w8a16_gemm.register_fake
+    def _(x, qweight, scales, bias):
+        return x.new_empty((x.shape[0], qweight.shape[1]))
+
+    @torch.library.custom_op("kernelab::w4a16_gemm", mutates_args=())
+    def w4a16_gemm(
+        x: torch.Tensor,
+        qweight: torch.Tensor,
+        scales: torch.Tensor,
+        zeros: torch.Tensor,
+        group_size: int,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        return ops.w4a16_gemm(x, qweight, scales, zeros, group_size, bias)
+
+    @w4a16_gemm.register_fake
+    def _(x, qweight, scales, zeros, group_size, bias):
+        return x.new_empty((x.shape[0], qweight.shape[1]))
+
+    @torch.library.custom_op("kernelab::fp8_gemm", mutates_args=())
+    def fp8_gemm(
+        a: torch.Tensor,
+        weight: torch.Tensor,
+        scale_a: torch.Tensor,
+        scale_b: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        return ops.fp8_gemm(a, weight, scale_a, scale_b, bias, b_layout="nk")
+
+    @fp8_gemm.register_fake
+    def _(a, weight, scale_a, scale_b, bias):
+        return a.new_empty((a.shape[0], weight.shape[0]), dtype=torch.bfloat16)
+
     return {
+        "gemm": gemm,
+        "w8a16_gemm": w8a16_gemm,
+        "w4a16_gemm": w4a16_gemm,
+        "fp8_gemm": fp8_gemm,
         "rmsnorm": rmsnorm,
         "rmsnorm_residual": rmsnorm_residual,
         "rope": rope,
@@ -81,3 +132,32 @@ def silu_and_mul(x):
     if x.device.type == "cpu":
         return ops.silu_and_mul(x)
     return _registered()["silu_and_mul"](x)
+
+
+# The GEMMs: x [M, K] with a weight prepared by ``kernelab.models._linear`` → [M, N].
+
+
+def gemm(a, weight, bias=None):
+    """``ops.gemm(a, weight, bias, b_layout="nk")`` (weight: an nn.Linear weight [N, K])."""
+    if a.device.type == "cpu":
+        return ops.gemm(a, weight, bias, b_layout="nk")
+    return _registered()["gemm"](a, weight, bias)
+
+
+def w8a16_gemm(x, qweight, scales, bias=None):
+    if x.device.type == "cpu":
+        return ops.w8a16_gemm(x, qweight, scales, bias)
+    return _registered()["w8a16_gemm"](x, qweight, scales, bias)
+
+
+def w4a16_gemm(x, qweight, scales, zeros, group_size, bias=None):
+    if x.device.type == "cpu":
+        return ops.w4a16_gemm(x, qweight, scales, zeros, group_size, bias)
+    return _registered()["w4a16_gemm"](x, qweight, scales, zeros, int(group_size), bias)
+
+
+def fp8_gemm(a, weight, scale_a, scale_b, bias=None):
+    """bfloat16 ``ops.fp8_gemm`` with the weight as [N, K] e4m3."""
+    if a.device.type == "cpu":
+        return ops.fp8_gemm(a, weight, scale_a, scale_b, bias, b_layout="nk")
+    return _registered()["fp8_gemm"](a, weight, scale_a, scale_b, bias)

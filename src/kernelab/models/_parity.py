@@ -11,15 +11,25 @@ half, a dropped row, a wrong epsilon, a lost weight) does not.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
+from torch.utils._pytree import tree_map
 
 from kernelab.numerics import error
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 4e-2, torch.float64: 1e-9}
 
 
-def tolerance(dtype: torch.dtype) -> float:
-    return TOLERANCE.get(dtype, 4e-2)
+def tolerance(dtype: torch.dtype, quantize: str | None = None) -> float:
+    """The contract for a model in ``dtype``. A quantized patch is compared with the original
+    on quantize-dequantized weights (see ``kernelab.models._linear``), so the same contract
+    holds, except for fp8: its GEMMs produce bfloat16, and an activation that an upstream
+    rounding difference moves across an e4m3 rounding boundary changes by a whole e4m3 step
+    (2^-3 relative, 32x bfloat16's), so fp8 gets twice bfloat16's contract. A wrong fp8 kernel
+    (a lost or misplaced scale, wrong layout) errs by O(1) and is still refused."""
+    tol = TOLERANCE.get(dtype, 4e-2)
+    return 2 * max(tol, TOLERANCE[torch.bfloat16]) if quantize == "fp8" else tol
 
 
 def model_dtype(model) -> torch.dtype:
@@ -39,16 +49,22 @@ def logits(model, input_ids) -> torch.Tensor:
 
 
 @torch.no_grad()
-def localise(model, state, input_ids, tol: float) -> str | None:
+def localise(model, state, input_ids, tol: float, originals=None) -> str | None:
     """The first patched module (in completion order) whose output differs from its original
-    forward on the same inputs, with the error; None if each agrees alone."""
+    forward on the same inputs, with the error; None if each agrees alone.
+
+    ``originals``: a context manager factory yielding {id(module): forward} to compare some
+    modules against instead of their class's forward (a quantized projection against its
+    quantize-dequantized reference); the class forwards run inside it too."""
     records = []
     handles = []
     patched = {id(m) for m, attr in state.attributes if attr == "forward"}
     names = {id(m): n for n, m in model.named_modules()}
 
     def hook(module, args, kwargs, output):
-        records.append((module, args, kwargs, output))
+        # Copies: later in-place kernels (rope rotates the q/k norms' outputs) must not change
+        # what is compared.
+        records.append((module, *tree_map(_copy, (args, kwargs, output))))
 
     for module, attr in state.attributes:
         if attr == "forward":
@@ -58,10 +74,23 @@ def localise(model, state, input_ids, tol: float) -> str | None:
     finally:
         for h in handles:
             h.remove()
+    with originals() if originals is not None else nullcontext({}) as refs:
+        return _first_divergent(records, patched, refs, names, tol)
+
+
+def _copy(x):
+    return x.clone() if isinstance(x, torch.Tensor) else x
+
+
+def _first_divergent(records, patched, refs, names, tol) -> str | None:
     for module, args, kwargs, output in records:
         if id(module) not in patched:
             continue
-        original = type(module).forward(module, *args, **kwargs)
+        ref = refs.get(id(module))
+        if ref is not None:
+            original = ref(*args, **kwargs)
+        else:
+            original = type(module).forward(module, *args, **kwargs)
         got = output[0] if isinstance(output, tuple) else output
         want = original[0] if isinstance(original, tuple) else original
         err = error(got, want).rel_l2

@@ -5,6 +5,9 @@ model's own modules — classes and other models are untouched — and records e
 ``unpatch`` can remove it. The gated MLP's gate and up weights are re-laid as two views of one
 [2·intermediate, hidden] matrix, so one GEMM produces both halves for the fused activation
 without a second copy of the weights; ``unpatch`` gives each projection back its own storage.
+The "linear" replacement runs the decoder layers' projections on kernelab GEMMs through
+weights prepared once (dense, or quantized: see ``_linear``); they live in instance attributes,
+so ``unpatch`` frees them, and the projections' own weights are never modified.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from kernelab import ops
-from kernelab.models import _library
-from kernelab.models._arch import REPLACEMENTS, Blueprint, blueprint_for
+from kernelab.models import _library, _linear
+from kernelab.models._arch import DEFAULT_REPLACEMENTS, REPLACEMENTS, Blueprint, blueprint_for
 
 _STATE = "_kernelab_patch"
 
@@ -37,6 +40,11 @@ class PatchState:
     names: list[str] = field(default_factory=list)
     #: whether this model holds a use of the architecture's rotary-function replacement
     rope: bool = False
+    #: weight format of the linear projections (None: dense), when "linear" is replaced
+    quantize: str | None = None
+    #: (qualified name, module, prepared weight) of each projection on a kernelab GEMM; a
+    #: fused gate/up is listed under its MLP
+    linears: list[tuple[str, torch.nn.Module, _linear.PreparedLinear]] = field(default_factory=list)
 
 
 class PatchError(ValueError):
@@ -145,8 +153,16 @@ def _uninstall_rope(bp: Blueprint) -> None:
 
 
 def _mlp_forward(self, x):
-    gate_up = F.linear(x, self._kernelab_gate_up, self._kernelab_gate_up_bias)
+    fused = self.__dict__.get("_kernelab_gate_up_linear")
+    if fused is not None:
+        gate_up = fused(x)
+    else:
+        gate_up = F.linear(x, self._kernelab_gate_up, self._kernelab_gate_up_bias)
     return self.down_proj(self._kernelab_act(gate_up))
+
+
+def _linear_forward(self, x):
+    return self._kernelab_linear(x)
 
 
 # --- patch / unpatch -------------------------------------------------------------------------
@@ -176,8 +192,48 @@ def _fuse_gate_up(state: PatchState, mlp) -> None:
     state.fused_mlps.append(mlp)
 
 
-def apply(model, replacements=REPLACEMENTS) -> PatchState:
+def _prepare_gate_up(state: PatchState, name: str, mlp) -> None:
+    """The gated MLP's gate and up as one prepared [2·intermediate, hidden] weight. Dense, it
+    is the re-laid matrix itself; quantized, the concatenation is quantized once (per output
+    channel or per group along K, so exactly as each projection alone) and then dropped."""
+    gate, up = mlp.gate_proj, mlp.up_proj
+    if state.quantize is None:
+        weight, bias = mlp._kernelab_gate_up, mlp._kernelab_gate_up_bias
+    else:
+        weight = torch.cat([gate.weight.detach(), up.weight.detach()], dim=0)
+        bias = None
+        if gate.bias is not None and up.bias is not None:
+            bias = torch.cat([gate.bias.detach(), up.bias.detach()])
+        elif gate.bias is not None or up.bias is not None:
+            raise ValueError("model: gate_proj and up_proj must both have a bias or neither")
+    prepared = _linear.prepare(weight, bias, state.quantize, f"{name}.gate_proj+up_proj")
+    _set(state, mlp, "_kernelab_gate_up_linear", prepared)
+    state.linears.append((name, mlp, prepared))
+
+
+def _patch_linears(state: PatchState, layers: list[tuple[str, torch.nn.Module]]) -> None:
+    for layer_name, layer in layers:
+        for path in state.blueprint.linears:
+            parent_path, _, attr = path.rpartition(".")
+            parent = layer.get_submodule(parent_path) if parent_path else layer
+            if attr in ("gate_proj", "up_proj") and "_kernelab_gate_up_linear" in vars(parent):
+                continue  # the fused MLP computes both with one GEMM
+            module = getattr(parent, attr, None)
+            if not isinstance(module, torch.nn.Linear):
+                continue
+            name = f"{layer_name}.{path}"
+            prepared = _linear.prepare(module.weight, module.bias, state.quantize, name)
+            _set(state, module, "_kernelab_linear", prepared)
+            _set(state, module, "forward", types.MethodType(_linear_forward, module))
+            state.linears.append((name, module, prepared))
+            state.names.append(name)
+
+
+def apply(model, replacements=DEFAULT_REPLACEMENTS, quantize=None) -> PatchState:
     """Patch ``model`` in place without checking; see :func:`kernelab.models.patch`."""
+    _linear.check_quantize(quantize)
+    if quantize is not None and "linear" not in replacements:
+        replacements = (*replacements, "linear")
     if getattr(model, _STATE, None) is not None:
         raise ValueError("model: already patched by kernelab (unpatch it first)")
     unknown = [r for r in replacements if r not in REPLACEMENTS]
@@ -189,9 +245,16 @@ def apply(model, replacements=REPLACEMENTS) -> PatchState:
     act_ops = dict(bp.activations)
     hidden_act = getattr(model.config, "hidden_act", None)
     state = PatchState(bp, tuple(replacements))
+    linear = "linear" in replacements
+    if linear:
+        state.quantize = quantize
+        _linear.check_device(quantize, next(model.parameters()).device)
+    layers = []
     try:
         for name, module in model.named_modules():
             cls = type(module).__name__
+            if cls == bp.layer_class:
+                layers.append((name, module))
             if "rmsnorm" in replacements and cls == bp.norm_class:
                 _set(state, module, "forward", types.MethodType(_norm_forward, module))
                 state.names.append(name)
@@ -201,11 +264,14 @@ def apply(model, replacements=REPLACEMENTS) -> PatchState:
                 _set(state, module, "forward", types.MethodType(_layer_forward, module))
                 state.names.append(name)
             elif "mlp" in replacements and cls == bp.mlp_class:
-                name = act_ops.get(hidden_act, "")
-                act = None if _op(name) is None else getattr(_library, name, _op(name))
+                act_name = act_ops.get(hidden_act, "")
+                act = None if _op(act_name) is None else getattr(_library, act_name, _op(act_name))
                 if act is None:
                     continue  # activation not fusable here: the MLP stays as it is
-                _fuse_gate_up(state, module)
+                if not (linear and quantize is not None):
+                    _fuse_gate_up(state, module)
+                if linear:
+                    _prepare_gate_up(state, name, module)
                 _set(state, module, "_kernelab_act", act)
                 _set(state, module, "forward", types.MethodType(_mlp_forward, module))
                 state.names.append(name)
@@ -213,6 +279,8 @@ def apply(model, replacements=REPLACEMENTS) -> PatchState:
             state.rope = _install_rope(bp)
             if state.rope:
                 state.names.append(f"{bp.modeling_module}.{bp.rope_function}")
+        if linear:
+            _patch_linears(state, layers)
     except Exception:
         _restore(state)
         raise
@@ -231,6 +299,7 @@ def _restore(state: PatchState) -> None:
             object.__delattr__(module, attr)
     state.attributes.clear()
     state.fused_mlps.clear()
+    state.linears.clear()  # the prepared (packed) weights go with the last reference
     if state.rope:
         _uninstall_rope(state.blueprint)
         state.rope = False

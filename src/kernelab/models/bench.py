@@ -3,6 +3,8 @@
 On CUDA each is also measured with CUDA graphs (static KV cache + torch.compile
 ``reduce-overhead``). Timings use a host clock with a device synchronisation at both ends of
 each measured region (whole steps, not microsecond kernels, so the sync cost is negligible).
+With ``profile``, one decode step of each eager variant is also profiled and analysed by
+``kernelab.trace`` (see :mod:`kernelab.models.profile`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 from kernelab.models import presets
-from kernelab.models._patch import unpatch
+from kernelab.models._patch import state_of, unpatch
 
 VARIANTS_CPU = ("original", "patched")
 VARIANTS_CUDA = ("original", "patched", "original+graphs", "patched+graphs")
@@ -81,9 +83,20 @@ def run(
     decode_tokens: int = 16,
     repeats: int = 3,
     progress: Callable[[str], None] | None = None,
+    quantize: str | None = None,
+    profile: bool = False,
+    profile_dir: str | None = None,
 ) -> list[dict]:
-    """Measure every variant for ``preset`` on ``device``; one row per variant."""
-    from kernelab.models import patch
+    """Measure every variant for ``preset`` on ``device``; one row per variant.
+
+    ``quantize`` patches the linear projections with that weight format too (the patched rows
+    are then named ``patched-<format>``). ``profile`` adds ``decode_profile`` (a
+    :func:`kernelab.models.profile.digest`) and ``decode_trace`` to the eager rows.
+    """
+    from kernelab.models import _linear, patch
+    from kernelab.models import profile as _profile
+
+    _linear.check_quantize(quantize)
 
     dev = torch.device(device)
     if dtype is None:
@@ -95,17 +108,24 @@ def run(
         if progress:
             progress(f"{preset} {variant}")
         patched = variant.startswith("patched")
+        if patched and quantize is not None:
+            variant = variant.replace("patched", f"patched-{quantize}")
+        extra = {}
         if patched:
-            patch(model)
+            patch(model, quantize=quantize)
+            linears = state_of(model).linears
+            if linears:
+                extra["linear_weight_bytes"] = sum(p.nbytes() for _, _, p in linears)
         try:
-            result = measure(
-                model,
-                dev,
-                prompt_tokens,
-                decode_tokens,
-                repeats,
-                graphs=variant.endswith("+graphs"),
-            )
+            graphs = variant.endswith("+graphs")
+            result = measure(model, dev, prompt_tokens, decode_tokens, repeats, graphs=graphs)
+            if profile and not graphs:
+                if progress:
+                    progress(f"{preset} {variant}: profiling a decode step")
+                folder = None if profile_dir is None else f"{profile_dir}/{variant}"
+                summary = _profile.profile_decode(model, dev, prompt_tokens, out=folder)
+                extra["decode_profile"] = _profile.digest(summary)
+                extra["decode_trace"] = summary["trace"]
         finally:
             if patched:
                 unpatch(model)
@@ -113,11 +133,13 @@ def run(
             {
                 "preset": preset,
                 "variant": variant,
+                "quantize": quantize if patched else None,
                 "device": str(dev),
                 "dtype": str(dtype).removeprefix("torch."),
                 "prompt_tokens": prompt_tokens,
                 "decode_tokens": decode_tokens,
                 **result,
+                **extra,
             }
         )
     base = rows[0]

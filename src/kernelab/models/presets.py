@@ -48,11 +48,12 @@ PRESETS: dict[str, Preset] = {
         Preset("llama3-8b", "llama", 4096, 32, 32, 8, 14336, 128256),
         Preset("qwen2.5-7b", "qwen2", 3584, 28, 28, 4, 18944, 152064, rope_theta=1e6),
         Preset("mistral-7b", "mistral", 4096, 32, 32, 8, 14336, 32768, rope_theta=1e6),
-        # Tiny versions: the same block structure, small enough for a CPU and the interpreter.
-        Preset("tiny-llama", "llama", 64, 2, 4, 2, 160, 256, tiny=True),
-        Preset("tiny-mistral", "mistral", 64, 2, 4, 2, 160, 256, tiny=True),
-        Preset("tiny-qwen2", "qwen2", 64, 2, 4, 2, 160, 256, tiny=True),
-        Preset("tiny-qwen3", "qwen3", 64, 2, 4, 2, 160, 256, head_dim=16, tiny=True),
+        # Tiny versions: the same block structure, small enough for a CPU and the interpreter
+        # (K = 64 and 192: int4 groups of 64).
+        Preset("tiny-llama", "llama", 64, 2, 4, 2, 192, 256, tiny=True),
+        Preset("tiny-mistral", "mistral", 64, 2, 4, 2, 192, 256, tiny=True),
+        Preset("tiny-qwen2", "qwen2", 64, 2, 4, 2, 192, 256, tiny=True),
+        Preset("tiny-qwen3", "qwen3", 64, 2, 4, 2, 192, 256, head_dim=16, tiny=True),
     )
 }
 
@@ -70,7 +71,13 @@ def build(name: str, dtype=None, device="cpu", seed: int = 0):
 
     preset = get(name)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(preset.config())
+    device = torch.device(device)
+    # Built on the target device: random initialisation of an 8B model is seconds on a GPU
+    # and minutes on a CPU. (The tiny presets are built on the CPU whatever the device, so a
+    # tiny model is the same model everywhere.)
+    where = device if device.type != "cpu" and not preset.tiny else torch.device("cpu")
+    with where:
+        model = transformers.AutoModelForCausalLM.from_config(preset.config())
     # Trained norm weights are not all ones (the initial value): spread them, so that kernels
     # that mishandle the weight cannot agree with the original by accident.
     with torch.no_grad():

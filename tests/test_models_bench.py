@@ -1,0 +1,63 @@
+"""``kernelab model-bench``: a run lands in the ledger with its decode-step profile."""
+
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from typer.testing import CliRunner
+
+from kernelab import ledger
+from kernelab.cli import app
+
+SMALL = ["--preset", "tiny-llama", "--device", "cpu", "--repeats", "1"]
+SMALL += ["--prompt-tokens", "4", "--decode-tokens", "2"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a loaded machine their spinning
+    costs orders of magnitude; the tests check results, not speed."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_model_bench_stores_timings_and_a_decode_step_profile(tmp_path):
+    db_path = tmp_path / "ledger.sqlite"
+    args = ["model-bench", *SMALL, "--quantize", "w8a16", "--ledger", str(db_path)]
+    result = CliRunner().invoke(app, [*args, "--profile-dir", str(tmp_path / "traces")])
+    assert result.exit_code == 0, result.output
+    assert "one decode step — original" in result.output
+    assert "one decode step — patched-w8a16" in result.output
+    assert "framework overhead" in result.output
+    run_id = re.search(r"stored as run (\w+)", result.output).group(1)
+    with ledger.open(str(db_path)) as db:
+        run = db.get_run(run_id)
+    assert run["kind"] == "model-bench"
+    by_mode = {}
+    for case in run["cases"]:
+        by_mode.setdefault(case["mode"], {})[case["variant"]] = case
+    timed, profiled = by_mode["end-to-end"], by_mode["profile"]
+    assert set(timed) == set(profiled) == {"original", "patched-w8a16"}
+    assert timed["patched-w8a16"]["flags"] == ["quantize=w8a16"]
+    # int8 codes and one scale per output channel: a little over 1 byte per weight
+    params = 2 * (4 * 64 * 64 // 2 + 64 * 64 + 3 * 64 * 192)  # q, k/v (2 kv heads), o, MLP
+    assert params < timed["patched-w8a16"]["metrics"]["linear_weight_bytes"] < 1.1 * params
+    for case in timed.values():
+        assert case["metrics"]["decode_tokens_per_s"] > 0 and case["samples"]
+    for case in profiled.values():
+        m = case["metrics"]
+        assert m["steps"] == 3 and m["step_us"] > 0 and 0 <= m["framework_overhead_share"] < 1
+        assert m["top_cpu_ops"] and all(o["name"].startswith("aten::") for o in m["top_cpu_ops"])
+        assert (tmp_path / "traces").joinpath(case["variant"], "decode-step.json").is_file()
+
+
+def test_model_bench_rejects_an_unknown_quantization(tmp_path):
+    result = CliRunner().invoke(app, ["model-bench", *SMALL, "--quantize", "int3", "--no-ledger"])
+    assert result.exit_code != 0
+    assert "quantize: expected w4a16, w8a16 or fp8, got 'int3'" in result.output
+    assert "Traceback" not in result.output
