@@ -130,3 +130,14 @@ def test_planted_defects_are_caught(monkeypatch, tmp_path, old, new, config):
     inputs = SOFTMAX.inputs(shape, torch.float32, "cpu", seed=5, dist="shifted")
     with pytest.raises(AssertionError, match="rel L2"):
         check(SOFTMAX, inputs, lambda **kw: softmax_triton(**kw, config=config), torch.float32)
+
+
+@pytest.mark.parametrize("config", [None, SoftmaxConfig(1, 64, 1)], ids=["one-pass", "online"])
+def test_a_nan_makes_its_row_nan_on_both_paths(config):
+    # The GPU's max drops NaN unless asked to propagate it; the online path's running maximum
+    # must keep it, or the row comes out finite with the NaN lane silently at zero.
+    x = torch.randn(3, 300)
+    x[1, 123] = float("nan")
+    out = softmax_triton(x, config=config)
+    assert torch.isnan(out[1]).all()
+    assert torch.isfinite(out[0]).all() and torch.isfinite(out[2]).all()

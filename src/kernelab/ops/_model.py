@@ -145,6 +145,10 @@ class Contract:
     tolerance: Mapping[str, float] | None = None
     inplace: tuple[str, ...] = ()
     nondeterministic: bool = False
+    #: Inputs that may carry NaN and ±Inf when a check plants special values (None: any
+    #: floating-point input). Prepared parameters such as quantization scales are never
+    #: infinite in use, and an infinite scale is not a case an op must reproduce.
+    special_inputs: tuple[str, ...] | None = None
 
     def floor(self, dtype: torch.dtype) -> float:
         return self.floors.get(dtype_name(dtype), 1e-6)

@@ -32,7 +32,7 @@ import triton.language as tl
 from kernelab.ops import _check, _inputs, _packing
 from kernelab.ops import _gemm_common as gc
 from kernelab.ops._gemm_common import _tile_coords
-from kernelab.ops._model import Cost, Launch, Op, Shape, Variant, register
+from kernelab.ops._model import Contract, Cost, Launch, Op, Shape, Variant, register
 from kernelab.ops._triton import kernel, num_sms, use_triton
 
 # --- the kernel -------------------------------------------------------------------------------
@@ -500,6 +500,8 @@ W4A16_GEMM = register(
         make_inputs=_w4_inputs,
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
+        # NaN and Inf go into the activations; scales and zero points are prepared data.
+        contract=Contract(special_inputs=("x",)),
         dtypes=_DTYPES,
         kernels=(_wq_gemm_kernel,),
         launches=_launches_for(4),
@@ -527,6 +529,8 @@ W8A16_GEMM = register(
             "edge": lambda: _edge(8),
         },
         cost=_cost,
+        # NaN and Inf go into the activations; scales and zero points are prepared data.
+        contract=Contract(special_inputs=("x",)),
         dtypes=_DTYPES,
         kernels=(_wq_gemm_kernel,),
         launches=_launches_for(8),

@@ -74,13 +74,17 @@ def _softmax_kernel(
             if HAS_MASK:
                 z += tl.load(m_rows + c[None, :], mask=inb, other=0.0).to(tl.float32)
             z = tl.where(inb, z, float("-inf"))
-            m_new = tl.maximum(m_i, z)
+            # A NaN must stay in the running maximum (the GPU's max drops it by default), so
+            # that its row comes out NaN as the reference's does.
+            m_new = tl.maximum(m_i, z, propagate_nan=tl.PropagateNan.ALL)
             seen = m_new > float("-inf")
             alpha = tl.where(seen, tl.exp(m_i - m_new), 0.0)
             s_i = s_i * alpha + tl.where(seen, tl.exp(z - m_new), 0.0)
             m_i = m_new
         m = tl.max(m_i, axis=1)
         s = tl.sum(tl.where(m_i > float("-inf"), s_i * tl.exp(m_i - m[:, None]), 0.0), axis=1)
+        row_nan = tl.sum((m_i != m_i).to(tl.int32), axis=1) > 0
+        s = tl.where(row_nan, float("nan"), s)
         for start in range(0, n_cols, BLOCK_N):
             c = start + cols
             inb = row_ok[:, None] & (c[None, :] < n_cols)

@@ -76,12 +76,16 @@ def _clone(inputs: dict) -> dict:
     return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
-def inject_specials(inputs: dict, seed: int) -> str | None:
-    """Put a NaN, a +Inf and a −Inf into the largest floating-point input; return its name."""
+def inject_specials(inputs: dict, seed: int, allowed=None) -> str | None:
+    """Put a NaN, a +Inf and a −Inf into the largest floating-point input (among ``allowed``
+    names, when the op's contract limits them); return its name."""
     floats = [
         (v.numel(), k)
         for k, v in inputs.items()
-        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()
+        if isinstance(v, torch.Tensor)
+        and v.is_floating_point()
+        and v.numel()
+        and (allowed is None or k in allowed)
     ]
     if not floats:
         return None
@@ -287,7 +291,8 @@ def run_case(
         dist = DISTRIBUTIONS[(dist_offset + t) % len(DISTRIBUTIONS)]
         tseed = derive_seed(seed, op.name, shape.key, str(dtype), t)
         inputs = op.inputs(shape, dtype, device, seed=tseed, dist=dist)
-        where = inject_specials(inputs, tseed) if t == trials - 1 else None
+        special = getattr(op.contract, "special_inputs", None)
+        where = inject_specials(inputs, tseed, special) if t == trials - 1 else None
         case.trials.append({"seed": tseed, "dist": dist, "specials": where})
         exp = expected(op, inputs, baseline, dtype, device)
         if trial is None:
