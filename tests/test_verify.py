@@ -298,10 +298,12 @@ def test_outputs_passed_under_one_keyword_each():
 def test_special_values_go_only_where_the_contract_allows():
     from kernelab.verify._case import inject_specials
 
-    inputs = {"x": torch.randn(2, 4), "scales": torch.rand(8, 8)}
-    assert inject_specials(dict(inputs), 0) == "scales"  # the largest float input by default
-    x = inputs["x"].clone()
-    limited = {"x": x, "scales": inputs["scales"].clone()}
+    def inputs():
+        return {"x": torch.randn(2, 4), "scales": torch.rand(8, 8)}
+
+    assert inject_specials(inputs(), 0) == "scales"  # the largest float input by default
+    limited = inputs()
+    x = limited["x"]
     assert inject_specials(limited, 0, ("x",)) == "x"
     assert torch.isnan(x).sum() == 1 and torch.isinf(x).sum() == 2
     assert torch.isfinite(limited["scales"]).all()
