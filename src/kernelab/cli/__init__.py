@@ -24,16 +24,16 @@ COMMANDS = (
     "kernelab.cli.ops_cmd",
     "kernelab.cli.run_cmd",
     "kernelab.cli.verify_cmd",
-    "kernelab.cli.tune_cmd",
-    "kernelab.cli.model_bench_cmd",
+    "kernelab.cli.bench_cmd",
     "kernelab.cli.inspect_cmd",
+    "kernelab.cli.trace_cmd",
+    "kernelab.cli.profile_cmd",
+    "kernelab.cli.tune_cmd",
     "kernelab.cli.compare_cmd",
     "kernelab.cli.history_cmd",
     "kernelab.cli.report_cmd",
-    "kernelab.cli.bench_cmd",
     "kernelab.cli.ceilings_cmd",
-    "kernelab.cli.trace_cmd",
-    "kernelab.cli.profile_cmd",
+    "kernelab.cli.model_bench_cmd",
 )
 
 
