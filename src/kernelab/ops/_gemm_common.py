@@ -13,6 +13,8 @@ import torch
 import triton.language as tl
 
 from kernelab.ops import _shapes
+from kernelab.ops._launch import TL
+from kernelab.ops._launch import cdiv as cdiv  # re-exported for the GEMM modules
 from kernelab.ops._model import Shape
 from kernelab.ops._triton import kernel
 
@@ -184,21 +186,19 @@ def reduce_signature(out_t: str, scale_t: str = "fp32") -> dict[str, str]:
 # --- small host helpers -----------------------------------------------------------------------
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+TL_NAME = TL  # Triton's names for pointer element types (shared with the row-wise ops)
 
 
-TL_NAME = {
-    torch.float32: "fp32",
-    torch.float16: "fp16",
-    torch.bfloat16: "bf16",
-    torch.uint8: "u8",
-    torch.int8: "i8",
-}
-if hasattr(torch, "float8_e4m3fn"):
-    TL_NAME[torch.float8_e4m3fn] = "fp8e4nv"
-if hasattr(torch, "float8_e4m3fnuz"):
-    TL_NAME[torch.float8_e4m3fnuz] = "fp8e4b8"
+def split_k_for(tiles: int, k_steps: int, sms: int, max_split: int = 16, min_steps: int = 4) -> int:
+    """Split-K factor for a small-M problem: double the K slices while the output tiles times
+    the slices cover the SMs less than twice, each slice keeps at least ``min_steps`` K steps
+    (fewer and the pipeline never fills), and at most ``max_split`` slices."""
+    split = 1
+    while (
+        split * 2 <= max_split and tiles * split < 2 * sms and k_steps // (split * 2) >= min_steps
+    ):
+        split *= 2
+    return split
 
 
 def arch_of(device) -> str | None:

@@ -11,6 +11,8 @@ TL = {
     torch.bfloat16: "bf16",
     torch.int32: "i32",
     torch.int64: "i64",
+    torch.uint8: "u8",
+    torch.int8: "i8",
 }
 if hasattr(torch, "float8_e4m3fn"):
     TL[torch.float8_e4m3fn] = "fp8e4nv"

@@ -72,15 +72,13 @@ class GemmConfig:
             # Decode: a 16-row tile (the smallest tensor-core M) and enough K slices that
             # the N tiles times the slices cover the SMs twice.
             cfg = GemmConfig(16, 64, 128, group_m=1, num_warps=4, num_stages=4)
-            tiles = gc.cdiv(N, cfg.block_n)
-            k_steps = gc.cdiv(K, cfg.block_k)
-            split = 1
-            while (
-                split * 2 <= MAX_SPLIT_K
-                and tiles * split < 2 * sms
-                and k_steps // (split * 2) >= MIN_K_STEPS_PER_SPLIT
-            ):
-                split *= 2
+            split = gc.split_k_for(
+                gc.cdiv(N, cfg.block_n),
+                gc.cdiv(K, cfg.block_k),
+                sms,
+                MAX_SPLIT_K,
+                MIN_K_STEPS_PER_SPLIT,
+            )
             return replace(cfg, split_k=split)
         if M <= 64:
             return GemmConfig(64, 64, 64, group_m=8, num_warps=4, num_stages=4)

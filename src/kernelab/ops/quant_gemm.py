@@ -167,13 +167,13 @@ class WQConfig:
             # cover the SMs twice (a 4096-wide layer has only 64 column tiles for 132 SMs).
             cfg = WQConfig(16, 64, 64 if bits == 4 else 128, 1, 1, 4, 4)
             sms = num_sms(device if isinstance(device, torch.device) else None)
-            tiles, steps, split = gc.cdiv(N, cfg.block_n), gc.cdiv(K, cfg.block_k), 1
-            while (
-                split * 2 <= MAX_SPLIT_K
-                and tiles * split < 2 * sms
-                and steps // (split * 2) >= MIN_K_STEPS_PER_SPLIT
-            ):
-                split *= 2
+            split = gc.split_k_for(
+                gc.cdiv(N, cfg.block_n),
+                gc.cdiv(K, cfg.block_k),
+                sms,
+                MAX_SPLIT_K,
+                MIN_K_STEPS_PER_SPLIT,
+            )
             return replace(cfg, split_k=split)
         if M <= 64:
             return WQConfig(64, 64, 64, 8, 1, 4, 3)
