@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import platform
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import wraps
 
 import orjson
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 console = Console()
 err_console = Console(stderr=True)
@@ -72,3 +74,23 @@ def select_ops(names: list[str] | None):
     if not names:
         return ops.all_ops()
     return [ops.get(n) for n in names]
+
+
+def transient_progress(disable: bool = False) -> Progress:
+    """A spinner with a message and the elapsed time, on stderr, gone when done."""
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=disable,
+    )
+
+
+@contextmanager
+def spinner(first: str = "starting", disable: bool = False) -> Iterator[Callable[[str], None]]:
+    """``with spinner() as say: ... say("message")`` — long work shows what it is doing."""
+    with transient_progress(disable) as progress:
+        task = progress.add_task(escape(first), total=None)
+        yield lambda msg: progress.update(task, description=escape(msg))

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import typer
 from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kernelab.cli._common import console, emit_json, err_console, select_ops, user_errors
+from kernelab.cli._common import (
+    console,
+    emit_json,
+    select_ops,
+    spinner,
+    user_errors,
+)
 
 
 def _dtypes(names: list[str] | None):
@@ -113,21 +118,14 @@ def register(app: typer.Typer) -> None:
         )
         subject = bench.candidate(candidate, selected[0]) if candidate else None
         db = bench.open_ledger(ledger_url) if record else None
-        with Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            TimeElapsedColumn(),
-            console=err_console,
-            transient=True,
-        ) as progress:
-            task = progress.add_task("starting", total=None)
+        with spinner() as say:
             result = bench.bench(
                 selected,
                 device,
                 cfg,
                 candidate=subject,
                 db=db,
-                progress=lambda msg: progress.update(task, description=escape(msg)),
+                progress=say,
             )
         run_id = None
         if db is not None and result.cases:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import typer
 from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kernelab.cli._common import console, emit_json, err_console, user_errors
+from kernelab.cli._common import (
+    console,
+    emit_json,
+    spinner,
+    user_errors,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -56,15 +60,7 @@ def register(app: typer.Typer) -> None:
             if torch_dtype not in (torch.float32, torch.float16, torch.bfloat16):
                 raise ValueError(f"dtype: expected float32, float16 or bfloat16, got {dtype!r}")
         info = detect(device)
-        with Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            TimeElapsedColumn(),
-            console=err_console,
-            transient=True,
-            disable=json,
-        ) as progress:
-            task = progress.add_task("building model", total=None)
+        with spinner("building model", disable=json) as say:
             rows = bench.run(
                 preset,
                 device,
@@ -72,7 +68,7 @@ def register(app: typer.Typer) -> None:
                 prompt_tokens,
                 decode_tokens,
                 repeats,
-                progress=lambda m: progress.update(task, description=m),
+                progress=say,
                 quantize=quantize,
                 profile=profile,
                 profile_dir=profile_dir,

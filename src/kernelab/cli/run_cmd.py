@@ -6,10 +6,15 @@ import time
 
 import typer
 from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kernelab.cli._common import console, emit_json, err_console, select_ops, user_errors
+from kernelab.cli._common import (
+    console,
+    emit_json,
+    select_ops,
+    spinner,
+    user_errors,
+)
 from kernelab.stages import RUN_STAGES, load
 
 _STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow", "info": "cyan"}
@@ -31,20 +36,9 @@ def register(app: typer.Typer) -> None:
         info = detect(device)
         selected = select_ops(ops)
         reports, started = [], time.perf_counter()
-        with Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            TimeElapsedColumn(),
-            console=err_console,
-            transient=True,
-            disable=json,
-        ) as progress:
-            task = progress.add_task("starting", total=None)
+        with spinner(disable=json) as say:
             for path in RUN_STAGES:
-                stage = load(path)
-                reports.append(
-                    stage(selected, info, lambda msg: progress.update(task, description=msg))
-                )
+                reports.append(load(path)(selected, info, say))
         elapsed = time.perf_counter() - started
         failed = any(r.failed for r in reports)
         if json:

@@ -5,23 +5,20 @@ from __future__ import annotations
 
 import typer
 from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kernelab.cli._common import console, emit_json, err_console, user_errors
+from kernelab.cli._common import (
+    console,
+    emit_json,
+    transient_progress,
+    user_errors,
+)
 
 SHAPE_CHOICES = ("representative", "edge", "all")
 
 
-def _progress(json: bool) -> Progress:
-    return Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        disable=json,
-    )
+def _progress(json: bool):
+    return transient_progress(disable=json)
 
 
 def _check_options(ops, candidate, op, reference, inputs, audit, shapes) -> None:
