@@ -19,15 +19,25 @@ from kernelab.ops._model import (
 
 # --- export lines: one per op module ---------------------------------------------------------
 from kernelab.ops.activation import GELU_AND_MUL, SILU_AND_MUL, gelu_and_mul, silu_and_mul
+from kernelab.ops.fp8_quant import (
+    FP8_QUANT,
+    RMSNORM_FP8_QUANT,
+    fp8_quant,
+    fp8_quant_ref,
+    rmsnorm_fp8_quant,
+    rmsnorm_fp8_quant_ref,
+)
 from kernelab.ops.layernorm import LAYERNORM, layernorm, layernorm_ref
 from kernelab.ops.rmsnorm import RMSNORM, rmsnorm, rmsnorm_ref
 from kernelab.ops.rope import ROPE, rope, rope_ref
 from kernelab.ops.softmax import SOFTMAX, softmax, softmax_ref
 
 __all__ = [
+    "FP8_QUANT",
     "GELU_AND_MUL",
     "LAYERNORM",
     "RMSNORM",
+    "RMSNORM_FP8_QUANT",
     "ROPE",
     "SHAPE_SETS",
     "SILU_AND_MUL",
@@ -40,12 +50,16 @@ __all__ = [
     "Variant",
     "all_ops",
     "as_tuple",
+    "fp8_quant",
+    "fp8_quant_ref",
     "gelu_and_mul",
     "get",
     "layernorm",
     "layernorm_ref",
     "register",
     "rmsnorm",
+    "rmsnorm_fp8_quant",
+    "rmsnorm_fp8_quant_ref",
     "rmsnorm_ref",
     "rope",
     "rope_ref",
