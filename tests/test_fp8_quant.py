@@ -9,6 +9,7 @@ import torch
 
 from kernelab.ops import FP8_QUANT, RMSNORM_FP8_QUANT, Shape, _norm, fp8_quant, rmsnorm_fp8_quant
 from kernelab.ops.fp8_quant import (
+    AMAX,
     FP8_DTYPES,
     MIN_SCALE,
     PER_TOKEN,
@@ -19,7 +20,7 @@ from kernelab.ops.fp8_quant import (
     rmsnorm_fp8_quant_triton,
 )
 from tests.mutants import mutate
-from tests.opcheck import check, clone
+from tests.opcheck import assert_wide_and_unspilled, check, clone
 
 fp8_module = importlib.import_module("kernelab.ops.fp8_quant")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -200,6 +201,24 @@ def test_bad_arguments_of_the_fused_op_raise_naming_the_argument(fn, kwargs, exc
     with pytest.raises(exc) as info:
         fn(**{"x": torch.randn(2, 8), "weight": torch.ones(8), **kwargs})
     assert words in str(info.value)
+
+
+def test_launches_compile_to_wide_accesses_without_spills_for_sm90():
+    """Including the float8 stores: 16 values per thread, one 128-bit store, after a
+    cvt.rn.satfinite conversion (round to nearest even, saturating)."""
+    launches = [
+        launch
+        for shape in FP8_QUANT.shapes("representative")[-2:]  # per token, per tensor (2)
+        for launch in FP8_QUANT.launches(shape, torch.bfloat16)
+    ]
+    launches += RMSNORM_FP8_QUANT.launches(
+        RMSNORM_FP8_QUANT.shapes("representative")[-1], torch.bfloat16
+    )
+    assert len(launches) == 4
+    for launch in launches:
+        writes = launch.constexprs.get("MODE") != AMAX  # the max-only launch writes no values
+        ptx = assert_wide_and_unspilled(launch, stores=writes)
+        assert ("cvt.rn.satfinite.e4m3x2.f32" in ptx) == writes
 
 
 # --- planted defects ----------------------------------------------------------------------------

@@ -107,6 +107,26 @@ def _patch_lang_tensor(tensor, scope):
     scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
 
 
+_original_patch_core = _interp_mod._patch_lang_core
+
+
+def _patch_lang_core(lang, scope):
+    """Triton 3.6's interpreter maps Triton dtypes to its own types without AMD's float8
+    formats (fp8e4b8, fp8e5b16), although its builder provides them; later versions map them.
+    Same mapping, for every version."""
+    _original_patch_core(lang, scope)
+    inner = lang.dtype.to_ir
+
+    def to_ir(self, builder):
+        if self.name == "fp8e4b8":
+            return builder.get_fp8e4b8_ty()
+        if self.name == "fp8e5b16":
+            return builder.get_fp8e5b16_ty()
+        return inner(self, builder)
+
+    scope.set_attr(lang.dtype, "to_ir", to_ir)
+
+
 @contextmanager
 def _interpreting():
     """While an interpreted launch runs: JIT functions called from it (Triton's own standard
@@ -119,6 +139,7 @@ def _interpreting():
             JITFunction.__call__ = _call_interpreted
             _interp_mod._convert_float = _convert_float_rne
             _interp_mod._patch_lang_tensor = _patch_lang_tensor
+            _interp_mod._patch_lang_core = _patch_lang_core
         _depth += 1
         try:
             yield
@@ -128,6 +149,7 @@ def _interpreting():
                 JITFunction.__call__ = _original_call
                 _interp_mod._convert_float = _original_convert
                 _interp_mod._patch_lang_tensor = _original_patch_tensor
+                _interp_mod._patch_lang_core = _original_patch_core
 
 
 class Kernel(JITFunction):
