@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from kernelab.numerics import error, special_mismatch
@@ -31,3 +33,62 @@ def check(op, inputs: dict, fn, dtype: torch.dtype) -> tuple:
         err = error(got, ref)
         assert err.rel_l2 <= tol, f"rel L2 {err.rel_l2:.3e} > tolerance {tol:.3e} at {err}"
     return out
+
+
+# --- static checks of compiled launches (sm_90, no GPU needed) -----------------------------------
+
+
+def compile_launch(launch, target=None):
+    """Compile a ``Launch`` as Triton would at run time (with its 16-divisibility and
+    equal-to-1 specialisations) for ``target`` (default sm_90)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    target = target or GPUTarget("cuda", 90, 32)
+    sig = dict(launch.signature)
+    constexprs = dict(launch.constexprs)
+    attrs = {}
+    params = list(sig)
+    for name in launch.divisible_16:
+        attrs[(params.index(name),)] = [["tt.divisibility", 16]]
+    for name in launch.equal_1:
+        sig[name] = "constexpr"
+        constexprs[name] = 1
+    src = triton.compiler.ASTSource(
+        fn=launch.kernel, signature=sig, constexprs=constexprs, attrs=attrs
+    )
+    return triton.compile(
+        src,
+        target=target,
+        options={"num_warps": launch.num_warps, "num_stages": launch.num_stages},
+    )
+
+
+def widths(ptx: str) -> tuple[list[int], list[int], bool]:
+    """Bit widths of the global loads and of the global stores, and whether local memory
+    (spills) is used."""
+
+    def found(kind):
+        sizes = set()
+        pattern = rf"{kind}\.global(?:\.[A-Za-z0-9_:]+)*?(?:\.v(\d))?\.(?:b|f|u|s)(\d+)"
+        for m in re.finditer(pattern, ptx):
+            sizes.add(int(m.group(1) or 1) * int(m.group(2)))
+        return sorted(sizes, reverse=True)
+
+    local = bool(re.search(r"\b(ld|st)\.local", ptx))
+    return found("ld"), found("st"), local
+
+
+def assert_wide_and_unspilled(launch, stores: bool = True) -> str:
+    """The launch's sm_90 PTX moves its bulk data in 128-bit global loads (and stores, unless
+    ``stores`` is False: a reduction-only launch), uses no local memory, and computes 64-bit
+    offsets; returns the PTX."""
+    compiled = compile_launch(launch)
+    ptx = compiled.asm["ptx"]
+    ld, st, local = widths(ptx)
+    assert ld[:1] == [128], f"widest global load {ld} bits"
+    assert st[:1] == [128] or not stores, f"widest global store {st} bits"
+    assert not local, "local memory (spills) in the PTX"
+    ttir = compiled.asm["ttir"]
+    assert re.search(r"arith\.muli [^\n]*: (tensor<[^>]*xi64>|i64)", ttir), "no 64-bit offsets"
+    return ptx

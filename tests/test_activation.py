@@ -16,7 +16,7 @@ from kernelab.ops.activation import (
     silu_and_mul_triton,
 )
 from tests.mutants import mutate
-from tests.opcheck import check
+from tests.opcheck import assert_wide_and_unspilled, check
 
 act_module = importlib.import_module("kernelab.ops.activation")
 SILU, GELU = get("silu_and_mul"), get("gelu_and_mul")
@@ -126,6 +126,13 @@ def test_bad_arguments_raise_naming_the_argument(fn, kwargs, exc, words):
     with pytest.raises(exc) as info:
         fn(**{"x": torch.randn(2, 8), **kwargs})
     assert words in str(info.value)
+
+
+@pytest.mark.parametrize("op", [SILU, GELU], ids=lambda o: o.name)
+def test_prefill_launch_compiles_to_wide_accesses_without_spills_for_sm90(op):
+    shape = op.shapes("representative")[-1]  # the widest rows at prefill
+    for launch in op.launches(shape, torch.bfloat16):
+        assert_wide_and_unspilled(launch)
 
 
 # --- planted defects ----------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import torch
 from kernelab.ops import LAYERNORM, Shape, layernorm, layernorm_ref
 from kernelab.ops.layernorm import LayerNormConfig, layernorm_torch, layernorm_triton
 from tests.mutants import mutate
-from tests.opcheck import check
+from tests.opcheck import assert_wide_and_unspilled, check
 
 ln_module = importlib.import_module("kernelab.ops.layernorm")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -85,6 +85,12 @@ def test_bad_arguments_raise_naming_the_argument(fn, kwargs, exc, words):
     with pytest.raises(exc) as info:
         fn(**{"x": torch.randn(2, 8), "weight": torch.ones(8), **kwargs})
     assert words in str(info.value)
+
+
+def test_prefill_launch_compiles_to_wide_accesses_without_spills_for_sm90():
+    shape = LAYERNORM.shapes("representative")[-1]  # 4096 x 8192 with bias and residual
+    for launch in LAYERNORM.launches(shape, torch.bfloat16):
+        assert_wide_and_unspilled(launch)
 
 
 # --- planted defects ----------------------------------------------------------------------------

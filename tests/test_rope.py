@@ -8,7 +8,7 @@ import torch
 from kernelab.ops import ROPE, Shape, rope, rope_ref
 from kernelab.ops.rope import RopeConfig, _cache, rope_torch, rope_triton
 from tests.mutants import mutate
-from tests.opcheck import check
+from tests.opcheck import assert_wide_and_unspilled, check
 
 rope_module = importlib.import_module("kernelab.ops.rope")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -111,6 +111,12 @@ def test_bad_arguments_raise_naming_the_argument(fn, kwargs, exc, words):
     with pytest.raises(exc) as info:
         fn(**_args(**kwargs))
     assert words in str(info.value)
+
+
+def test_prefill_launches_compile_to_wide_accesses_without_spills_for_sm90():
+    for shape in ROPE.shapes("representative")[-2:]:  # qwen2.5 prefill, NeoX and GPT-J
+        for launch in ROPE.launches(shape, torch.bfloat16):
+            assert_wide_and_unspilled(launch)
 
 
 # --- planted defects ----------------------------------------------------------------------------

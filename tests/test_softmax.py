@@ -8,7 +8,7 @@ import torch
 from kernelab.ops import Shape, get
 from kernelab.ops.softmax import SoftmaxConfig, softmax, softmax_torch, softmax_triton
 from tests.mutants import mutate
-from tests.opcheck import check
+from tests.opcheck import assert_wide_and_unspilled, check
 
 sm_module = importlib.import_module("kernelab.ops.softmax")
 SOFTMAX = get("softmax")
@@ -102,6 +102,14 @@ def test_bad_arguments_raise_naming_the_argument(fn, kwargs, exc, words):
     with pytest.raises(exc) as info:
         fn(**{"x": torch.randn(2, 8), **kwargs})
     assert words in str(info.value)
+
+
+def test_launches_compile_to_wide_accesses_without_spills_for_sm90():
+    shapes = SOFTMAX.shapes("representative")
+    logits = next(s for s in shapes if s.dims["cols"] == 152064)  # online path
+    for shape in (logits, shapes[-1]):  # and the one-pass prefill scores with a full mask
+        for launch in SOFTMAX.launches(shape, torch.bfloat16):
+            assert_wide_and_unspilled(launch)
 
 
 # --- planted defects ----------------------------------------------------------------------------

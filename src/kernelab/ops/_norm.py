@@ -294,11 +294,15 @@ def launch(
 # --- shapes and launch declarations ------------------------------------------------------------
 
 
+def suffix(params: dict) -> str:
+    """A label's note of a shape's options: " +residual" for flags, " e4m3fnuz" for names."""
+    return "".join(
+        f" +{k}" if v is True else f" {v}" if isinstance(v, str) else "" for k, v in params.items()
+    )
+
+
 def representative(options: tuple[dict, ...]) -> list[Shape]:
     """Hidden widths of the reference models at decode and prefill, once per option set."""
-
-    def suffix(p):
-        return "".join(f" +{k}" for k, v in p.items() if v is True)
 
     return [
         Shape(
@@ -325,7 +329,7 @@ def edge(options: tuple[dict, ...]) -> list[Shape]:
     ]
     return [
         Shape(
-            f"{label} {n}x{c}" + "".join(f" +{k}" for k, v in p.items() if v is True),
+            f"{label} {n}x{c}" + suffix(p),
             {"rows": n, "cols": c},
             {**p, **extra},
             batch_dim="rows",

@@ -146,6 +146,26 @@ def _patch_lang_tensor(tensor, scope):
     scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
 
 
+_original_patch_core = _interp_mod._patch_lang_core
+
+
+def _patch_lang_core(lang, scope):
+    """Triton 3.6's interpreter maps Triton dtypes to its own types without AMD's float8
+    formats (fp8e4b8, fp8e5b16), although its builder provides them; later versions map them.
+    Same mapping, for every version."""
+    _original_patch_core(lang, scope)
+    inner = lang.dtype.to_ir
+
+    def to_ir(self, builder):
+        if self.name == "fp8e4b8":
+            return builder.get_fp8e4b8_ty()
+        if self.name == "fp8e5b16":
+            return builder.get_fp8e5b16_ty()
+        return inner(self, builder)
+
+    scope.set_attr(lang.dtype, "to_ir", to_ir)
+
+
 @contextmanager
 def _interpreting():
     """While an interpreted launch runs: JIT functions called from it (Triton's own standard
@@ -162,6 +182,7 @@ def _interpreting():
             _interp_mod.InterpreterBuilder.create_dot = _create_dot_exact
             _interp_mod.InterpreterBuilder.create_si_to_fp = _int_to_float(_original_si_to_fp)
             _interp_mod.InterpreterBuilder.create_ui_to_fp = _int_to_float(_original_ui_to_fp)
+            _interp_mod._patch_lang_core = _patch_lang_core
         _depth += 1
         try:
             yield
@@ -174,6 +195,7 @@ def _interpreting():
                 _interp_mod.InterpreterBuilder.create_dot = _original_create_dot
                 _interp_mod.InterpreterBuilder.create_si_to_fp = _original_si_to_fp
                 _interp_mod.InterpreterBuilder.create_ui_to_fp = _original_ui_to_fp
+                _interp_mod._patch_lang_core = _original_patch_core
 
 
 class Kernel(JITFunction):

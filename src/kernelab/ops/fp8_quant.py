@@ -1,0 +1,612 @@
+"""Float8 quantization for inference: dynamic per-token and per-tensor scales, and RMSNorm fused
+with per-token quantization (with the optional residual).
+
+    scale  = max(max|x| / FP8_MAX, MIN_SCALE)     over a row (per token) or the whole tensor
+    values = fp8(clamp(x / scale, −FP8_MAX, FP8_MAX))    rounded to nearest even
+    x ≈ values · scale
+
+FP8_MAX is 448 for float8_e4m3fn (NVIDIA) and 240 for float8_e4m3fnuz (AMD gfx942). MIN_SCALE
+(the smallest normal float32) gives an all-zero row a finite, non-zero scale. The division is
+IEEE-rounded (``div_rn``), so the arithmetic up to the cast is exactly eager PyTorch's.
+
+The fused op normalises in float32 and quantizes the unrounded result: it never writes the
+normalised activations, saving their round trip through memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton.language as tl
+
+from kernelab.ops import _check, _inputs, _norm, _shapes
+from kernelab.ops._launch import TL, cdiv, rows, specialised
+from kernelab.ops._model import Contract, Cost, Launch, Op, Shape, Variant, register
+from kernelab.ops._triton import kernel, next_pow2, num_sms, use_triton
+
+FP8_DTYPES = tuple(
+    getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, name)
+)
+MIN_SCALE = _norm.MIN_SCALE
+#: The kernel's MODE: per-token scales; the global max|x| (first launch of per-tensor);
+#: quantize with the scale derived from that max (second launch); quantize with a given scale.
+PER_TOKEN, AMAX, PER_TENSOR, STATIC = 0, 1, 2, 3
+
+# --- the kernel -----------------------------------------------------------------------------
+
+
+@kernel
+def _fp8_quant_kernel(
+    Out,
+    stride_out,
+    Scale,
+    X,
+    stride_x,
+    Amax,
+    n_rows,
+    n_cols,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MODE: tl.constexpr,
+    SINGLE_PASS: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    MIN_SCALE: tl.constexpr,
+):
+    """A tile of BLOCK_M rows × BLOCK_N columns (PER_TOKEN: whole rows), float32 arithmetic.
+
+    Bytes: PER_TOKEN reads x once and writes values and one scale per row (rows longer than
+    BLOCK_N are read twice); per tensor, AMAX reads x and PER_TENSOR reads it again and writes
+    the values (the second read is the price of a scale that depends on the whole tensor).
+    """
+    pid_m = tl.program_id(0).to(tl.int64)
+    pid_n = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    row_ok = rows < n_rows
+    cols = tl.arange(0, BLOCK_N)
+    x_rows = X + rows[:, None] * stride_x
+    o_rows = Out + rows[:, None] * stride_out
+    if MODE == 0:
+        if SINGLE_PASS:
+            mask = row_ok[:, None] & (cols[None, :] < n_cols)
+            x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=1), FP8_MAX), MIN_SCALE)
+            q = tl.math.div_rn(x, scale[:, None])
+            q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)
+            tl.store(o_rows + cols[None, :], q.to(Out.dtype.element_ty), mask=mask)
+        else:
+            amax = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for start in range(0, n_cols, BLOCK_N):
+                c = start + cols
+                mask = row_ok[:, None] & (c[None, :] < n_cols)
+                x = tl.load(x_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                amax = tl.maximum(amax, tl.abs(x))
+            scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=1), FP8_MAX), MIN_SCALE)
+            for start in range(0, n_cols, BLOCK_N):
+                c = start + cols
+                mask = row_ok[:, None] & (c[None, :] < n_cols)
+                x = tl.load(x_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                q = tl.math.div_rn(x, scale[:, None])
+                q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)
+                tl.store(o_rows + c[None, :], q.to(Out.dtype.element_ty), mask=mask)
+        tl.store(Scale + rows, scale, mask=row_ok)
+    else:
+        c = pid_n * BLOCK_N + cols
+        mask = row_ok[:, None] & (c[None, :] < n_cols)
+        x = tl.load(x_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
+        if MODE == 1:
+            tl.atomic_max(Amax, tl.max(tl.max(tl.abs(x), axis=1), axis=0))
+        else:
+            if MODE == 2:
+                scale = tl.maximum(tl.math.div_rn(tl.load(Amax), FP8_MAX), MIN_SCALE)
+                if (pid_m == 0) & (pid_n == 0):
+                    tl.store(Scale, scale)
+            else:
+                scale = tl.load(Scale)
+            q = tl.math.div_rn(x, scale)
+            q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)
+            tl.store(o_rows + c[None, :], q.to(Out.dtype.element_ty), mask=mask)
+
+
+# --- launch heuristics as data ----------------------------------------------------------------
+
+#: Elements per program of the per-tensor tiles: 4096 over 8 warps is 16 per thread, one
+#: 128-bit vector of float8 output.
+TILE_ELEMENTS = 4096
+#: Smallest per-tensor tile when shrinking tiles to fill the GPU at decode.
+MIN_TILE = 512
+
+
+@dataclass(frozen=True)
+class Fp8QuantConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int = 1
+
+    @staticmethod
+    def default_for(
+        n_rows: int, n_cols: int, per_token: bool, device: torch.device | None = None
+    ) -> Fp8QuantConfig:
+        if per_token:
+            c = _norm.NormConfig.default_for(n_rows, n_cols, device)
+            return Fp8QuantConfig(c.block_m, c.block_n, c.num_warps)
+        block_n = min(next_pow2(n_cols), TILE_ELEMENTS)
+        block_m = max(1, TILE_ELEMENTS // block_n)
+        target = 2 * num_sms(device)
+        while block_m * block_n > MIN_TILE and cdiv(n_rows, block_m) * cdiv(n_cols, block_n) < (
+            target
+        ):
+            if block_m > 1:
+                block_m //= 2
+            else:
+                block_n //= 2
+        return Fp8QuantConfig(block_m, block_n, max(1, min(8, block_m * block_n // 512)))
+
+    @staticmethod
+    def tuning_space(n_cols: int, per_token: bool) -> list[Fp8QuantConfig]:
+        if per_token:
+            return [
+                Fp8QuantConfig(c.block_m, c.block_n, c.num_warps)
+                for c in _norm.NormConfig.tuning_space(n_cols)
+            ]
+        space = [
+            Fp8QuantConfig(m, n, w)
+            for n in (512, 1024, 2048, 4096)
+            if n <= max(512, next_pow2(n_cols))
+            for m in (1, 2, 4, 8)
+            for w in (1, 2, 4, 8)
+        ]
+        return [c for c in space if 8 <= c.block_m * c.block_n // (32 * c.num_warps) <= 64]
+
+
+# --- references and eager ---------------------------------------------------------------------
+
+
+def _quantize_ref(y, scale, fp8_dtype):
+    """Values of y / scale rounded to the float8 grid, in y's dtype (float64 for references).
+
+    torch rounds float64 to float8 through float32; the double rounding is exact here (float32
+    carries more than twice float8's 4 significant bits plus two)."""
+    fmax = torch.finfo(fp8_dtype).max
+    return (y / scale).clamp(-fmax, fmax).to(torch.float32).to(fp8_dtype).to(y.dtype)
+
+
+def _amax(x, per_token):
+    """max|x| per row (shape (..., 1)) or over the tensor (shape (1,)); 0 over nothing."""
+    a = x.abs()
+    if per_token:
+        return a.amax(dim=-1, keepdim=True) if x.shape[-1] else a.new_zeros((*x.shape[:-1], 1))
+    return a.amax().reshape(1) if x.numel() else a.new_zeros(1)
+
+
+def _scale_of(amax, fp8_dtype):
+    return (amax / torch.finfo(fp8_dtype).max).clamp_min(MIN_SCALE)
+
+
+def fp8_quant_ref(x, per_token=False, fp8_dtype=FP8_DTYPES[0], scale=None):
+    """(values on the float8 grid in x's dtype, scales) in x's dtype (exact in float64)."""
+    if scale is None:
+        scale = _scale_of(_amax(x, per_token), fp8_dtype)
+    return _quantize_ref(x, scale, fp8_dtype), scale
+
+
+def fp8_quant_torch(x, per_token=False, fp8_dtype=FP8_DTYPES[0], scale=None):
+    """Eager PyTorch in float32: the same IEEE divisions and rounding as the kernel."""
+    _validate_quant(x, per_token, fp8_dtype, scale)
+    xf = x.float()
+    if scale is None:
+        scale = _scale_of(_amax(xf, per_token), fp8_dtype)
+    fmax = torch.finfo(fp8_dtype).max
+    values = (xf / scale).clamp(-fmax, fmax).to(fp8_dtype)
+    return values, scale.float()
+
+
+def rmsnorm_fp8_quant_ref(x, weight, eps=1e-6, residual=None, fp8_dtype=FP8_DTYPES[0]):
+    """RMSNorm (updating ``residual``), then per-token quantization (exact in float64)."""
+    h = x
+    if residual is not None:
+        residual.add_(x)
+        h = residual
+    y = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
+    scale = _scale_of(_amax(y, True), fp8_dtype)
+    return _quantize_ref(y, scale, fp8_dtype), scale
+
+
+def rmsnorm_fp8_quant_torch(x, weight, eps=1e-6, residual=None, fp8_dtype=FP8_DTYPES[0]):
+    """Eager PyTorch: float32 norm, unrounded, then per-token quantization."""
+    _norm.validate(x, weight, eps, residual, None)
+    _check_fp8("fp8_dtype", fp8_dtype)
+    h = x
+    if residual is not None:
+        residual.add_(x)
+        h = residual
+    hf = h.float()
+    y = hf * torch.rsqrt(hf.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()
+    scale = _scale_of(_amax(y, True), fp8_dtype)
+    fmax = torch.finfo(fp8_dtype).max
+    return (y / scale).clamp(-fmax, fmax).to(fp8_dtype), scale
+
+
+def _check_fp8(name, fp8_dtype):
+    if fp8_dtype not in FP8_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in FP8_DTYPES)
+        raise TypeError(f"{name}: expected one of ({names}), got {fp8_dtype!r}")
+
+
+def _validate_quant(x, per_token, fp8_dtype, scale):
+    _check.tensor("x", x, dtypes=_check.FLOATS, min_ndim=1)
+    if not isinstance(per_token, bool):
+        raise TypeError(f"per_token: expected a bool, got {type(per_token).__name__}")
+    _check_fp8("fp8_dtype", fp8_dtype)
+    if scale is not None:
+        if per_token:
+            raise ValueError("scale: a given (static) scale is per tensor; got per_token=True")
+        _check.tensor("scale", scale, dtypes=(torch.float32,), device=x.device)
+        if scale.numel() != 1:
+            raise ValueError(f"scale: expected one element, got shape {tuple(scale.shape)}")
+        if x.device.type == "cpu" and not (0 < float(scale) < float("inf")):
+            raise ValueError(f"scale: expected a finite positive value, got {float(scale)}")
+
+
+# --- launchers and public functions -----------------------------------------------------------
+
+
+def fp8_quant_triton(x, per_token=False, fp8_dtype=FP8_DTYPES[0], scale=None, config=None):
+    """Launch the Triton kernel: one launch per token, two (max, then quantize) per tensor."""
+    _validate_quant(x, per_token, fp8_dtype, scale)
+    values = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
+    if per_token:
+        scales = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+    elif scale is None:
+        scales = torch.empty(1, dtype=torch.float32, device=x.device)
+    else:
+        scales = scale.reshape(1)
+    if x.numel() == 0:
+        if scale is None:
+            scales.fill_(MIN_SCALE)  # the max of nothing is 0
+        return values, scales
+    x2 = rows(x)
+    n_rows, n_cols = x2.shape
+    out2 = values.view(n_rows, n_cols)
+    cfg = config or Fp8QuantConfig.default_for(n_rows, n_cols, per_token, x.device)
+    common = dict(
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        SINGLE_PASS=n_cols <= cfg.block_n,
+        FP8_MAX=float(torch.finfo(fp8_dtype).max),
+        MIN_SCALE=MIN_SCALE,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    args = (out2, out2.stride(0), scales, x2, x2.stride(0))
+    if per_token:
+        grid = (cdiv(n_rows, cfg.block_m), 1)
+        _fp8_quant_kernel[grid](*args, scales, n_rows, n_cols, MODE=PER_TOKEN, **common)
+        return values, scales
+    grid = (cdiv(n_rows, cfg.block_m), cdiv(n_cols, cfg.block_n))
+    if scale is None:
+        amax = torch.zeros(1, dtype=torch.float32, device=x.device)
+        _fp8_quant_kernel[grid](*args, amax, n_rows, n_cols, MODE=AMAX, **common)
+        _fp8_quant_kernel[grid](*args, amax, n_rows, n_cols, MODE=PER_TENSOR, **common)
+    else:
+        _fp8_quant_kernel[grid](*args, scales, n_rows, n_cols, MODE=STATIC, **common)
+    return values, scales
+
+
+def fp8_quant(
+    x: torch.Tensor,
+    per_token: bool = False,
+    fp8_dtype: torch.dtype = FP8_DTYPES[0],
+    scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``x`` to float8 with dynamic (or a given) scales; returns (values, scales).
+
+    Parameters
+    ----------
+    x : tensor (..., n) of float32, float16 or bfloat16; any row stride.
+    per_token : one scale per row (scales of shape (..., 1)) instead of one for the tensor
+        (shape (1,)).
+    fp8_dtype : torch.float8_e4m3fn (NVIDIA) or torch.float8_e4m3fnuz (AMD gfx942).
+    scale : optional given per-tensor float32 scale (static quantization).
+
+    ``x ≈ values.float() * scales``. Triton on CUDA/ROCm; torch on CPU.
+    """
+    if isinstance(x, torch.Tensor) and use_triton(x):
+        return fp8_quant_triton(x, per_token, fp8_dtype, scale)
+    return fp8_quant_torch(x, per_token, fp8_dtype, scale)
+
+
+def rmsnorm_fp8_quant_triton(
+    x, weight, eps=1e-6, residual=None, fp8_dtype=FP8_DTYPES[0], config=None
+):
+    """The norm family's kernel with QUANT on: one pass, float8 values and per-row scales."""
+    _norm.validate(x, weight, eps, residual, None)
+    _check_fp8("fp8_dtype", fp8_dtype)
+    values = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
+    scales = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+    if x.numel() == 0:
+        return values, scales.fill_(MIN_SCALE)
+    _norm.launch(
+        _rmsnorm_quant_kernel,
+        x,
+        weight,
+        None,
+        eps,
+        residual,
+        values,
+        config,
+        is_rms=True,
+        scale=scales,
+    )
+    return values, scales
+
+
+def rmsnorm_fp8_quant(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    residual: torch.Tensor | None = None,
+    fp8_dtype: torch.dtype = FP8_DTYPES[0],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm (with the optional fused residual add, in place) quantized per token to float8.
+
+    Returns (values of ``x``'s shape in ``fp8_dtype``, float32 scales of shape (..., 1)).
+    """
+    if isinstance(x, torch.Tensor) and use_triton(x):
+        return rmsnorm_fp8_quant_triton(x, weight, eps, residual, fp8_dtype)
+    return rmsnorm_fp8_quant_torch(x, weight, eps, residual, fp8_dtype)
+
+
+#: The fused op runs the norm family's kernel with QUANT on; the name lets tests replace it.
+_rmsnorm_quant_kernel = _norm._norm_kernel
+
+
+# --- the declarations --------------------------------------------------------------------------
+
+_FP8 = {str(d).removeprefix("torch.float8_"): d for d in FP8_DTYPES}
+
+
+def _fp8_of(shape: Shape) -> torch.dtype:
+    return _FP8[shape.params.get("fp8", "e4m3fn")]
+
+
+def _quant_representative() -> list[Shape]:
+    # The activations entering each GEMM: hidden (QKV and gate/up inputs) and intermediate
+    # (down-projection input) widths, quantized per token and per tensor.
+    return [
+        Shape(
+            f"{'/'.join(models)} {_shapes.phase(tokens)} {tokens}x{width} {kind} "
+            + ("per token" if per_token else "per tensor"),
+            {"rows": tokens, "cols": width},
+            {"per_token": per_token},
+            batch_dim="rows",
+        )
+        for kind, width_of in (("hidden", lambda m: m.hidden), ("inter", lambda m: m.intermediate))
+        for width, models in _shapes.by_width(width_of).items()
+        for tokens in _shapes.TOKENS
+        for per_token in (True, False)
+    ]
+
+
+def _quant_edge() -> list[Shape]:
+    base = _norm.edge(({"per_token": True}, {"per_token": False}))
+    extra = [
+        Shape("static scale 5x1021", {"rows": 5, "cols": 1021}, {"static": True}, "rows"),
+        Shape(
+            "e4m3fnuz 7x257 per token",
+            {"rows": 7, "cols": 257},
+            {"per_token": True, "fp8": "e4m3fnuz"},
+            "rows",
+        ),
+        Shape(
+            "e4m3fnuz 3x1000 per tensor",
+            {"rows": 3, "cols": 1000},
+            {"per_token": False, "fp8": "e4m3fnuz"},
+            "rows",
+        ),
+    ]
+    return base + extra
+
+
+def _quant_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
+    n_rows, n_cols = shape.dims["rows"], shape.dims["cols"]
+    x = _inputs.randn((n_rows, n_cols), dtype, device, gen, dist)
+    # Rows of different magnitudes (as activations of different tokens are), so that each row's
+    # scale differs from its neighbours'.
+    if device.type != "meta" and n_rows:
+        spread = _inputs.randn((n_rows, 1), torch.float32, device, gen, "normal", scale=0.5)
+        x = (x.float() * spread.exp()).to(dtype)
+    pad = shape.params.get("row_pad", 0)
+    if pad and device.type != "meta":
+        x = _inputs.strided_rows(x, pad)
+    fp8_dtype = _fp8_of(shape)
+    scale = None
+    if shape.params.get("static"):
+        amax = x.float().abs().amax() if x.numel() and device.type != "meta" else torch.ones(())
+        scale = (amax / torch.finfo(fp8_dtype).max * 1.25).reshape(1).to(device)
+    return {
+        "x": x,
+        "per_token": bool(shape.params.get("per_token", False)),
+        "fp8_dtype": fp8_dtype,
+        "scale": scale,
+    }
+
+
+def _quant_cost(inputs: dict) -> Cost:
+    x = inputs["x"]
+    n = x.numel()
+    n_scales = n // max(1, x.shape[-1]) if inputs.get("per_token") else 1
+    # Read x once, write one byte per value and the float32 scales (the minimum: the two-launch
+    # per-tensor path reads x twice and is measured against this floor).
+    return Cost(flops=4 * n, bytes=n * x.element_size() + n + 4 * n_scales)
+
+
+_QUANT_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "MODE", "SINGLE_PASS", "FP8_MAX", "MIN_SCALE")
+
+
+def _quant_launches(shape: Shape, dtype: torch.dtype, config: Fp8QuantConfig | None = None):
+    n_rows, n_cols = shape.dims["rows"], shape.dims["cols"]
+    if n_rows * n_cols == 0:
+        return []
+    per_token = bool(shape.params.get("per_token"))
+    fp8_dtype = _fp8_of(shape)
+    cfg = config or Fp8QuantConfig.default_for(n_rows, n_cols, per_token)
+    sig = {
+        "Out": f"*{TL[fp8_dtype]}",
+        "stride_out": "i32",
+        "Scale": "*fp32",
+        "X": f"*{TL[dtype]}",
+        "stride_x": "i32",
+        "Amax": "*fp32",
+        "n_rows": "i32",
+        "n_cols": "i32",
+        **dict.fromkeys(_QUANT_CONSTEXPRS, "constexpr"),
+    }
+    ints = {
+        "stride_out": n_cols,
+        "stride_x": n_cols + shape.params.get("row_pad", 0),
+        "n_rows": n_rows,
+        "n_cols": n_cols,
+    }
+    div16, eq1 = specialised(ints, ("Out", "Scale", "X", "Amax"))
+    if per_token:
+        modes, grid = [PER_TOKEN], (cdiv(n_rows, cfg.block_m), 1)
+    else:
+        modes = [STATIC] if shape.params.get("static") else [AMAX, PER_TENSOR]
+        grid = (cdiv(n_rows, cfg.block_m), cdiv(n_cols, cfg.block_n))
+    return [
+        Launch(
+            _fp8_quant_kernel,
+            sig,
+            {
+                "BLOCK_M": cfg.block_m,
+                "BLOCK_N": cfg.block_n,
+                "MODE": mode,
+                "SINGLE_PASS": n_cols <= cfg.block_n,
+                "FP8_MAX": float(torch.finfo(fp8_dtype).max),
+                "MIN_SCALE": MIN_SCALE,
+            },
+            cfg.num_warps,
+            cfg.num_stages,
+            grid,
+            divisible_16=div16,
+            equal_1=eq1,
+            config=cfg,
+        )
+        for mode in modes
+    ]
+
+
+FP8_QUANT = register(
+    Op(
+        "fp8_quant",
+        description="dynamic per-token or per-tensor (or static) float8 e4m3 quantization",
+        reference=fp8_quant_ref,
+        make_inputs=_quant_inputs,
+        shapes={"representative": _quant_representative, "edge": _quant_edge},
+        cost=_quant_cost,
+        # The kernel's arithmetic and cast are eager torch's bit for bit (the tests check both),
+        # so its error equals eager's; the floors only matter where eager's error is 0 and are
+        # set far below one float8 step (2^-3 relative) in any row, instead of the default 16-bit
+        # floors, which a float8 output computed at lower precision could slip under.
+        contract=Contract(floors={"float32": 1e-6, "float16": 1e-5, "bfloat16": 1e-5}),
+        outputs=("values", "scales"),
+        out_arg=None,
+        kernels=(_fp8_quant_kernel,),
+        launches=_quant_launches,
+        tuning_space=lambda shape, dtype: Fp8QuantConfig.tuning_space(
+            shape.dims["cols"], bool(shape.params.get("per_token"))
+        ),
+    )
+)
+FP8_QUANT.add_variant(
+    Variant(
+        "kernelab",
+        fp8_quant_triton,
+        "triton",
+        description="Triton; per token in one pass, per tensor as max then quantize",
+    )
+)
+FP8_QUANT.add_torch(fp8_quant_torch)
+
+
+def _fused_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
+    n_rows, n_cols = shape.dims["rows"], shape.dims["cols"]
+    x = _inputs.randn((n_rows, n_cols), dtype, device, gen, dist)
+    weight = _inputs.randn((n_cols,), dtype, device, gen, "normal", scale=0.1, mean=1.0)
+    residual = None
+    if shape.params.get("residual"):
+        residual = _inputs.randn((n_rows, n_cols), dtype, device, gen, dist)
+    pad = shape.params.get("row_pad", 0)
+    if pad and device.type != "meta":
+        x = _inputs.strided_rows(x, pad)
+        if residual is not None:
+            residual = _inputs.strided_rows(residual, pad)
+    return {
+        "x": x,
+        "weight": weight,
+        "eps": 1e-6,
+        "residual": residual,
+        "fp8_dtype": _fp8_of(shape),
+    }
+
+
+def _fused_cost(inputs: dict) -> Cost:
+    x, w, residual = inputs["x"], inputs["weight"], inputs.get("residual")
+    n = x.numel()
+    n_rows = n // max(1, x.shape[-1])
+    # Read x and weight, write one byte per value and a float32 scale per row; with a residual,
+    # also read and write it.
+    nbytes = n * x.element_size() + w.numel() * w.element_size() + n + 4 * n_rows
+    flops = 7 * n  # the norm (4), max|y|, divide, clamp
+    if residual is not None:
+        nbytes += 2 * n * residual.element_size()
+        flops += n
+    return Cost(flops=flops, bytes=nbytes)
+
+
+def _fused_launches(shape: Shape, dtype: torch.dtype, config: _norm.NormConfig | None = None):
+    return _norm.launches(
+        _rmsnorm_quant_kernel, shape, dtype, config, is_rms=True, out_dtype=_fp8_of(shape)
+    )
+
+
+_FUSED_OPTIONS = ({"residual": False}, {"residual": True})
+
+RMSNORM_FP8_QUANT = register(
+    Op(
+        "rmsnorm_fp8_quant",
+        description="RMSNorm (optional fused residual, in place) quantized per token to float8",
+        reference=rmsnorm_fp8_quant_ref,
+        make_inputs=_fused_inputs,
+        shapes={
+            "representative": lambda: _norm.representative(_FUSED_OPTIONS),
+            "edge": lambda: _norm.edge((*_FUSED_OPTIONS, {"residual": True, "fp8": "e4m3fnuz"})),
+        },
+        cost=_fused_cost,
+        # The norm's float32 arithmetic differs from eager torch's in its last bits (summation
+        # order), and a last-bit difference ahead of the cast moves a value across a float8
+        # rounding boundary with probability about 2e-6 per element; each such element is one
+        # float8 step (2^-3 relative) off, about 5e-3 of a 4096-wide row's L2 norm. The floor
+        # admits a few such steps per case; a wrong scale or norm is off by far more.
+        contract=Contract(
+            inplace=("residual",),
+            floors={"float32": 1e-2, "float16": 1e-2, "bfloat16": 1e-2},
+        ),
+        outputs=("values", "scales"),
+        out_arg=None,
+        kernels=(_rmsnorm_quant_kernel,),
+        launches=_fused_launches,
+        tuning_space=lambda shape, dtype: _norm.NormConfig.tuning_space(shape.dims["cols"]),
+    )
+)
+RMSNORM_FP8_QUANT.add_variant(
+    Variant(
+        "kernelab",
+        rmsnorm_fp8_quant_triton,
+        "triton",
+        description="the norm family's kernel with per-row float8 output, one pass",
+    )
+)
+RMSNORM_FP8_QUANT.add_torch(rmsnorm_fp8_quant_torch)
