@@ -87,10 +87,14 @@ def _norm_kernel(
         if HAS_BIAS:
             y += tl.load(B + cols, mask=cols < n_cols, other=0.0).to(tl.float32)[None, :]
         if QUANT:
+            # NaN propagates as in torch; the GPU's max and min drop NaN operands, so NaN is
+            # counted apart and the clamps propagate it.
             amax = tl.max(tl.abs(y), axis=1)
-            scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), MIN_SCALE)
+            amax = tl.where(tl.sum((y != y).to(tl.int32), axis=1) > 0, float("nan"), amax)
+            scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), MIN_SCALE, tl.PropagateNan.ALL)
             q = tl.math.div_rn(y, scale[:, None])
-            q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)
+            q = tl.maximum(q, -FP8_MAX, tl.PropagateNan.ALL)
+            q = tl.minimum(q, FP8_MAX, tl.PropagateNan.ALL)
             tl.store(o_rows + cols[None, :], q.to(Out.dtype.element_ty), mask=mask)
             tl.store(Scale + rows, scale, mask=row_ok)
         else:
@@ -136,8 +140,10 @@ def _norm_kernel(
                 y = (h - mean[:, None]) * rstd[:, None] * w[None, :]
                 if HAS_BIAS:
                     y += tl.load(B + c, mask=c < n_cols, other=0.0).to(tl.float32)[None, :]
-                amax = tl.maximum(amax, tl.where(mask, tl.abs(y), 0.0))
-            scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=1), FP8_MAX), MIN_SCALE)
+                amax = tl.maximum(amax, tl.where(mask, tl.abs(y), 0.0), tl.PropagateNan.ALL)
+            nan = tl.sum((amax != amax).to(tl.int32), axis=1) > 0
+            amax_row = tl.where(nan, float("nan"), tl.max(amax, axis=1))
+            scale = tl.maximum(tl.math.div_rn(amax_row, FP8_MAX), MIN_SCALE, tl.PropagateNan.ALL)
             tl.store(Scale + rows, scale, mask=row_ok)
         for start in range(0, n_cols, BLOCK_N):
             c = start + cols
@@ -149,7 +155,8 @@ def _norm_kernel(
                 y += tl.load(B + c, mask=c < n_cols, other=0.0).to(tl.float32)[None, :]
             if QUANT:
                 y = tl.math.div_rn(y, scale[:, None])
-                y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
+                y = tl.maximum(y, -FP8_MAX, tl.PropagateNan.ALL)
+                y = tl.minimum(y, FP8_MAX, tl.PropagateNan.ALL)
             tl.store(o_rows + c[None, :], y.to(Out.dtype.element_ty), mask=mask)
 
 

@@ -66,13 +66,18 @@ def _fp8_quant_kernel(
     cols = tl.arange(0, BLOCK_N)
     x_rows = X + rows[:, None] * stride_x
     o_rows = Out + rows[:, None] * stride_out
+    # NaN propagates as in torch (a NaN makes the max, the scale and the values NaN): the GPU's
+    # max and min drop NaN operands, so NaN is counted apart and clamps propagate it.
     if MODE == 0:
         if SINGLE_PASS:
             mask = row_ok[:, None] & (cols[None, :] < n_cols)
             x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=1), FP8_MAX), MIN_SCALE)
+            nan = tl.sum((x != x).to(tl.int32), axis=1) > 0
+            amax = tl.where(nan, float("nan"), tl.max(tl.abs(x), axis=1))
+            scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), MIN_SCALE, tl.PropagateNan.ALL)
             q = tl.math.div_rn(x, scale[:, None])
-            q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)
+            q = tl.maximum(q, -FP8_MAX, tl.PropagateNan.ALL)
+            q = tl.minimum(q, FP8_MAX, tl.PropagateNan.ALL)
             tl.store(o_rows + cols[None, :], q.to(Out.dtype.element_ty), mask=mask)
         else:
             amax = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -80,14 +85,17 @@ def _fp8_quant_kernel(
                 c = start + cols
                 mask = row_ok[:, None] & (c[None, :] < n_cols)
                 x = tl.load(x_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
-                amax = tl.maximum(amax, tl.abs(x))
-            scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=1), FP8_MAX), MIN_SCALE)
+                amax = tl.maximum(amax, tl.abs(x), tl.PropagateNan.ALL)
+            nan = tl.sum((amax != amax).to(tl.int32), axis=1) > 0
+            amax_row = tl.where(nan, float("nan"), tl.max(amax, axis=1))
+            scale = tl.maximum(tl.math.div_rn(amax_row, FP8_MAX), MIN_SCALE, tl.PropagateNan.ALL)
             for start in range(0, n_cols, BLOCK_N):
                 c = start + cols
                 mask = row_ok[:, None] & (c[None, :] < n_cols)
                 x = tl.load(x_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
                 q = tl.math.div_rn(x, scale[:, None])
-                q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)
+                q = tl.maximum(q, -FP8_MAX, tl.PropagateNan.ALL)
+                q = tl.minimum(q, FP8_MAX, tl.PropagateNan.ALL)
                 tl.store(o_rows + c[None, :], q.to(Out.dtype.element_ty), mask=mask)
         tl.store(Scale + rows, scale, mask=row_ok)
     else:
@@ -95,16 +103,22 @@ def _fp8_quant_kernel(
         mask = row_ok[:, None] & (c[None, :] < n_cols)
         x = tl.load(x_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
         if MODE == 1:
-            tl.atomic_max(Amax, tl.max(tl.max(tl.abs(x), axis=1), axis=0))
+            # max|x| as the bits of a non-negative float32 (ordered as integers, NaN above
+            # +inf), so that an integer atomic max keeps NaN on every device.
+            nan = tl.sum(tl.sum((x != x).to(tl.int32), axis=1), axis=0) > 0
+            tile = tl.where(nan, float("nan"), tl.max(tl.max(tl.abs(x), axis=1), axis=0))
+            tl.atomic_max(Amax, tile.to(tl.int32, bitcast=True))
         else:
             if MODE == 2:
-                scale = tl.maximum(tl.math.div_rn(tl.load(Amax), FP8_MAX), MIN_SCALE)
+                amax = tl.load(Amax).to(tl.float32, bitcast=True)
+                scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), MIN_SCALE, tl.PropagateNan.ALL)
                 if (pid_m == 0) & (pid_n == 0):
                     tl.store(Scale, scale)
             else:
                 scale = tl.load(Scale)
             q = tl.math.div_rn(x, scale)
-            q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)
+            q = tl.maximum(q, -FP8_MAX, tl.PropagateNan.ALL)
+            q = tl.minimum(q, FP8_MAX, tl.PropagateNan.ALL)
             tl.store(o_rows + c[None, :], q.to(Out.dtype.element_ty), mask=mask)
 
 
@@ -282,15 +296,18 @@ def fp8_quant_triton(x, per_token=False, fp8_dtype=FP8_DTYPES[0], scale=None, co
     args = (out2, out2.stride(0), scales, x2, x2.stride(0))
     if per_token:
         grid = (cdiv(n_rows, cfg.block_m), 1)
-        _fp8_quant_kernel[grid](*args, scales, n_rows, n_cols, MODE=PER_TOKEN, **common)
+        _fp8_quant_kernel[grid](
+            *args, scales.view(torch.int32), n_rows, n_cols, MODE=PER_TOKEN, **common
+        )
         return values, scales
     grid = (cdiv(n_rows, cfg.block_m), cdiv(n_cols, cfg.block_n))
     if scale is None:
-        amax = torch.zeros(1, dtype=torch.float32, device=x.device)
+        amax = torch.zeros(1, dtype=torch.int32, device=x.device)  # float32 bits, see kernel
         _fp8_quant_kernel[grid](*args, amax, n_rows, n_cols, MODE=AMAX, **common)
         _fp8_quant_kernel[grid](*args, amax, n_rows, n_cols, MODE=PER_TENSOR, **common)
     else:
-        _fp8_quant_kernel[grid](*args, scales, n_rows, n_cols, MODE=STATIC, **common)
+        unused = scales.view(torch.int32)
+        _fp8_quant_kernel[grid](*args, unused, n_rows, n_cols, MODE=STATIC, **common)
     return values, scales
 
 
@@ -458,7 +475,7 @@ def _quant_launches(shape: Shape, dtype: torch.dtype, config: Fp8QuantConfig | N
         "Scale": "*fp32",
         "X": f"*{TL[dtype]}",
         "stride_x": "i32",
-        "Amax": "*fp32",
+        "Amax": "*i32",
         "n_rows": "i32",
         "n_cols": "i32",
         **dict.fromkeys(_QUANT_CONSTEXPRS, "constexpr"),
