@@ -286,10 +286,10 @@ def test_planted_defects_in_quantization_are_caught(
 
 
 def test_planted_defect_in_the_fused_kernel_is_caught(monkeypatch, tmp_path):
-    # the scale taken from the row before normalisation
+    # the row maximum taken before the weight is applied
     mutant = mutate(
         fp8_module._rmsnorm_quant_kernel,
-        "amax = tl.max(tl.abs(y), axis=1)",
+        "amax = tl.max(tl.abs(hw), axis=1)",
         "amax = tl.max(tl.abs(hc), axis=1)",
         tmp_path,
     )

@@ -216,30 +216,41 @@ def fp8_quant_torch(x, per_token=False, fp8_dtype=FP8_DTYPES[0], scale=None):
     return values, scale.float()
 
 
+def _fused(h, weight, eps, fp8_dtype):
+    """RMSNorm then per-token quantization, in h's dtype. The values are computed as
+    FP8_MAX·(h·w) / max|h·w|, which equals y / scale (y = h·rstd·w, scale = max|y| / FP8_MAX)
+    with rstd cancelled: exact ties (common with 16-bit inputs) then round as in exact
+    arithmetic instead of by the last bits of rstd. A scale clamped at MIN_SCALE divides y."""
+    fmax = torch.finfo(fp8_dtype).max
+    hw = h * weight
+    rstd = torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + eps)
+    amax = _amax(hw, True)
+    ratio = amax * rstd / fmax
+    scale = ratio.clamp_min(MIN_SCALE)
+    q = torch.where(ratio >= MIN_SCALE, hw * fmax / amax, hw * rstd / scale)
+    return q.clamp(-fmax, fmax), scale
+
+
 def rmsnorm_fp8_quant_ref(x, weight, eps=1e-6, residual=None, fp8_dtype=FP8_DTYPES[0]):
     """RMSNorm (updating ``residual``), then per-token quantization (exact in float64)."""
     h = x
     if residual is not None:
         residual.add_(x)
         h = residual
-    y = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
-    scale = _scale_of(_amax(y, True), fp8_dtype)
-    return _quantize_ref(y, scale, fp8_dtype), scale
+    q, scale = _fused(h, weight, eps, fp8_dtype)
+    return q.to(torch.float32).to(fp8_dtype).to(h.dtype), scale
 
 
 def rmsnorm_fp8_quant_torch(x, weight, eps=1e-6, residual=None, fp8_dtype=FP8_DTYPES[0]):
-    """Eager PyTorch: float32 norm, unrounded, then per-token quantization."""
+    """Eager PyTorch: the same float32 formula, the norm never rounded before quantization."""
     _norm.validate(x, weight, eps, residual, None)
     _check_fp8("fp8_dtype", fp8_dtype)
     h = x
     if residual is not None:
         residual.add_(x)
         h = residual
-    hf = h.float()
-    y = hf * torch.rsqrt(hf.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()
-    scale = _scale_of(_amax(y, True), fp8_dtype)
-    fmax = torch.finfo(fp8_dtype).max
-    return (y / scale).clamp(-fmax, fmax).to(fp8_dtype), scale
+    q, scale = _fused(h.float(), weight.float(), eps, fp8_dtype)
+    return q.to(fp8_dtype), scale
 
 
 def _check_fp8(name, fp8_dtype):
@@ -602,14 +613,13 @@ RMSNORM_FP8_QUANT = register(
             "edge": lambda: _norm.edge((*_FUSED_OPTIONS, {"residual": True, "fp8": "e4m3fnuz"})),
         },
         cost=_fused_cost,
-        # The norm's float32 arithmetic differs from eager torch's in its last bits (summation
-        # order), and a last-bit difference ahead of the cast moves a value across a float8
-        # rounding boundary with probability about 2e-6 per element; each such element is one
-        # float8 step (2^-3 relative) off, about 5e-3 of a 4096-wide row's L2 norm. The floor
-        # admits a few such steps per case; a wrong scale or norm is off by far more.
+        # One floor for every output: the float32 scales must be rejected when computed at
+        # lower precision (about 1e-4 off at 12 bits), while the float8 values track eager
+        # torch, whose float32 arithmetic makes the same rounding choices at ties (measured: the
+        # kernel's error never exceeded max(2x eager, 1e-5) over 351 interpreted cases).
         contract=Contract(
             inplace=("residual",),
-            floors={"float32": 1e-2, "float16": 1e-2, "bfloat16": 1e-2},
+            floors={"float32": 1e-5, "float16": 1e-5, "bfloat16": 1e-5},
         ),
         outputs=("values", "scales"),
         out_arg=None,
