@@ -17,13 +17,13 @@ from kernelab.ops.fp8_quant import (
     Fp8QuantConfig,
     fp8_quant_torch,
     fp8_quant_triton,
-    rmsnorm_fp8_quant_torch,
-    rmsnorm_fp8_quant_triton,
 )
+from kernelab.ops.rmsnorm_fp8_quant import rmsnorm_fp8_quant_torch, rmsnorm_fp8_quant_triton
 from tests.mutants import mutate
 from tests.opcheck import assert_wide_and_unspilled, check, clone
 
 fp8_module = importlib.import_module("kernelab.ops.fp8_quant")
+fused_module = importlib.import_module("kernelab.ops.rmsnorm_fp8_quant")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 E4M3 = torch.float8_e4m3fn
 
@@ -288,12 +288,12 @@ def test_planted_defects_in_quantization_are_caught(
 def test_planted_defect_in_the_fused_kernel_is_caught(monkeypatch, tmp_path):
     # the row maximum taken before the weight is applied
     mutant = mutate(
-        fp8_module._rmsnorm_quant_kernel,
+        fused_module._rmsnorm_quant_kernel,
         "amax = tl.max(tl.abs(hw), axis=1)",
         "amax = tl.max(tl.abs(hc), axis=1)",
         tmp_path,
     )
-    monkeypatch.setattr(fp8_module, "_rmsnorm_quant_kernel", mutant)
+    monkeypatch.setattr(fused_module, "_rmsnorm_quant_kernel", mutant)
     shape = Shape("t", {"rows": 4, "cols": 1000}, {"residual": True})
     inputs = RMSNORM_FP8_QUANT.inputs(shape, torch.float32, "cpu", seed=5)
     with pytest.raises(AssertionError, match="rel L2"):
