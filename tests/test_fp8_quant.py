@@ -7,6 +7,7 @@ import importlib
 import pytest
 import torch
 
+from kernelab.numerics import special_mismatch
 from kernelab.ops import FP8_QUANT, RMSNORM_FP8_QUANT, Shape, _norm, fp8_quant, rmsnorm_fp8_quant
 from kernelab.ops.fp8_quant import (
     AMAX,
@@ -16,13 +17,13 @@ from kernelab.ops.fp8_quant import (
     Fp8QuantConfig,
     fp8_quant_torch,
     fp8_quant_triton,
-    rmsnorm_fp8_quant_torch,
-    rmsnorm_fp8_quant_triton,
 )
+from kernelab.ops.rmsnorm_fp8_quant import rmsnorm_fp8_quant_torch, rmsnorm_fp8_quant_triton
 from tests.mutants import mutate
 from tests.opcheck import assert_wide_and_unspilled, check, clone
 
 fp8_module = importlib.import_module("kernelab.ops.fp8_quant")
+fused_module = importlib.import_module("kernelab.ops.rmsnorm_fp8_quant")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 E4M3 = torch.float8_e4m3fn
 
@@ -147,6 +148,28 @@ def test_the_fused_kernels_values_before_the_cast_are_the_float32_norm_over_the_
     torch.testing.assert_close(pre, (y / es).clamp(-448, 448), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "config", [None, Fp8QuantConfig(2, 128, 1)], ids=["one-pass", "looped-or-tiled"]
+)
+@pytest.mark.parametrize("per_token", [True, False], ids=["per-token", "per-tensor"])
+def test_nan_and_inf_propagate_as_in_eager_torch(per_token, config):
+    """A NaN makes its row's (or the tensor's) max, scale and values NaN, as torch's amax does;
+    an infinity gives an infinite scale. The GPU's max/min drop NaN, so the kernels count NaN
+    apart and clamp with NaN propagation; this pins the semantics on every device."""
+    x = torch.randn(4, 300)
+    x[1, 7], x[2, 11], x[2, 200] = float("nan"), float("inf"), -5.0
+    values, scales = fp8_quant_triton(x, per_token=per_token, config=config)
+    eager_values, eager_scales = fp8_quant_torch(x, per_token=per_token)
+    assert not special_mismatch(values, eager_values).any()
+    assert not special_mismatch(scales, eager_scales).any()
+    w = torch.randn(300)
+    ncfg = None if config is None else _norm.NormConfig(1, 128, 1)
+    v, s = rmsnorm_fp8_quant_triton(x, w, config=ncfg)
+    ev, es = rmsnorm_fp8_quant_torch(x, w)
+    assert not special_mismatch(v, ev).any() and not special_mismatch(s, es).any()
+    assert torch.isnan(s[1]).all() and torch.isfinite(s[[0, 3]]).all()
+
+
 # --- API ----------------------------------------------------------------------------------------
 
 
@@ -229,23 +252,22 @@ def test_launches_compile_to_wide_accesses_without_spills_for_sm90():
     [
         # a scale computed from the wrong row: the largest row of the tile, not the row itself
         (
-            "tl.max(tl.abs(x), axis=1), FP8_MAX)",
-            "tl.max(tl.max(tl.abs(x), axis=1), axis=0) + tl.zeros([BLOCK_M], dtype=tl.float32),"
-            " FP8_MAX)",
+            "tl.max(tl.abs(x), axis=1))",
+            "tl.max(tl.max(tl.abs(x), axis=1), axis=0) + tl.zeros([BLOCK_M], dtype=tl.float32))",
             True,
             Fp8QuantConfig(4, 1024, 4),
         ),
         # per tensor: each tile scaled by its own maximum instead of the tensor's
         (
-            "tl.math.div_rn(tl.load(Amax), FP8_MAX)",
-            "tl.math.div_rn(tl.max(tl.max(tl.abs(x), axis=1), axis=0), FP8_MAX)",
+            "amax = tl.load(Amax).to(tl.float32, bitcast=True)",
+            "amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)",
             False,
             Fp8QuantConfig(1, 512, 1),
         ),
         # the looped per-token path takes max(x), not max|x|: negative peaks get clipped
         (
-            "amax = tl.maximum(amax, tl.abs(x))",
-            "amax = tl.maximum(amax, x)",
+            "amax = tl.maximum(amax, tl.abs(x), tl.PropagateNan.ALL)",
+            "amax = tl.maximum(amax, x, tl.PropagateNan.ALL)",
             True,
             Fp8QuantConfig(1, 128, 1),
         ),
@@ -264,14 +286,14 @@ def test_planted_defects_in_quantization_are_caught(
 
 
 def test_planted_defect_in_the_fused_kernel_is_caught(monkeypatch, tmp_path):
-    # the scale taken from the row before normalisation
+    # the row maximum taken before the weight is applied
     mutant = mutate(
-        fp8_module._rmsnorm_quant_kernel,
-        "amax = tl.max(tl.abs(y), axis=1)",
+        fused_module._rmsnorm_quant_kernel,
+        "amax = tl.max(tl.abs(hw), axis=1)",
         "amax = tl.max(tl.abs(hc), axis=1)",
         tmp_path,
     )
-    monkeypatch.setattr(fp8_module, "_rmsnorm_quant_kernel", mutant)
+    monkeypatch.setattr(fused_module, "_rmsnorm_quant_kernel", mutant)
     shape = Shape("t", {"rows": 4, "cols": 1000}, {"residual": True})
     inputs = RMSNORM_FP8_QUANT.inputs(shape, torch.float32, "cpu", seed=5)
     with pytest.raises(AssertionError, match="rel L2"):

@@ -20,14 +20,7 @@ from kernelab.ops._model import (
 # --- export lines: one per op module ---------------------------------------------------------
 from kernelab.ops.activation import GELU_AND_MUL, SILU_AND_MUL, gelu_and_mul, silu_and_mul
 from kernelab.ops.fp8_gemm import FP8_GEMM, fp8_gemm, fp8_gemm_ref
-from kernelab.ops.fp8_quant import (
-    FP8_QUANT,
-    RMSNORM_FP8_QUANT,
-    fp8_quant,
-    fp8_quant_ref,
-    rmsnorm_fp8_quant,
-    rmsnorm_fp8_quant_ref,
-)
+from kernelab.ops.fp8_quant import FP8_QUANT, fp8_quant, fp8_quant_ref
 from kernelab.ops.gemm import GEMM, gemm, gemm_ref
 from kernelab.ops.layernorm import LAYERNORM, layernorm, layernorm_ref
 from kernelab.ops.quant_gemm import (
@@ -39,5 +32,10 @@ from kernelab.ops.quant_gemm import (
     w8a16_ref,
 )
 from kernelab.ops.rmsnorm import RMSNORM, rmsnorm, rmsnorm_ref
+from kernelab.ops.rmsnorm_fp8_quant import (
+    RMSNORM_FP8_QUANT,
+    rmsnorm_fp8_quant,
+    rmsnorm_fp8_quant_ref,
+)
 from kernelab.ops.rope import ROPE, rope, rope_ref
 from kernelab.ops.softmax import SOFTMAX, softmax, softmax_ref

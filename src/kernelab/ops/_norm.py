@@ -87,10 +87,22 @@ def _norm_kernel(
         if HAS_BIAS:
             y += tl.load(B + cols, mask=cols < n_cols, other=0.0).to(tl.float32)[None, :]
         if QUANT:
-            amax = tl.max(tl.abs(y), axis=1)
-            scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), MIN_SCALE)
-            q = tl.math.div_rn(y, scale[:, None])
-            q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)
+            # Values as FP8_MAX·(h·w) / max|h·w|: rstd cancels (y / scale with scale = max|y| /
+            # FP8_MAX), products of 16-bit inputs are exact, and ties round as in exact
+            # arithmetic. NaN propagates as in torch: the GPU's max and min drop NaN operands,
+            # so NaN is counted apart and the clamps propagate it.
+            hw = hc * w[None, :]
+            amax = tl.max(tl.abs(hw), axis=1)
+            amax = tl.where(tl.sum((hw != hw).to(tl.int32), axis=1) > 0, float("nan"), amax)
+            ratio = tl.math.div_rn(amax * rstd, FP8_MAX)
+            scale = tl.maximum(ratio, MIN_SCALE, tl.PropagateNan.ALL)
+            q = tl.where(
+                (ratio >= MIN_SCALE)[:, None],
+                tl.math.div_rn(hw * FP8_MAX, amax[:, None]),
+                tl.math.div_rn(y, scale[:, None]),
+            )
+            q = tl.maximum(q, -FP8_MAX, tl.PropagateNan.ALL)
+            q = tl.minimum(q, FP8_MAX, tl.PropagateNan.ALL)
             tl.store(o_rows + cols[None, :], q.to(Out.dtype.element_ty), mask=mask)
             tl.store(Scale + rows, scale, mask=row_ok)
         else:
@@ -126,18 +138,21 @@ def _norm_kernel(
                 acc += hc * hc
             rstd = tl.rsqrt(tl.sum(acc, axis=1) / n_cols + eps)
         scale = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+        ratio = scale
+        amax_row = scale
         if QUANT:
+            # As the one-pass path: values from h·w and its row maximum (RMSNorm only).
             amax = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             for start in range(0, n_cols, BLOCK_N):
                 c = start + cols
                 mask = row_ok[:, None] & (c[None, :] < n_cols)
                 h = tl.load(h_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
                 w = tl.load(W + c, mask=c < n_cols, other=0.0).to(tl.float32)
-                y = (h - mean[:, None]) * rstd[:, None] * w[None, :]
-                if HAS_BIAS:
-                    y += tl.load(B + c, mask=c < n_cols, other=0.0).to(tl.float32)[None, :]
-                amax = tl.maximum(amax, tl.where(mask, tl.abs(y), 0.0))
-            scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=1), FP8_MAX), MIN_SCALE)
+                amax = tl.maximum(amax, tl.abs(h * w[None, :]), tl.PropagateNan.ALL)
+            nan = tl.sum((amax != amax).to(tl.int32), axis=1) > 0
+            amax_row = tl.where(nan, float("nan"), tl.max(amax, axis=1))
+            ratio = tl.math.div_rn(amax_row * rstd, FP8_MAX)
+            scale = tl.maximum(ratio, MIN_SCALE, tl.PropagateNan.ALL)
             tl.store(Scale + rows, scale, mask=row_ok)
         for start in range(0, n_cols, BLOCK_N):
             c = start + cols
@@ -148,8 +163,13 @@ def _norm_kernel(
             if HAS_BIAS:
                 y += tl.load(B + c, mask=c < n_cols, other=0.0).to(tl.float32)[None, :]
             if QUANT:
-                y = tl.math.div_rn(y, scale[:, None])
-                y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
+                y = tl.where(
+                    (ratio >= MIN_SCALE)[:, None],
+                    tl.math.div_rn(h * w[None, :] * FP8_MAX, amax_row[:, None]),
+                    tl.math.div_rn(y, scale[:, None]),
+                )
+                y = tl.maximum(y, -FP8_MAX, tl.PropagateNan.ALL)
+                y = tl.minimum(y, FP8_MAX, tl.PropagateNan.ALL)
             tl.store(o_rows + c[None, :], y.to(Out.dtype.element_ty), mask=mask)
 
 

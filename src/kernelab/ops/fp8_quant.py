@@ -1,5 +1,5 @@
-"""Float8 quantization for inference: dynamic per-token and per-tensor scales, and RMSNorm fused
-with per-token quantization (with the optional residual).
+"""Float8 quantization for inference: dynamic per-token and per-tensor scales, or a given one
+(RMSNorm fused with per-token quantization is ``kernelab.ops.rmsnorm_fp8_quant``).
 
     scale  = max(max|x| / FP8_MAX, MIN_SCALE)     over a row (per token) or the whole tensor
     values = fp8(clamp(x / scale, −FP8_MAX, FP8_MAX))    rounded to nearest even
@@ -8,9 +8,6 @@ with per-token quantization (with the optional residual).
 FP8_MAX is 448 for float8_e4m3fn (NVIDIA) and 240 for float8_e4m3fnuz (AMD gfx942). MIN_SCALE
 (the smallest normal float32) gives an all-zero row a finite, non-zero scale. The division is
 IEEE-rounded (``div_rn``), so the arithmetic up to the cast is exactly eager PyTorch's.
-
-The fused op normalises in float32 and quantizes the unrounded result: it never writes the
-normalised activations, saving their round trip through memory.
 """
 
 from __future__ import annotations
@@ -66,13 +63,18 @@ def _fp8_quant_kernel(
     cols = tl.arange(0, BLOCK_N)
     x_rows = X + rows[:, None] * stride_x
     o_rows = Out + rows[:, None] * stride_out
+    # NaN propagates as in torch (a NaN makes the max, the scale and the values NaN): the GPU's
+    # max and min drop NaN operands, so NaN is counted apart and clamps propagate it.
     if MODE == 0:
         if SINGLE_PASS:
             mask = row_ok[:, None] & (cols[None, :] < n_cols)
             x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=1), FP8_MAX), MIN_SCALE)
+            nan = tl.sum((x != x).to(tl.int32), axis=1) > 0
+            amax = tl.where(nan, float("nan"), tl.max(tl.abs(x), axis=1))
+            scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), MIN_SCALE, tl.PropagateNan.ALL)
             q = tl.math.div_rn(x, scale[:, None])
-            q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)
+            q = tl.maximum(q, -FP8_MAX, tl.PropagateNan.ALL)
+            q = tl.minimum(q, FP8_MAX, tl.PropagateNan.ALL)
             tl.store(o_rows + cols[None, :], q.to(Out.dtype.element_ty), mask=mask)
         else:
             amax = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -80,14 +82,17 @@ def _fp8_quant_kernel(
                 c = start + cols
                 mask = row_ok[:, None] & (c[None, :] < n_cols)
                 x = tl.load(x_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
-                amax = tl.maximum(amax, tl.abs(x))
-            scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=1), FP8_MAX), MIN_SCALE)
+                amax = tl.maximum(amax, tl.abs(x), tl.PropagateNan.ALL)
+            nan = tl.sum((amax != amax).to(tl.int32), axis=1) > 0
+            amax_row = tl.where(nan, float("nan"), tl.max(amax, axis=1))
+            scale = tl.maximum(tl.math.div_rn(amax_row, FP8_MAX), MIN_SCALE, tl.PropagateNan.ALL)
             for start in range(0, n_cols, BLOCK_N):
                 c = start + cols
                 mask = row_ok[:, None] & (c[None, :] < n_cols)
                 x = tl.load(x_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
                 q = tl.math.div_rn(x, scale[:, None])
-                q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)
+                q = tl.maximum(q, -FP8_MAX, tl.PropagateNan.ALL)
+                q = tl.minimum(q, FP8_MAX, tl.PropagateNan.ALL)
                 tl.store(o_rows + c[None, :], q.to(Out.dtype.element_ty), mask=mask)
         tl.store(Scale + rows, scale, mask=row_ok)
     else:
@@ -95,16 +100,22 @@ def _fp8_quant_kernel(
         mask = row_ok[:, None] & (c[None, :] < n_cols)
         x = tl.load(x_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
         if MODE == 1:
-            tl.atomic_max(Amax, tl.max(tl.max(tl.abs(x), axis=1), axis=0))
+            # max|x| as the bits of a non-negative float32 (ordered as integers, NaN above
+            # +inf), so that an integer atomic max keeps NaN on every device.
+            nan = tl.sum(tl.sum((x != x).to(tl.int32), axis=1), axis=0) > 0
+            tile = tl.where(nan, float("nan"), tl.max(tl.max(tl.abs(x), axis=1), axis=0))
+            tl.atomic_max(Amax, tile.to(tl.int32, bitcast=True))
         else:
             if MODE == 2:
-                scale = tl.maximum(tl.math.div_rn(tl.load(Amax), FP8_MAX), MIN_SCALE)
+                amax = tl.load(Amax).to(tl.float32, bitcast=True)
+                scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), MIN_SCALE, tl.PropagateNan.ALL)
                 if (pid_m == 0) & (pid_n == 0):
                     tl.store(Scale, scale)
             else:
                 scale = tl.load(Scale)
             q = tl.math.div_rn(x, scale)
-            q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)
+            q = tl.maximum(q, -FP8_MAX, tl.PropagateNan.ALL)
+            q = tl.minimum(q, FP8_MAX, tl.PropagateNan.ALL)
             tl.store(o_rows + c[None, :], q.to(Out.dtype.element_ty), mask=mask)
 
 
@@ -202,32 +213,6 @@ def fp8_quant_torch(x, per_token=False, fp8_dtype=FP8_DTYPES[0], scale=None):
     return values, scale.float()
 
 
-def rmsnorm_fp8_quant_ref(x, weight, eps=1e-6, residual=None, fp8_dtype=FP8_DTYPES[0]):
-    """RMSNorm (updating ``residual``), then per-token quantization (exact in float64)."""
-    h = x
-    if residual is not None:
-        residual.add_(x)
-        h = residual
-    y = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
-    scale = _scale_of(_amax(y, True), fp8_dtype)
-    return _quantize_ref(y, scale, fp8_dtype), scale
-
-
-def rmsnorm_fp8_quant_torch(x, weight, eps=1e-6, residual=None, fp8_dtype=FP8_DTYPES[0]):
-    """Eager PyTorch: float32 norm, unrounded, then per-token quantization."""
-    _norm.validate(x, weight, eps, residual, None)
-    _check_fp8("fp8_dtype", fp8_dtype)
-    h = x
-    if residual is not None:
-        residual.add_(x)
-        h = residual
-    hf = h.float()
-    y = hf * torch.rsqrt(hf.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()
-    scale = _scale_of(_amax(y, True), fp8_dtype)
-    fmax = torch.finfo(fp8_dtype).max
-    return (y / scale).clamp(-fmax, fmax).to(fp8_dtype), scale
-
-
 def _check_fp8(name, fp8_dtype):
     if fp8_dtype not in FP8_DTYPES:
         names = ", ".join(str(d).removeprefix("torch.") for d in FP8_DTYPES)
@@ -282,15 +267,18 @@ def fp8_quant_triton(x, per_token=False, fp8_dtype=FP8_DTYPES[0], scale=None, co
     args = (out2, out2.stride(0), scales, x2, x2.stride(0))
     if per_token:
         grid = (cdiv(n_rows, cfg.block_m), 1)
-        _fp8_quant_kernel[grid](*args, scales, n_rows, n_cols, MODE=PER_TOKEN, **common)
+        _fp8_quant_kernel[grid](
+            *args, scales.view(torch.int32), n_rows, n_cols, MODE=PER_TOKEN, **common
+        )
         return values, scales
     grid = (cdiv(n_rows, cfg.block_m), cdiv(n_cols, cfg.block_n))
     if scale is None:
-        amax = torch.zeros(1, dtype=torch.float32, device=x.device)
+        amax = torch.zeros(1, dtype=torch.int32, device=x.device)  # float32 bits, see kernel
         _fp8_quant_kernel[grid](*args, amax, n_rows, n_cols, MODE=AMAX, **common)
         _fp8_quant_kernel[grid](*args, amax, n_rows, n_cols, MODE=PER_TENSOR, **common)
     else:
-        _fp8_quant_kernel[grid](*args, scales, n_rows, n_cols, MODE=STATIC, **common)
+        unused = scales.view(torch.int32)
+        _fp8_quant_kernel[grid](*args, unused, n_rows, n_cols, MODE=STATIC, **common)
     return values, scales
 
 
@@ -315,51 +303,6 @@ def fp8_quant(
     if isinstance(x, torch.Tensor) and use_triton(x):
         return fp8_quant_triton(x, per_token, fp8_dtype, scale)
     return fp8_quant_torch(x, per_token, fp8_dtype, scale)
-
-
-def rmsnorm_fp8_quant_triton(
-    x, weight, eps=1e-6, residual=None, fp8_dtype=FP8_DTYPES[0], config=None
-):
-    """The norm family's kernel with QUANT on: one pass, float8 values and per-row scales."""
-    _norm.validate(x, weight, eps, residual, None)
-    _check_fp8("fp8_dtype", fp8_dtype)
-    values = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
-    scales = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
-    if x.numel() == 0:
-        return values, scales.fill_(MIN_SCALE)
-    _norm.launch(
-        _rmsnorm_quant_kernel,
-        x,
-        weight,
-        None,
-        eps,
-        residual,
-        values,
-        config,
-        is_rms=True,
-        scale=scales,
-    )
-    return values, scales
-
-
-def rmsnorm_fp8_quant(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float = 1e-6,
-    residual: torch.Tensor | None = None,
-    fp8_dtype: torch.dtype = FP8_DTYPES[0],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm (with the optional fused residual add, in place) quantized per token to float8.
-
-    Returns (values of ``x``'s shape in ``fp8_dtype``, float32 scales of shape (..., 1)).
-    """
-    if isinstance(x, torch.Tensor) and use_triton(x):
-        return rmsnorm_fp8_quant_triton(x, weight, eps, residual, fp8_dtype)
-    return rmsnorm_fp8_quant_torch(x, weight, eps, residual, fp8_dtype)
-
-
-#: The fused op runs the norm family's kernel with QUANT on; the name lets tests replace it.
-_rmsnorm_quant_kernel = _norm._norm_kernel
 
 
 # --- the declarations --------------------------------------------------------------------------
@@ -458,7 +401,7 @@ def _quant_launches(shape: Shape, dtype: torch.dtype, config: Fp8QuantConfig | N
         "Scale": "*fp32",
         "X": f"*{TL[dtype]}",
         "stride_x": "i32",
-        "Amax": "*fp32",
+        "Amax": "*i32",
         "n_rows": "i32",
         "n_cols": "i32",
         **dict.fromkeys(_QUANT_CONSTEXPRS, "constexpr"),
@@ -529,84 +472,3 @@ FP8_QUANT.add_variant(
     )
 )
 FP8_QUANT.add_torch(fp8_quant_torch)
-
-
-def _fused_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
-    n_rows, n_cols = shape.dims["rows"], shape.dims["cols"]
-    x = _inputs.randn((n_rows, n_cols), dtype, device, gen, dist)
-    weight = _inputs.randn((n_cols,), dtype, device, gen, "normal", scale=0.1, mean=1.0)
-    residual = None
-    if shape.params.get("residual"):
-        residual = _inputs.randn((n_rows, n_cols), dtype, device, gen, dist)
-    pad = shape.params.get("row_pad", 0)
-    if pad and device.type != "meta":
-        x = _inputs.strided_rows(x, pad)
-        if residual is not None:
-            residual = _inputs.strided_rows(residual, pad)
-    return {
-        "x": x,
-        "weight": weight,
-        "eps": 1e-6,
-        "residual": residual,
-        "fp8_dtype": _fp8_of(shape),
-    }
-
-
-def _fused_cost(inputs: dict) -> Cost:
-    x, w, residual = inputs["x"], inputs["weight"], inputs.get("residual")
-    n = x.numel()
-    n_rows = n // max(1, x.shape[-1])
-    # Read x and weight, write one byte per value and a float32 scale per row; with a residual,
-    # also read and write it.
-    nbytes = n * x.element_size() + w.numel() * w.element_size() + n + 4 * n_rows
-    flops = 7 * n  # the norm (4), max|y|, divide, clamp
-    if residual is not None:
-        nbytes += 2 * n * residual.element_size()
-        flops += n
-    return Cost(flops=flops, bytes=nbytes)
-
-
-def _fused_launches(shape: Shape, dtype: torch.dtype, config: _norm.NormConfig | None = None):
-    return _norm.launches(
-        _rmsnorm_quant_kernel, shape, dtype, config, is_rms=True, out_dtype=_fp8_of(shape)
-    )
-
-
-_FUSED_OPTIONS = ({"residual": False}, {"residual": True})
-
-RMSNORM_FP8_QUANT = register(
-    Op(
-        "rmsnorm_fp8_quant",
-        description="RMSNorm (optional fused residual, in place) quantized per token to float8",
-        reference=rmsnorm_fp8_quant_ref,
-        make_inputs=_fused_inputs,
-        shapes={
-            "representative": lambda: _norm.representative(_FUSED_OPTIONS),
-            "edge": lambda: _norm.edge((*_FUSED_OPTIONS, {"residual": True, "fp8": "e4m3fnuz"})),
-        },
-        cost=_fused_cost,
-        # The norm's float32 arithmetic differs from eager torch's in its last bits (summation
-        # order), and a last-bit difference ahead of the cast moves a value across a float8
-        # rounding boundary with probability about 2e-6 per element; each such element is one
-        # float8 step (2^-3 relative) off, about 5e-3 of a 4096-wide row's L2 norm. The floor
-        # admits a few such steps per case; a wrong scale or norm is off by far more.
-        contract=Contract(
-            inplace=("residual",),
-            floors={"float32": 1e-2, "float16": 1e-2, "bfloat16": 1e-2},
-        ),
-        outputs=("values", "scales"),
-        out_arg=None,
-        kernels=(_rmsnorm_quant_kernel,),
-        launches=_fused_launches,
-        tuning_space=lambda shape, dtype: _norm.NormConfig.tuning_space(shape.dims["cols"]),
-    )
-)
-RMSNORM_FP8_QUANT.add_variant(
-    Variant(
-        "kernelab",
-        rmsnorm_fp8_quant_triton,
-        "triton",
-        description="the norm family's kernel with per-row float8 output, one pass",
-    )
-)
-RMSNORM_FP8_QUANT.add_torch(rmsnorm_fp8_quant_torch)
