@@ -156,7 +156,7 @@ def main() -> int:
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args()
     if args.traces:
-        traces = [Path(t) for t in args.traces]
+        traces = [Path(t).resolve() for t in args.traces]
     else:
         shared = _flags.shared_dir()
         if shared is None or not (shared / "traces").is_dir():
