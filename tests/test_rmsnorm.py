@@ -182,3 +182,9 @@ def test_offsets_are_computed_in_64_bits(tmp_path):
     ttir = compiled.asm["ttir"]
     assert re.search(r"arith\.muli [^\n]*: (tensor<[^>]*xi64>|i64)", ttir), "no 64-bit offsets"
     assert "ld.global" in compiled.asm["ptx"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rows_of_262144_columns_loop_correctly(dtype):
+    shape = kernelab.ops.Shape("wide", {"rows": 2, "cols": 262144}, {"residual": True})
+    _check(RMSNORM.inputs(shape, dtype, "cpu", seed=11), rmsnorm_triton, dtype)
