@@ -68,8 +68,31 @@ def test_thread_left_running_after_return_is_flagged():
     assert not case["metrics"]["valid"]
     assert flagged(case, "work left running after return")
     assert flagged(case, "threads left running after return")
-    assert flagged(case, "host/device disagreement")
+    # The host-clock cross-check is exercised alone below: in this loop the early returns'
+    # threads sleep in parallel, so how far the two clocks part depends on the host's load.
     assert "speedup_vs_torch" not in case["metrics"]
+
+
+def test_host_clock_disagrees_with_the_timer_when_work_is_left_on_a_thread():
+    from kernelab.bench import integrity
+
+    timer = HostTimer()
+
+    def hidden():  # returns at once; the work finishes 50 ms later on another thread
+        threading.Thread(target=time.sleep, args=(0.05,)).start()
+
+    def honest():
+        time.sleep(0.001)
+
+    calls = 3
+    timed = timer.samples(hidden, 1, calls)[0][0]
+    host, left = integrity.host_clock(hidden, timer, calls)
+    assert host >= 0.05 / calls and left >= 1
+    assert integrity.host_disagrees(host, timed, 0.0)
+    # Noise only adds time: the fastest of a few tries, as the runner takes them.
+    timed = min(timer.samples(honest, 1, calls)[0][0] for _ in range(5))
+    host = min(integrity.host_clock(honest, timer, calls)[0] for _ in range(5))
+    assert not integrity.host_disagrees(host, timed, 0.0)
 
 
 def test_results_cached_by_pointer_are_flagged():
