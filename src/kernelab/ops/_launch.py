@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from kernelab.ops._triton import next_pow2, num_sms
 
 #: Triton's names for the element types of pointer arguments.
 TL = {
@@ -45,3 +49,46 @@ def specialised(ints: dict[str, int], pointers: tuple[str, ...]) -> tuple[tuple,
     div16 = (*pointers, *(k for k, v in ints.items() if v % 16 == 0))
     eq1 = tuple(k for k, v in ints.items() if v == 1)
     return div16, eq1
+
+
+@dataclass(frozen=True)
+class RowConfig:
+    """Launch config of the row-wise kernels (norms, softmax): ``block_m`` rows of ``block_n``
+    columns per program; a row wider than ``MAX_SINGLE_PASS`` loops in blocks of ``LOOP_BLOCK``."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int = 1
+
+    #: Widest row kept in registers in one pass; wider rows loop.
+    MAX_SINGLE_PASS = 16384
+    #: Block width when looping over a long row.
+    LOOP_BLOCK = 4096
+    #: Elements a program should hold when several short rows share it (8 KB of bf16).
+    TILE_ELEMENTS = 4096
+
+    @classmethod
+    def default_for(cls, n_rows: int, n_cols: int, device: torch.device | None = None):
+        block_n = next_pow2(n_cols) if n_cols <= cls.MAX_SINGLE_PASS else cls.LOOP_BLOCK
+        # Several short rows per program, but never so many that the grid under-fills the GPU
+        # (at least two programs per SM while rows allow).
+        block_m = 1
+        if block_n < cls.TILE_ELEMENTS:
+            block_m = cls.TILE_ELEMENTS // block_n
+            per_sm = max(1, n_rows // (2 * num_sms(device)))
+            block_m = max(1, min(block_m, 1 << (per_sm.bit_length() - 1)))
+        # About 8-16 values per thread: one or two 128-bit vectors of 16-bit data.
+        num_warps = min(16, max(1, block_m * block_n // 512))
+        return cls(block_m, block_n, num_warps)
+
+    @classmethod
+    def tuning_space(cls, n_cols: int) -> list[RowConfig]:
+        widths = [next_pow2(n_cols)] if n_cols <= cls.MAX_SINGLE_PASS else [2048, 4096, 8192]
+        space = [cls(m, n, w) for n in widths for m in (1, 2, 4, 8, 16) for w in (1, 2, 4, 8, 16)]
+
+        def keep(c: RowConfig) -> bool:
+            per_thread = c.block_m * c.block_n // (32 * c.num_warps)
+            return 4 <= per_thread <= 64 and c.block_m * c.block_n <= cls.MAX_SINGLE_PASS
+
+        return [c for c in space if keep(c)] or [cls.default_for(1, n_cols)]

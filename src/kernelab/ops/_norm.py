@@ -13,15 +13,13 @@ share: the kernel, its launch heuristic, the launcher and the launch declaration
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton.language as tl
 
 from kernelab.ops import _check, _shapes, _tuned
-from kernelab.ops._launch import TL, cdiv, rows, specialised, write_back
+from kernelab.ops._launch import TL, RowConfig, cdiv, rows, specialised, write_back
 from kernelab.ops._model import Launch, Shape
-from kernelab.ops._triton import kernel, next_pow2, num_sms
+from kernelab.ops._triton import kernel
 
 #: Smallest scale a quantized row gets (the smallest normal float32): an all-zero row has this
 #: finite, non-zero scale, and its reciprocal is finite too.
@@ -175,48 +173,11 @@ def _norm_kernel(
 
 # --- launch heuristics as data ----------------------------------------------------------------
 
-#: Widest row kept in registers in one pass: 16384 fp32 values over 16 warps is 32 per thread,
-#: which compiles without spills on sm_90 (benchmarks/ptx_check.py); wider rows loop.
-MAX_SINGLE_PASS = 16384
-#: Block width when looping over a long row.
-LOOP_BLOCK = 4096
-#: Elements a program should hold when several short rows share it (8 KB of bf16).
-TILE_ELEMENTS = 4096
-
-
-@dataclass(frozen=True)
-class NormConfig:
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int = 1
-
-    @staticmethod
-    def default_for(n_rows: int, n_cols: int, device: torch.device | None = None):
-        block_n = next_pow2(n_cols) if n_cols <= MAX_SINGLE_PASS else LOOP_BLOCK
-        # Several short rows per program, but never so many that the grid under-fills the GPU
-        # (at least two programs per SM while rows allow).
-        block_m = 1
-        if block_n < TILE_ELEMENTS:
-            block_m = TILE_ELEMENTS // block_n
-            per_sm = max(1, n_rows // (2 * num_sms(device)))
-            block_m = max(1, min(block_m, 1 << (per_sm.bit_length() - 1)))
-        # About 8-16 values per thread: one or two 128-bit vectors of 16-bit data.
-        num_warps = min(16, max(1, block_m * block_n // 512))
-        return NormConfig(block_m, block_n, num_warps)
-
-    @staticmethod
-    def tuning_space(n_cols: int) -> list[NormConfig]:
-        widths = [next_pow2(n_cols)] if n_cols <= MAX_SINGLE_PASS else [2048, 4096, 8192]
-        space = [
-            NormConfig(m, n, w) for n in widths for m in (1, 2, 4, 8, 16) for w in (1, 2, 4, 8, 16)
-        ]
-
-        def keep(c: NormConfig) -> bool:
-            per_thread = c.block_m * c.block_n // (32 * c.num_warps)
-            return 4 <= per_thread <= 64 and c.block_m * c.block_n <= MAX_SINGLE_PASS
-
-        return [c for c in space if keep(c)] or [NormConfig.default_for(1, n_cols)]
+#: One row-wise config for the family (see ``_launch.RowConfig``): rows up to 16384 values stay
+#: in registers in one pass (32 fp32 per thread over 16 warps, no spills on sm_90 per
+#: benchmarks/ptx_check.py); wider rows loop over blocks.
+NormConfig = RowConfig
+MAX_SINGLE_PASS = RowConfig.MAX_SINGLE_PASS
 
 
 # --- the launcher ------------------------------------------------------------------------------

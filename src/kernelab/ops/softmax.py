@@ -11,15 +11,13 @@ maximum grows), then the normalised write. The ladder: ``_softmax_kernel`` → `
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton.language as tl
 
 from kernelab.ops import _check, _inputs, _shapes
-from kernelab.ops._launch import TL, cdiv, rows, specialised, write_back
+from kernelab.ops._launch import TL, RowConfig, cdiv, rows, specialised, write_back
 from kernelab.ops._model import Contract, Cost, Launch, Op, Shape, Variant, register
-from kernelab.ops._triton import kernel, next_pow2, num_sms, use_triton
+from kernelab.ops._triton import kernel, use_triton
 
 # --- the kernel -----------------------------------------------------------------------------
 
@@ -97,49 +95,11 @@ def _softmax_kernel(
 
 # --- launch heuristics as data ----------------------------------------------------------------
 
-#: Widest row kept in registers: 16384 fp32 values over 16 warps is 32 per thread (64 with the
-#: exponentials), which compiles without local memory on sm_90 (benchmarks/ptx_check.py).
-MAX_SINGLE_PASS = 16384
-#: Block width of the online (two-pass) path for longer rows.
-LOOP_BLOCK = 4096
-#: Elements a program should hold when several short rows share it.
-TILE_ELEMENTS = 4096
-
-
-@dataclass(frozen=True)
-class SoftmaxConfig:
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int = 1
-
-    @staticmethod
-    def default_for(n_rows: int, n_cols: int, device: torch.device | None = None):
-        block_n = next_pow2(n_cols) if n_cols <= MAX_SINGLE_PASS else LOOP_BLOCK
-        block_m = 1
-        if block_n < TILE_ELEMENTS:
-            # Several short rows per program while the grid still has two programs per SM.
-            block_m = TILE_ELEMENTS // block_n
-            per_sm = max(1, n_rows // (2 * num_sms(device)))
-            block_m = max(1, min(block_m, 1 << (per_sm.bit_length() - 1)))
-        num_warps = min(16, max(1, block_m * block_n // 512))
-        return SoftmaxConfig(block_m, block_n, num_warps)
-
-    @staticmethod
-    def tuning_space(n_cols: int) -> list[SoftmaxConfig]:
-        widths = [next_pow2(n_cols)] if n_cols <= MAX_SINGLE_PASS else [2048, 4096, 8192]
-        space = [
-            SoftmaxConfig(m, n, w)
-            for n in widths
-            for m in (1, 2, 4, 8, 16)
-            for w in (1, 2, 4, 8, 16)
-        ]
-
-        def keep(c: SoftmaxConfig) -> bool:
-            per_thread = c.block_m * c.block_n // (32 * c.num_warps)
-            return 4 <= per_thread <= 64 and c.block_m * c.block_n <= MAX_SINGLE_PASS
-
-        return [c for c in space if keep(c)] or [SoftmaxConfig.default_for(1, n_cols)]
+#: The row-wise config (``_launch.RowConfig``): rows up to 16384 values in one pass (32 fp32 per
+#: thread over 16 warps, 64 with the exponentials, no local memory on sm_90 per
+#: benchmarks/ptx_check.py); longer rows take the online path in blocks of 4096.
+SoftmaxConfig = RowConfig
+MAX_SINGLE_PASS = RowConfig.MAX_SINGLE_PASS
 
 
 # --- reference, eager, launcher, public function ----------------------------------------------
