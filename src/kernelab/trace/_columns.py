@@ -268,20 +268,8 @@ class _Columns:
                 out[idx] = _col(list(map(getter(key), sub)), dtype)
             return idx, out
 
-        gpu = (kind_a == KERNEL) | (kind_a == MEMCPY) | (kind_a == MEMSET) | (kind_a == GPU_SYNC)
-        gpu |= kind_a == GPU_ANNOTATION
-        for key, col in (("device", "pid"), ("stream", "tid")):
-            idx, vals = sparse(gpu, key)
-            have = idx[vals[idx] >= 0]
-            part[col][have] = vals[have]
-        _, part["corr"] = sparse(gpu | (kind_a == RUNTIME), "correlation")
-        kern = kind_a == KERNEL
-        _, part["regs"] = sparse(kern, "registers per thread", np.int32)
-        _, part["shmem"] = sparse(kern, "shared memory")
         kern_args = _pick(args, keep)  # aligned with the kept rows
-        part["block"] = _dims_product(kern_args, kern, getter("block"))
-        part["grid"] = _dims_product(kern_args, kern, getter("grid"))
-        _, part["nbytes"] = sparse((kind_a == MEMCPY) | (kind_a == MEMSET), "bytes")
+        _gpu_columns(part, kind_a, sparse, lambda m, k: _dims_product(kern_args, m, getter(k)))
         shapes = {}
         shaped_ids = [intern[x] for x in SHAPED_OPS if x in intern]
         if shaped_ids:
@@ -357,19 +345,9 @@ class _Columns:
                 out[idx] = _col([fn(v) for v in vals] if fn else vals, dtype)
             return idx, out
 
-        gpu = (kind_a == KERNEL) | (kind_a == MEMCPY) | (kind_a == MEMSET) | (kind_a == GPU_SYNC)
-        gpu |= kind_a == GPU_ANNOTATION
-        for key, col in (("device", "pid"), ("stream", "tid")):
-            idx, vals = sparse(gpu, key)
-            have = idx[vals[idx] >= 0]
-            part[col][have] = vals[have]
-        _, part["corr"] = sparse(gpu | (kind_a == RUNTIME), "correlation")
-        kern = kind_a == KERNEL
-        _, part["regs"] = sparse(kern, "registers per thread", np.int32)
-        _, part["shmem"] = sparse(kern, "shared memory")
-        part["block"] = _dims_product(args, kern, methodcaller("get", "block"))
-        part["grid"] = _dims_product(args, kern, methodcaller("get", "grid"))
-        _, part["nbytes"] = sparse((kind_a == MEMCPY) | (kind_a == MEMSET), "bytes")
+        _gpu_columns(
+            part, kind_a, sparse, lambda m, k: _dims_product(args, m, methodcaller("get", k))
+        )
         for i in np.flatnonzero(kind_a == CPU_OP):
             if names[i] in SHAPED_OPS:
                 a = args[i]
@@ -436,3 +414,23 @@ def _prod3(v) -> int:
             p *= x
         return p
     return -1
+
+
+def _gpu_columns(part: dict, kind_a, sparse, dims) -> None:
+    """Fill a chunk's GPU-side columns (device, stream, correlation, registers, shared memory,
+    block and grid sizes, bytes) from ``sparse(mask, key, dtype)`` reads of the events' args;
+    ``dims(mask, key)`` is the product of a launch-dimension list per row. Both ingestion paths
+    (the fast decoder and the careful one) share this."""
+    gpu = (kind_a == KERNEL) | (kind_a == MEMCPY) | (kind_a == MEMSET) | (kind_a == GPU_SYNC)
+    gpu |= kind_a == GPU_ANNOTATION
+    for key, col in (("device", "pid"), ("stream", "tid")):
+        idx, vals = sparse(gpu, key)
+        have = idx[vals[idx] >= 0]
+        part[col][have] = vals[have]
+    _, part["corr"] = sparse(gpu | (kind_a == RUNTIME), "correlation")
+    kern = kind_a == KERNEL
+    _, part["regs"] = sparse(kern, "registers per thread", np.int32)
+    _, part["shmem"] = sparse(kern, "shared memory")
+    part["block"] = dims(kern, "block")
+    part["grid"] = dims(kern, "grid")
+    _, part["nbytes"] = sparse((kind_a == MEMCPY) | (kind_a == MEMSET), "bytes")
