@@ -8,10 +8,10 @@ HTA runs from its own virtual environment (never kernelab's), e.g.::
 
 Each tool runs as a fresh subprocess: wall time and peak RSS are those of the whole process
 (interpreter start, imports, parsing, analysis), measured by a small wrapper process through
-``resource.getrusage(RUSAGE_CHILDREN)``. kernelab runs as ``python -m kernelab.trace summary
-TRACE --json`` (every analysis: breakdown, idle, launches, kernels, roofline, fusion,
-occupancy); HTA parses the trace and computes ``get_gpu_kernel_breakdown``. The reported time
-is the median of ``--repeat`` runs; memory is the largest.
+``resource.getrusage(RUSAGE_CHILDREN)``. kernelab runs its command line, ``python -m kernelab
+trace summary TRACE --json`` (every analysis: breakdown, idle, launches, kernels, roofline,
+fusion, occupancy); HTA parses the trace and computes ``get_gpu_kernel_breakdown``. The
+reported time is the median of ``--repeat`` runs; memory is the largest.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def main() -> int:
         reps = args.repeat if trace.stat().st_size >= 2**20 else args.repeat_small
         for _ in range(reps):  # interleaved, so both see the same machine load
             st, k_out = measure(
-                [sys.executable, "-m", "kernelab.trace", "summary", str(trace), "--json"], env_k
+                [sys.executable, "-m", "kernelab", "trace", "summary", str(trace), "--json"], env_k
             )
             k_runs.append(st)
             st, h_out = measure([args.hta_python, "-c", HTA, str(trace)], env_h)

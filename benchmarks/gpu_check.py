@@ -3,7 +3,7 @@
     PYTHONUNBUFFERED=1 PYTHONPATH=src python benchmarks/gpu_check.py --out OUT
 
 Meant for a CUDA machine (one H200: under 8 minutes), offline, with only what is installed;
-``--wheels DIR`` installs wheels brought along first (the CLI needs typer, rich and orjson).
+``--wheels DIR`` installs wheels brought along first (the CLI needs click, rich and orjson).
 Every step runs as a ``kernelab`` command in a subprocess with its own time limit; a command
 this checkout does not have, or one that fails, is reported and the check goes on. Writes
 ``ceilings.json``, ``verify.json``, ``bench-<op>.json``, ``report.html``, the ledger
@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-CLI_DEPS = ("typer", "rich", "orjson")
+CLI_DEPS = ("click", "rich", "orjson")
 
 
 def log(msg: str) -> None:

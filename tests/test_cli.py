@@ -1,6 +1,6 @@
 import json
 
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from kernelab.cli import app
 

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from kernelab import ops
 from kernelab.cli import app
@@ -31,7 +31,7 @@ def test_users_kernel_with_signature_as_json():
     args = ["inspect", "--kernel", f"{KERNELS}:copy_kernel", "--signature", sig, "-t", "sm_90"]
     result = runner.invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)
     assert data["triton"]
     (rep,) = data["reports"]
     assert rep["kernel"] == "copy_kernel" and rep["target"] == "sm_90"
@@ -90,7 +90,7 @@ def test_gate_fails_on_a_planted_regression_and_update_rewrites(tmp_path, monkey
     monkeypatch.setattr(op, "launches", unaligned)
     bad = runner.invoke(app, [*GATE, "--check", "--baseline", path, "--json"])
     assert bad.exit_code == 1, bad.output
-    regressions = json.loads(bad.output)["check"]["regressions"]
+    regressions = json.loads(bad.stdout)["check"]["regressions"]
     assert regressions and all("_norm_kernel on sm_90" in r for r in regressions)
     lost = [r for r in regressions if "lost vectorisation: widest load 128 → 16 bits" in r]
     assert len(lost) == len(json.loads(written)["entries"])  # every shape, named by its key

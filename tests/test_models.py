@@ -125,7 +125,7 @@ def test_importing_kernelab_models_patches_nothing():
 
 
 def test_model_bench_runs_on_cpu_and_stores_nothing_when_asked(tmp_path):
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
     from kernelab.cli import app
 

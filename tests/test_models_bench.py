@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from kernelab import ledger
 from kernelab.cli import app

@@ -7,7 +7,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from kernelab import ledger
 from kernelab.cli import app

@@ -166,7 +166,7 @@ def test_bucket_rounds_only_the_batch_size():
 
 
 def test_cli_tune_on_cpu_reports_pruning_without_timing():
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
     from kernelab.cli import app
 
@@ -174,7 +174,7 @@ def test_cli_tune_on_cpu_reports_pruning_without_timing():
         app, ["tune", "rmsnorm", "--limit", "1", "--json", "--device", "cpu"]
     )
     assert result.exit_code == 0, result.output
-    data = orjson.loads(result.output)
+    data = orjson.loads(result.stdout)
     assert data["results"][0]["space"] > 0 and "not timed" in data["results"][0]["note"]
     bad = CliRunner().invoke(app, ["tune", "rmsnorm", "--dtype", "int8"])
     assert bad.exit_code == 2 and "dtype:" in bad.output

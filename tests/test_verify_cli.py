@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from kernelab.cli import app
 
@@ -70,7 +70,7 @@ def test_verify_prints_a_table_and_the_seed_and_exits_0():
 def test_json_is_the_documented_schema():
     result = runner.invoke(app, ["verify", "rmsnorm", "--variant", "torch", *FAST, "--json"])
     assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)
     assert data["schema"] == "kernelab.verify/1" and data["passed"] is True
     assert {"seed", "device", "trials", "groups", "cases", "skipped", "audit"} <= set(data)
 

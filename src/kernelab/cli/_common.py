@@ -7,15 +7,32 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import wraps
+from typing import TYPE_CHECKING
 
+import click
 import orjson
-import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-console = Console()
-err_console = Console(stderr=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
+
+
+def _console(name: str) -> Console:
+    """``console`` (stdout) or ``err_console`` (stderr), made (with rich) on first use: a
+    command printing JSON never loads rich."""
+    g = globals()
+    if name not in g:
+        from rich.console import Console
+
+        g.setdefault("console", Console())
+        g.setdefault("err_console", Console(stderr=True))
+    return g[name]
+
+
+def __getattr__(name: str) -> Console:
+    if name in ("console", "err_console"):
+        return _console(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def versions(device: str | None = None) -> dict[str, str]:
@@ -56,13 +73,15 @@ def user_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except (ValueError, TypeError, FileNotFoundError, PermissionError) as exc:
-            err_console.print(
+            from rich.markup import escape
+
+            _console("err_console").print(
                 f"[bold red]error:[/] {escape(str(exc))}",
                 markup=True,
                 highlight=False,
                 soft_wrap=True,
             )
-            raise typer.Exit(2) from None
+            raise click.exceptions.Exit(2) from None
 
     return wrapper
 
@@ -78,11 +97,13 @@ def select_ops(names: list[str] | None):
 
 def transient_progress(disable: bool = False) -> Progress:
     """A spinner with a message and the elapsed time, on stderr, gone when done."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     return Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
         TimeElapsedColumn(),
-        console=err_console,
+        console=_console("err_console"),
         transient=True,
         disable=disable,
     )
@@ -91,6 +112,8 @@ def transient_progress(disable: bool = False) -> Progress:
 @contextmanager
 def spinner(first: str = "starting", disable: bool = False) -> Iterator[Callable[[str], None]]:
     """``with spinner() as say: ... say("message")`` — long work shows what it is doing."""
+    from rich.markup import escape
+
     with transient_progress(disable) as progress:
         task = progress.add_task(escape(first), total=None)
         yield lambda msg: progress.update(task, description=escape(msg))

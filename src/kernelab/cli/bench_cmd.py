@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import typer
-from rich.markup import escape
-from rich.table import Table
+import click
 
-from kernelab.cli._common import (
-    console,
-    emit_json,
-    select_ops,
-    spinner,
-    user_errors,
-)
+from kernelab.cli._common import emit_json, select_ops, spinner, user_errors
 
 
-def _dtypes(names: list[str] | None):
+def _dtypes(names: tuple[str, ...] | None):
     import torch
 
     if not names:
@@ -29,7 +21,7 @@ def _dtypes(names: list[str] | None):
     return tuple(out)
 
 
-def _split(values: list[str] | None) -> tuple[str, ...] | None:
+def _split(values: tuple[str, ...] | None) -> tuple[str, ...] | None:
     if not values:
         return None
     return tuple(v.strip() for item in values for v in item.split(",") if v.strip())
@@ -39,38 +31,66 @@ def _us(x) -> str:
     return "—" if x is None else f"{x * 1e6:.2f}"
 
 
-def register(app: typer.Typer) -> None:
+def register(app: click.Group) -> None:
     @app.command("bench")
+    @click.argument("ops", nargs=-1)
+    @click.option("--device", help="cpu or cuda[:N] (default: the accelerator).")
+    @click.option("--shapes", "shape_set", default="representative", help="Shape set.")
+    @click.option("--shape", multiple=True, help="Keep shapes whose label contains this.")
+    @click.option("--dtype", multiple=True, help="dtype(s), e.g. bfloat16 (default: all).")
+    @click.option("--variants", multiple=True, help="Variant names, comma-separated.")
+    @click.option("--candidate", help="Your callable: path/to/file.py:function.")
+    @click.option("--op", help="The op a --candidate implements.")
+    @click.option("--mode", default="auto", help="auto (cold if memory-bound), cold or hot.")
+    @click.option("--compile", is_flag=True, help="Time torch.compile on CPU.")
+    @click.option(
+        "--max-rows",
+        type=int,
+        help="Cap the batch dimension (rows, tokens); CPU default 128, 0: no cap.",
+    )
+    @click.option("--rel-ci", type=float, help="Noise target: CI half-width / median.")
+    @click.option("--min-samples", type=int, help="Minimum samples per case.")
+    @click.option("--max-time", type=float, help="Timeout per case, seconds.")
+    @click.option("--budget", type=float, help="Stop starting cases after this many s.")
+    @click.option("--energy-window", default=0.3, help="Energy window per case, s (0: off).")
+    @click.option("--seed", default=0, help="Input seed.")
+    @click.option("--label", help="Label the run in the ledger.")
+    @click.option("--record/--no-record", default=True, help="Store in the ledger.")
+    @click.option("--ledger", "ledger_url", help="Ledger path or URL.")
+    @click.option(
+        "--floors-for",
+        help="Print datasheet floors for a device (e.g. h200) and exit; no timing.",
+    )
+    @click.option("--json", "json", is_flag=True, help="Print JSON instead of a table.")
     @user_errors
     def bench_command(
-        ops: list[str] = typer.Argument(None, help="Ops to time (default: all)."),
-        device: str = typer.Option(None, help="cpu or cuda[:N] (default: the accelerator)."),
-        shape_set: str = typer.Option("representative", "--shapes", help="Shape set."),
-        shape: list[str] = typer.Option(None, help="Keep shapes whose label contains this."),
-        dtype: list[str] = typer.Option(None, help="dtype(s), e.g. bfloat16 (default: all)."),
-        variants: list[str] = typer.Option(None, help="Variant names, comma-separated."),
-        candidate: str = typer.Option(None, help="Your callable: path/to/file.py:function."),
-        op: str = typer.Option(None, "--op", help="The op a --candidate implements."),
-        mode: str = typer.Option("auto", help="auto (cold if memory-bound), cold or hot."),
-        compile: bool = typer.Option(False, "--compile", help="Time torch.compile on CPU."),
-        max_rows: int = typer.Option(
-            None, help="Cap the batch dimension (rows, tokens); CPU default 128, 0: no cap."
-        ),
-        rel_ci: float = typer.Option(None, help="Noise target: CI half-width / median."),
-        min_samples: int = typer.Option(None, help="Minimum samples per case."),
-        max_time: float = typer.Option(None, help="Timeout per case, seconds."),
-        budget: float = typer.Option(None, help="Stop starting cases after this many s."),
-        energy_window: float = typer.Option(0.3, help="Energy window per case, s (0: off)."),
-        seed: int = typer.Option(0, help="Input seed."),
-        label: str = typer.Option(None, help="Label the run in the ledger."),
-        record: bool = typer.Option(True, "--record/--no-record", help="Store in the ledger."),
-        ledger_url: str = typer.Option(None, "--ledger", help="Ledger path or URL."),
-        floors_for: str = typer.Option(
-            None, help="Print datasheet floors for a device (e.g. h200) and exit; no timing."
-        ),
-        json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+        ops,
+        device,
+        shape_set,
+        shape,
+        dtype,
+        variants,
+        candidate,
+        op,
+        mode,
+        compile,
+        max_rows,
+        rel_ci,
+        min_samples,
+        max_time,
+        budget,
+        energy_window,
+        seed,
+        label,
+        record,
+        ledger_url,
+        floors_for,
+        json,
     ):
-        """Time ops with statistics, cold caches, roofline and integrity checks."""
+        """Time ops with statistics, cold caches, roofline and integrity checks.
+
+        OPS are the ops to time (default: all).
+        """
         from dataclasses import replace
 
         from kernelab import bench
@@ -151,10 +171,15 @@ def register(app: typer.Typer) -> None:
         else:
             _print_table(result, run_id)
         if invalid:
-            raise typer.Exit(1)
+            raise click.exceptions.Exit(1)
 
 
 def _print_table(result, run_id) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from kernelab.cli._common import console
+
     table = Table(title=f"kernelab bench — {escape(result.device['name'])}")
     for col in ("op", "shape", "dtype", "variant", "mode", "median µs", "q1–q3 µs", "n", "cv"):
         table.add_column(col)
@@ -195,6 +220,11 @@ def _print_floors(spec, rows, json: bool) -> None:
     if json:
         emit_json({"device": spec.name, "floors": rows})
         return
+    from rich.markup import escape
+    from rich.table import Table
+
+    from kernelab.cli._common import console
+
     table = Table(title=f"speed-of-light floors on {escape(spec.name)} (datasheet)")
     for col in ("op", "shape", "dtype", "MB moved", "MFLOP", "floor µs", "bound"):
         table.add_column(col)

@@ -2,25 +2,26 @@
 
 from __future__ import annotations
 
-import typer
-from rich.markup import escape
-from rich.table import Table
+import click
 
-from kernelab.cli._common import console, emit_json, err_console, user_errors
+from kernelab.cli._common import emit_json, user_errors
 
 
-def register(app: typer.Typer) -> None:
+def register(app: click.Group) -> None:
     @app.command("ceilings")
+    @click.option("--device", help="cpu or cuda[:N] (default: the accelerator).")
+    @click.option("--store/--no-store", default=True, help="Store in the ledger.")
+    @click.option("--ledger", "ledger_url", help="Ledger path or URL.")
+    @click.option("--json", "json", is_flag=True, help="Print JSON instead of a table.")
     @user_errors
-    def ceilings_command(
-        device: str = typer.Option(None, help="cpu or cuda[:N] (default: the accelerator)."),
-        store: bool = typer.Option(True, "--store/--no-store", help="Store in the ledger."),
-        ledger_url: str = typer.Option(None, "--ledger", help="Ledger path or URL."),
-        json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    ):
+    def ceilings_command(device, store, ledger_url, json):
         """Measure copy bandwidth (read + write) and large-matmul rates; store them."""
+        from rich.markup import escape
+        from rich.table import Table
+
         from kernelab.bench import open_ledger, roofline
         from kernelab.bench.cache import cache_bytes
+        from kernelab.cli._common import console, err_console
         from kernelab.hardware import detect
 
         info = detect(device)

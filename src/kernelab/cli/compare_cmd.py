@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
-import typer
-from rich.markup import escape
-from rich.table import Table
+import click
 
-from kernelab.cli._common import console, emit_json, user_errors
+from kernelab.cli._common import emit_json, user_errors
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 _CSV_COLUMNS = [
     "op",
@@ -46,6 +48,9 @@ def pick_runs(db, refs: list[str], baseline: str | None, kind: str) -> tuple[str
 
 
 def _table(result, threshold: float) -> Table:
+    from rich.markup import escape
+    from rich.table import Table
+
     from kernelab.report import fmt
 
     a, b = result.run_a, result.run_b
@@ -74,39 +79,42 @@ def _table(result, threshold: float) -> Table:
     return table
 
 
-def register(app: typer.Typer) -> None:
+def register(app: click.Group) -> None:
     @app.command("compare")
+    @click.argument("runs", nargs=-1)
+    @click.option(
+        "--baseline",
+        help="Baseline run when one run (or none) is given; 'latest' (default) is the "
+        "newest run recorded before the candidate.",
+    )
+    @click.option(
+        "--threshold",
+        default=0.05,
+        help="Fail (exit 1) on a confirmed slowdown beyond this fraction.",
+    )
+    @click.option(
+        "--noise",
+        default=0.02,
+        help="Smallest change ever called faster or slower (fraction): the spread of "
+        "timing the same code twice, when the samples do not show a larger one.",
+    )
+    @click.option("--confidence", default=0.95, help="Confidence of the bootstrap interval.")
+    @click.option("--kind", default="bench", help="Kind of runs that 'latest' and labels name.")
+    @click.option(
+        "--ledger",
+        "ledger_url",
+        help="Ledger path or URL (default: KERNELAB_LEDGER or the data dir).",
+    )
+    @click.option("--json", "json", is_flag=True, help="Print JSON instead of a table.")
+    @click.option("--csv", "csv", is_flag=True, help="Print CSV (one row per case).")
     @user_errors
-    def compare_command(
-        runs: list[str] = typer.Argument(
-            None,
-            help="Baseline then candidate: run ids (or unique prefixes), labels, or 'latest'. "
-            "One run: the candidate, compared with --baseline. None: the latest run.",
-        ),
-        baseline: str = typer.Option(
-            None,
-            "--baseline",
-            help="Baseline run when one run (or none) is given; 'latest' (default) is the "
-            "newest run recorded before the candidate.",
-        ),
-        threshold: float = typer.Option(
-            0.05, help="Fail (exit 1) on a confirmed slowdown beyond this fraction."
-        ),
-        noise: float = typer.Option(
-            0.02,
-            help="Smallest change ever called faster or slower (fraction): the spread of "
-            "timing the same code twice, when the samples do not show a larger one.",
-        ),
-        confidence: float = typer.Option(0.95, help="Confidence of the bootstrap interval."),
-        kind: str = typer.Option("bench", help="Kind of runs that 'latest' and labels name."),
-        ledger_url: str = typer.Option(
-            None, "--ledger", help="Ledger path or URL (default: KERNELAB_LEDGER or the data dir)."
-        ),
-        json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-        csv: bool = typer.Option(False, "--csv", help="Print CSV (one row per case)."),
-    ):
+    def compare_command(runs, baseline, threshold, noise, confidence, kind, ledger_url, json, csv):
         """Compare two runs case by case: ratio of medians with a bootstrap interval, verdict
-        faster / slower / ambiguous, and exit status 1 on a confirmed regression."""
+        faster / slower / ambiguous, and exit status 1 on a confirmed regression.
+
+        RUNS are the baseline then the candidate: run ids (or unique prefixes), labels, or
+        'latest'. One run: the candidate, compared with --baseline. None: the latest run.
+        """
         from kernelab import ledger
         from kernelab.ledger.compare import compare_runs
         from kernelab.report import fmt
@@ -122,6 +130,8 @@ def register(app: typer.Typer) -> None:
             rows = [vars(c) for c in result.cases]
             sys.stdout.write(fmt.to_csv(rows, _CSV_COLUMNS))
         else:
+            from kernelab.cli._common import console
+
             console.print(_table(result, threshold))
             for label, missing in (("baseline", result.only_a), ("candidate", result.only_b)):
                 for k in missing:
@@ -141,4 +151,4 @@ def register(app: typer.Typer) -> None:
                 highlight=False,
             )
         if result.regressions:
-            raise typer.Exit(1)
+            raise click.exceptions.Exit(1)

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import sys
 
-import typer
-from rich.markup import escape
-from rich.table import Table
+import click
 
-from kernelab.cli._common import console, emit_json, user_errors
+from kernelab.cli._common import emit_json, user_errors
 
 _CSV_COLUMNS = [
     "created",
@@ -84,6 +82,11 @@ def _show_runs(runs: list[dict], json: bool, csv: bool) -> None:
     if csv:
         sys.stdout.write(fmt.to_csv(runs, _RUN_COLUMNS))
         return
+    from rich.markup import escape
+    from rich.table import Table
+
+    from kernelab.cli._common import console
+
     if not runs:
         console.print("the ledger holds no runs", highlight=False, markup=False)
         return
@@ -103,25 +106,29 @@ def _show_runs(runs: list[dict], json: bool, csv: bool) -> None:
     console.print(table)
 
 
-def register(app: typer.Typer) -> None:
+def register(app: click.Group) -> None:
     @app.command("history")
+    @click.argument("op", required=False)
+    @click.option("--variant", help="Only this variant.")
+    @click.option("--shape", help="Only this shape key.")
+    @click.option("--dtype", help="Only this dtype.")
+    @click.option("--device", help="Only this device.")
+    @click.option("--mode", help="Only this timing mode (cold, hot, ...).")
+    @click.option("--limit", default=200, help="At most this many most recent cases.")
+    @click.option(
+        "--ledger",
+        "ledger_url",
+        help="Ledger path or URL (default: KERNELAB_LEDGER or the data dir).",
+    )
+    @click.option("--json", "json", is_flag=True, help="Print JSON instead of a table.")
+    @click.option("--csv", "csv", is_flag=True, help="Print CSV.")
     @user_errors
-    def history_command(
-        op: str = typer.Argument(None, help="Op name, e.g. rmsnorm (none: list recent runs)."),
-        variant: str = typer.Option(None, help="Only this variant."),
-        shape: str = typer.Option(None, help="Only this shape key."),
-        dtype: str = typer.Option(None, help="Only this dtype."),
-        device: str = typer.Option(None, help="Only this device."),
-        mode: str = typer.Option(None, help="Only this timing mode (cold, hot, ...)."),
-        limit: int = typer.Option(200, help="At most this many most recent cases."),
-        ledger_url: str = typer.Option(
-            None, "--ledger", help="Ledger path or URL (default: KERNELAB_LEDGER or the data dir)."
-        ),
-        json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-        csv: bool = typer.Option(False, "--csv", help="Print CSV."),
-    ):
+    def history_command(op, variant, shape, dtype, device, mode, limit, ledger_url, json, csv):
         """Show how an op's cases measured over time, oldest first; without an op, the
-        ledger's recent runs."""
+        ledger's recent runs.
+
+        OP is the op name, e.g. rmsnorm (none: list recent runs).
+        """
         from kernelab import ledger
         from kernelab.report import fmt
 
@@ -151,6 +158,11 @@ def register(app: typer.Typer) -> None:
         if csv:
             sys.stdout.write(fmt.to_csv(rows, _CSV_COLUMNS))
             return
+        from rich.markup import escape
+        from rich.table import Table
+
+        from kernelab.cli._common import console
+
         if not rows:
             console.print(f"no stored cases of op {op!r}", highlight=False, markup=False)
             return

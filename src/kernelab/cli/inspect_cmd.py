@@ -4,58 +4,68 @@ from __future__ import annotations
 
 import time
 
-import typer
-from rich import box
-from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+import click
 
-from kernelab.cli._common import console, emit_json, err_console, select_ops, user_errors
+from kernelab.cli._common import emit_json, select_ops, user_errors
 
 _SEV = {"error": "bold red", "warn": "yellow", "info": "cyan"}
 
 
-def register(app: typer.Typer) -> None:
+def register(app: click.Group) -> None:
     @app.command("inspect")
+    @click.argument("ops", nargs=-1)
+    @click.option("--target", "-t", help="Comma-separated: sm_80,sm_90,sm_100,gfx942 (default).")
+    @click.option("--space", is_flag=True, help="Every config of the tuning space.")
+    @click.option("--dtype", help="Comma-separated dtypes (default: all).")
+    @click.option("--kernel", help="A user's kernel: path/to/file.py:kernel (@triton.jit).")
+    @click.option(
+        "--signature",
+        help="With --kernel: types, constexprs and options, e.g. "
+        "'*fp16:16,*fp16:16,i32:16,BLOCK=1024,num_warps=4' (see kernelab.inspect.signature).",
+    )
+    @click.option("--check", is_flag=True, help="Fail on regressions vs the baseline.")
+    @click.option("--update-baseline", is_flag=True, help="Rewrite the baseline from this run.")
+    @click.option(
+        "--baseline",
+        "baseline_path",
+        default="inspect-baseline.json",
+        help="Baseline file (JSON).",
+    )
+    @click.option("--jobs", "-j", type=int, help="Compiler processes (default: CPUs).")
+    @click.option("--no-cache", is_flag=True, help="Compile even when cached.")
+    @click.option("--all", "all_rows", is_flag=True, help="Show every config, not one per kernel.")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
     @user_errors
     def inspect_command(
-        ops: list[str] = typer.Argument(None, help="Ops to inspect (default: all)."),
-        target: str = typer.Option(
-            None, "--target", "-t", help="Comma-separated: sm_80,sm_90,sm_100,gfx942 (default)."
-        ),
-        space: bool = typer.Option(False, "--space", help="Every config of the tuning space."),
-        dtype: str = typer.Option(None, "--dtype", help="Comma-separated dtypes (default: all)."),
-        kernel: str = typer.Option(
-            None, "--kernel", help="A user's kernel: path/to/file.py:kernel (@triton.jit)."
-        ),
-        signature: str = typer.Option(
-            None,
-            "--signature",
-            help="With --kernel: types, constexprs and options, e.g. "
-            "'*fp16:16,*fp16:16,i32:16,BLOCK=1024,num_warps=4' (see kernelab.inspect.signature).",
-        ),
-        check: bool = typer.Option(False, "--check", help="Fail on regressions vs the baseline."),
-        update_baseline: bool = typer.Option(
-            False, "--update-baseline", help="Rewrite the baseline from this run."
-        ),
-        baseline_path: str = typer.Option(
-            "inspect-baseline.json", "--baseline", help="Baseline file (JSON)."
-        ),
-        jobs: int = typer.Option(None, "--jobs", "-j", help="Compiler processes (default: CPUs)."),
-        no_cache: bool = typer.Option(False, "--no-cache", help="Compile even when cached."),
-        all_rows: bool = typer.Option(
-            False, "--all", help="Show every config, not one per kernel."
-        ),
-        json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+        ops,
+        target,
+        space,
+        dtype,
+        kernel,
+        signature,
+        check,
+        update_baseline,
+        baseline_path,
+        jobs,
+        no_cache,
+        all_rows,
+        as_json,
     ):
         """Compile kernels for GPU targets on this machine and report registers, spills, shared
-        memory, occupancy, load/store widths and tensor-core use, with findings."""
+        memory, occupancy, load/store widths and tensor-core use, with findings.
+
+        OPS are the ops to inspect (default: all).
+        """
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from kernelab.cli._common import err_console
         from kernelab.inspect import baseline as bl
         from kernelab.inspect.compile import triton_version
         from kernelab.inspect.report import analyze_spec
         from kernelab.inspect.stage import Inspection, inspect_ops
         from kernelab.inspect.targets import parse_targets
 
+        ops = list(ops)
         targets = parse_targets(target)
         if jobs is not None and jobs < 1:
             raise ValueError(f"jobs: expected at least 1, got {jobs}")
@@ -86,7 +96,7 @@ def register(app: typer.Typer) -> None:
                 TimeElapsedColumn(),
                 console=err_console,
                 transient=True,
-                disable=json,
+                disable=as_json,
             ) as progress:
                 task = progress.add_task("compile", total=None)
                 result = inspect_ops(
@@ -110,7 +120,7 @@ def register(app: typer.Typer) -> None:
         if update_baseline:
             subset = bool(ops) or target is not None or dtype is not None or space
             bl.write(baseline_path, result.reports, merge=subset)
-        if json:
+        if as_json:
             emit_json(
                 {
                     "triton": result.triton,
@@ -125,12 +135,22 @@ def register(app: typer.Typer) -> None:
             if comparison is not None:
                 _print_check(comparison, baseline_path)
             if update_baseline:
+                from rich.markup import escape
+
+                from kernelab.cli._common import console
+
                 console.print(f"baseline written: {escape(baseline_path)}")
         if comparison is not None and comparison.failed:
-            raise typer.Exit(1)
+            raise click.exceptions.Exit(1)
 
 
 def _print(result, elapsed: float, all_rows: bool) -> None:
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    from kernelab.cli._common import console
+
     reps = result.reports
     if not all_rows:
         # One row per op/kernel/target: the one with the most findings, then lowest occupancy.
@@ -199,6 +219,10 @@ def _widths(f: dict) -> str:
 
 
 def _print_check(c, path: str) -> None:
+    from rich.markup import escape
+
+    from kernelab.cli._common import console
+
     for note in c.notes:
         console.print(f"[dim]{escape(note)}[/]")
     if c.new:

@@ -2,48 +2,66 @@
 
 from __future__ import annotations
 
-import typer
-from rich.markup import escape
-from rich.table import Table
+import click
 
-from kernelab.cli._common import (
-    console,
-    emit_json,
-    spinner,
-    user_errors,
-)
+from kernelab.cli._common import emit_json, spinner, user_errors
 
 
-def register(app: typer.Typer) -> None:
+def register(app: click.Group) -> None:
     @app.command("model-bench")
+    @click.option(
+        "--preset", default="tiny-llama", help="Model preset (see kernelab.models.PRESETS)."
+    )
+    @click.option("--device", default="cpu", help="cpu or cuda[:N].")
+    @click.option(
+        "--dtype",
+        help="float32, float16 or bfloat16 (default: bfloat16 on GPUs, float32 on CPU).",
+    )
+    @click.option(
+        "--prompt-tokens", default=32, type=click.IntRange(min=1), help="Prompt length for prefill."
+    )
+    @click.option(
+        "--decode-tokens", default=16, type=click.IntRange(min=2), help="Tokens to decode."
+    )
+    @click.option(
+        "--repeats",
+        default=3,
+        type=click.IntRange(min=1),
+        help="Timed repetitions per measurement.",
+    )
+    @click.option(
+        "--quantize",
+        help="Also run the linear projections on quantized GEMMs: w4a16, w8a16, fp8.",
+    )
+    @click.option(
+        "--profile/--no-profile",
+        default=True,
+        help="Profile one decode step of the eager variants with kernelab trace.",
+    )
+    @click.option(
+        "--profile-dir",
+        help="Folder for the decode-step traces (default: a temporary folder).",
+    )
+    @click.option(
+        "--ledger",
+        help="Ledger to store the run in (default: KERNELAB_LEDGER or the user ledger).",
+    )
+    @click.option("--no-ledger", is_flag=True, help="Do not store the run.")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
     @user_errors
     def model_bench_command(
-        preset: str = typer.Option(
-            "tiny-llama", help="Model preset (see kernelab.models.PRESETS)."
-        ),
-        device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
-        dtype: str = typer.Option(
-            None, help="float32, float16 or bfloat16 (default: bfloat16 on GPUs, float32 on CPU)."
-        ),
-        prompt_tokens: int = typer.Option(32, min=1, help="Prompt length for prefill."),
-        decode_tokens: int = typer.Option(16, min=2, help="Tokens to decode."),
-        repeats: int = typer.Option(3, min=1, help="Timed repetitions per measurement."),
-        quantize: str = typer.Option(
-            None, help="Also run the linear projections on quantized GEMMs: w4a16, w8a16, fp8."
-        ),
-        profile: bool = typer.Option(
-            True,
-            "--profile/--no-profile",
-            help="Profile one decode step of the eager variants with kernelab trace.",
-        ),
-        profile_dir: str = typer.Option(
-            None, help="Folder for the decode-step traces (default: a temporary folder)."
-        ),
-        ledger: str = typer.Option(
-            None, help="Ledger to store the run in (default: KERNELAB_LEDGER or the user ledger)."
-        ),
-        no_ledger: bool = typer.Option(False, "--no-ledger", help="Do not store the run."),
-        json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+        preset,
+        device,
+        dtype,
+        prompt_tokens,
+        decode_tokens,
+        repeats,
+        quantize,
+        profile,
+        profile_dir,
+        ledger,
+        no_ledger,
+        as_json,
     ):
         """Prefill latency and decode tokens/s of a model, original and patched with kernelab."""
         import torch
@@ -60,7 +78,7 @@ def register(app: typer.Typer) -> None:
             if torch_dtype not in (torch.float32, torch.float16, torch.bfloat16):
                 raise ValueError(f"dtype: expected float32, float16 or bfloat16, got {dtype!r}")
         info = detect(device)
-        with spinner("building model", disable=json) as say:
+        with spinner("building model", disable=as_json) as say:
             rows = bench.run(
                 preset,
                 device,
@@ -74,9 +92,13 @@ def register(app: typer.Typer) -> None:
                 profile_dir=profile_dir,
             )
         run_id = None if no_ledger else _store(rows, info, ledger)
-        if json:
+        if as_json:
             emit_json({"device": info.as_dict(), "run_id": run_id, "rows": rows})
             return
+        from rich.table import Table
+
+        from kernelab.cli._common import console
+
         table = Table(title=f"kernelab model-bench — {preset} on {info.type}: {info.name}")
         for col in ("variant", "prefill ms", "prefill ×", "decode tok/s", "decode ×"):
             table.add_column(col, justify="right" if col != "variant" else "left")
@@ -103,6 +125,11 @@ def _us(v) -> str:
 
 
 def _print_profile(row) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from kernelab.cli._common import console
+
     d = row["decode_profile"]
     share = d.get("framework_overhead_share")
     table = Table(

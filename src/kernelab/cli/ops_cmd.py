@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import typer
-from rich.table import Table
+import click
 
-from kernelab.cli._common import console, emit_json, select_ops, user_errors
+from kernelab.cli._common import emit_json, select_ops, user_errors
 
 
 def describe(device_type: str) -> list[dict]:
@@ -37,16 +36,15 @@ def describe(device_type: str) -> list[dict]:
     return rows
 
 
-def register(app: typer.Typer) -> None:
+def register(app: click.Group) -> None:
     @app.command("ops")
+    @click.option(
+        "--device",
+        help="Device to judge availability on (default: the accelerator if present, else cpu).",
+    )
+    @click.option("--json", "json", is_flag=True, help="Print JSON instead of a table.")
     @user_errors
-    def ops_command(
-        device: str = typer.Option(
-            None,
-            help="Device to judge availability on (default: the accelerator if present, else cpu).",
-        ),
-        json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    ):
+    def ops_command(device, json):
         """List ops, their variants, and which variants can run on this machine."""
         from kernelab.hardware import detect
 
@@ -55,6 +53,10 @@ def register(app: typer.Typer) -> None:
         if json:
             emit_json({"device": info.as_dict(), "ops": rows})
             return
+        from rich.table import Table
+
+        from kernelab.cli._common import console
+
         table = Table(title=f"kernelab ops — on {info.type}: {info.name}")
         for col in ("op", "variants (runs here?)", "dtypes", "shapes", "in place"):
             table.add_column(col)

@@ -2,34 +2,38 @@
 
 from __future__ import annotations
 
-import typer
+import click
 
-from kernelab.cli._common import console, user_errors
+from kernelab.cli._common import user_errors
 
 
-def register(app: typer.Typer) -> None:
+def register(app: click.Group) -> None:
     @app.command("profile")
+    @click.argument("target")
+    @click.option("--steps", default=5, help="Profiled steps (calls of the target).")
+    @click.option("--warmup", default=2, help="Warm-up steps before profiling.")
+    @click.option("--out", help="Where to write the trace (.json or .json.gz).")
+    @click.option(
+        "--device", default="auto", help="auto | cpu | cuda (which activities to record)."
+    )
+    @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+    @click.option("--top", default=15, help="Rows in the summary tables.")
     @user_errors
-    def profile_command(
-        target: str = typer.Argument(
-            ..., help="module:function, path/to/file.py:function, or path/to/script.py."
-        ),
-        steps: int = typer.Option(5, help="Profiled steps (calls of the target)."),
-        warmup: int = typer.Option(2, help="Warm-up steps before profiling."),
-        out: str = typer.Option(None, help="Where to write the trace (.json or .json.gz)."),
-        device: str = typer.Option("auto", help="auto | cpu | cuda (which activities to record)."),
-        json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
-        top: int = typer.Option(15, help="Rows in the summary tables."),
-    ):
-        """Profile a workload with shapes recorded, write its trace, and summarise it."""
-        from rich.progress import Progress
+    def profile_command(target, steps, warmup, out, device, as_json, top):
+        """Profile a workload with shapes recorded, write its trace, and summarise it.
 
+        TARGET is module:function, path/to/file.py:function, or path/to/script.py.
+        """
         from kernelab.trace.commands import run_summary
         from kernelab.trace.profile import profile
 
-        if json:
+        if as_json:
             path = profile(target, steps=steps, warmup=warmup, out=out, device=device)
         else:
+            from rich.progress import Progress
+
+            from kernelab.cli._common import console
+
             with Progress(console=console, transient=True) as bar:
                 task = bar.add_task("profiling", total=steps + warmup)
                 path = profile(
@@ -41,6 +45,6 @@ def register(app: typer.Typer) -> None:
                     progress=lambda i, n: bar.update(task, completed=i),
                 )
             console.print(f"trace written: {path}", markup=False, highlight=False)
-        code = run_summary(str(path), as_json=json, top=top)
+        code = run_summary(str(path), as_json=as_json, top=top)
         if code:
-            raise typer.Exit(code)
+            raise click.exceptions.Exit(code)

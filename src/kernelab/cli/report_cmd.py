@@ -2,37 +2,41 @@
 
 from __future__ import annotations
 
-import typer
+import click
 
-from kernelab.cli._common import console, user_errors
+from kernelab.cli._common import user_errors
 
 
-def register(app: typer.Typer) -> None:
+def register(app: click.Group) -> None:
     @app.command("report")
+    @click.argument("runs", nargs=-1)
+    @click.option("--out", "-o", default="kernelab-report.html", help="HTML file to write.")
+    @click.option(
+        "--baseline",
+        help="A run to chart per-case speedups against ('latest': the newest run before "
+        "the first one shown).",
+    )
+    @click.option(
+        "--baseline-variant",
+        default="torch",
+        help="Variant that per-shape speedups within a run are measured against.",
+    )
+    @click.option("--kind", default="bench", help="Kind of runs that 'latest' and labels name.")
+    @click.option("--title", default="kernelab report", help="Page title.")
+    @click.option(
+        "--ledger",
+        "ledger_url",
+        help="Ledger path or URL (default: KERNELAB_LEDGER or the data dir).",
+    )
     @user_errors
-    def report_command(
-        runs: list[str] = typer.Argument(
-            None, help="Runs to show: ids (or unique prefixes), labels, 'latest' (default)."
-        ),
-        out: str = typer.Option("kernelab-report.html", "--out", "-o", help="HTML file to write."),
-        baseline: str = typer.Option(
-            None,
-            "--baseline",
-            help="A run to chart per-case speedups against ('latest': the newest run before "
-            "the first one shown).",
-        ),
-        baseline_variant: str = typer.Option(
-            "torch", help="Variant that per-shape speedups within a run are measured against."
-        ),
-        kind: str = typer.Option("bench", help="Kind of runs that 'latest' and labels name."),
-        title: str = typer.Option("kernelab report", help="Page title."),
-        ledger_url: str = typer.Option(
-            None, "--ledger", help="Ledger path or URL (default: KERNELAB_LEDGER or the data dir)."
-        ),
-    ):
+    def report_command(runs, out, baseline, baseline_variant, kind, title, ledger_url):
         """Write an HTML report (roofline, latency and speedup charts, provenance) that opens
-        offline: no scripts, no network."""
+        offline: no scripts, no network.
+
+        RUNS are the runs to show: ids (or unique prefixes), labels, 'latest' (default).
+        """
         from kernelab import ledger
+        from kernelab.cli._common import console
         from kernelab.report.html import write
 
         with ledger.open(ledger_url) as db:

@@ -4,44 +4,38 @@ from __future__ import annotations
 
 import time
 
-import typer
-from rich.markup import escape
-from rich.table import Table
+import click
 
-from kernelab.cli._common import (
-    console,
-    emit_json,
-    select_ops,
-    spinner,
-    user_errors,
-)
+from kernelab.cli._common import emit_json, select_ops, spinner, user_errors
 from kernelab.stages import RUN_STAGES, load
 
 _STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow", "info": "cyan"}
 
 
-def register(app: typer.Typer) -> None:
+def register(app: click.Group) -> None:
     @app.command("run")
+    @click.argument("ops", nargs=-1)
+    @click.option(
+        "--device", help="cpu or cuda[:N] (default: the accelerator if present, else cpu)."
+    )
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
     @user_errors
-    def run_command(
-        ops: list[str] = typer.Argument(None, help="Ops to include (default: all)."),
-        device: str = typer.Option(
-            None, help="cpu or cuda[:N] (default: the accelerator if present, else cpu)."
-        ),
-        json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    ):
-        """Run every instrument on every registered op and print one table (the report card)."""
+    def run_command(ops, device, as_json):
+        """Run every instrument on every registered op and print one table (the report card).
+
+        OPS are the ops to include (default: all).
+        """
         from kernelab.hardware import detect
 
         info = detect(device)
         selected = select_ops(ops)
         reports, started = [], time.perf_counter()
-        with spinner(disable=json) as say:
+        with spinner(disable=as_json) as say:
             for path in RUN_STAGES:
                 reports.append(load(path)(selected, info, say))
         elapsed = time.perf_counter() - started
         failed = any(r.failed for r in reports)
-        if json:
+        if as_json:
             emit_json(
                 {
                     "device": info.as_dict(),
@@ -69,10 +63,15 @@ def register(app: typer.Typer) -> None:
         else:
             _print_table(info, selected, reports, elapsed)
         if failed:
-            raise typer.Exit(1)
+            raise click.exceptions.Exit(1)
 
 
 def _print_table(info, selected, reports, elapsed) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from kernelab.cli._common import console
+
     table = Table(title=f"kernelab report card — {info.type}: {escape(info.name)}")
     table.add_column("op")
     table.add_column("variant")

@@ -4,38 +4,48 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import typer
-from rich.markup import escape
-from rich.table import Table
+import click
 
-from kernelab.cli._common import console, emit_json, select_ops, user_errors
+from kernelab.cli._common import emit_json, select_ops, user_errors
 
 
-def register(app: typer.Typer) -> None:
+def register(app: click.Group) -> None:
     @app.command("tune")
+    @click.argument("op", required=False)
+    @click.option("--shapes", default="representative", help="Shape set: representative or edge.")
+    @click.option("--dtype", default="bfloat16", help="float32, float16 or bfloat16.")
+    @click.option("--device", help="cpu or cuda[:N] (default: the accelerator).")
+    @click.option(
+        "--target", help="Compile target for pruning (default: the device's, sm_90 on a CPU)."
+    )
+    @click.option(
+        "--limit",
+        default=0,
+        type=click.IntRange(min=0),
+        help="Tune at most this many shapes (0: all).",
+    )
+    @click.option(
+        "--export",
+        type=click.Path(path_type=Path),
+        help="Write the tuned configs (this device's) to this file for shipping, and exit.",
+    )
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
     @user_errors
-    def tune_command(
-        op: str = typer.Argument(None, help="Op to tune."),
-        shapes: str = typer.Option("representative", help="Shape set: representative or edge."),
-        dtype: str = typer.Option("bfloat16", help="float32, float16 or bfloat16."),
-        device: str = typer.Option(None, help="cpu or cuda[:N] (default: the accelerator)."),
-        target: str = typer.Option(
-            None, help="Compile target for pruning (default: the device's, sm_90 on a CPU)."
-        ),
-        limit: int = typer.Option(0, min=0, help="Tune at most this many shapes (0: all)."),
-        export: Path = typer.Option(
-            None,
-            help="Write the tuned configs (this device's) to this file for shipping, and exit.",
-        ),
-        json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    ):
-        """Tune an op's launch configs. On a CPU it prunes and reports without timing."""
+    def tune_command(op, shapes, dtype, device, target, limit, export, as_json):
+        """Tune an op's launch configs. On a CPU it prunes and reports without timing.
+
+        OP is the op to tune.
+        """
         import torch
 
         from kernelab import tune
         from kernelab.hardware import detect
 
         if export is not None:
+            from rich.markup import escape
+
+            from kernelab.cli._common import console
+
             n = tune.export(export, detect(device).key if device else None)
             console.print(f"wrote {n} tuned config(s) to {escape(str(export))}")
             return
@@ -66,9 +76,14 @@ def register(app: typer.Typer) -> None:
             measure=measure,
             store=store,
         )
-        if json:
+        if as_json:
             emit_json({"device": info.as_dict(), "results": [r.as_dict() for r in results]})
             return
+        from rich.markup import escape
+        from rich.table import Table
+
+        from kernelab.cli._common import console
+
         table = Table(title=f"kernelab tune {escape(op)} — {info.type}: {escape(info.name)}")
         for col in ("shape", "space", "pruned (why)", "left", "winner"):
             table.add_column(col)

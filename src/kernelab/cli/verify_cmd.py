@@ -3,22 +3,15 @@ own contracts (``--audit``). Exit code 0 only if everything passed."""
 
 from __future__ import annotations
 
-import typer
-from rich.markup import escape
-from rich.table import Table
+import click
 
-from kernelab.cli._common import (
-    console,
-    emit_json,
-    transient_progress,
-    user_errors,
-)
+from kernelab.cli._common import emit_json, transient_progress, user_errors
 
 SHAPE_CHOICES = ("representative", "edge", "all")
 
 
-def _progress(json: bool):
-    return transient_progress(disable=json)
+def _progress(as_json: bool):
+    return transient_progress(disable=as_json)
 
 
 def _check_options(ops, candidate, op, reference, inputs, audit, shapes) -> None:
@@ -45,54 +38,83 @@ def _check_options(ops, candidate, op, reference, inputs, audit, shapes) -> None
         raise ValueError("--audit: audits registered ops; not with --candidate")
 
 
-def register(app: typer.Typer) -> None:
+def register(app: click.Group) -> None:
     @app.command("verify")
+    @click.argument("ops", nargs=-1)
+    @click.option(
+        "--variant",
+        multiple=True,
+        help="Variant(s) to verify (repeatable; default: all that run here, except "
+        "compile on CPU).",
+    )
+    @click.option(
+        "--shapes",
+        multiple=True,
+        help="representative, edge or all (repeatable; default: both).",
+    )
+    @click.option(
+        "--dtype",
+        multiple=True,
+        help="dtype(s), e.g. bfloat16 (repeatable; default: the op's).",
+    )
+    @click.option(
+        "--device", help="cpu or cuda[:N] (default: the accelerator if present, else cpu)."
+    )
+    @click.option("--seed", type=int, help="Run seed, to repeat a run exactly (default: new).")
+    @click.option("--trials", type=int, help="Trials per shape and dtype (default: 2).")
+    @click.option(
+        "--cap",
+        type=int,
+        help="Largest batch size (rows, tokens); 0 for none (default on CPU: 4 for "
+        "representative, 32 otherwise; none on GPUs).",
+    )
+    @click.option(
+        "--candidate",
+        help="Your callable, path/to/file.py:function (with --op or --reference).",
+    )
+    @click.option("--op", help="The registered op --candidate implements.")
+    @click.option(
+        "--reference",
+        help="Your reference, file.py:function, for an op kernelab does not know.",
+    )
+    @click.option(
+        "--inputs",
+        help="Your input generator, file.py:function(seed, dist, device) -> dict.",
+    )
+    @click.option(
+        "--audit", is_flag=True, help="Check that null kernels fail for every op (the contracts)."
+    )
+    @click.option("--show", default=10, help="Failing cases to detail.")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON (docs/verify.md).")
     @user_errors
     def verify_command(
-        ops: list[str] = typer.Argument(None, help="Ops to verify (default: all)."),
-        variant: list[str] = typer.Option(
-            None,
-            "--variant",
-            help="Variant(s) to verify (repeatable; default: all that run here, except "
-            "compile on CPU).",
-        ),
-        shapes: list[str] = typer.Option(
-            None, "--shapes", help="representative, edge or all (repeatable; default: both)."
-        ),
-        dtype: list[str] = typer.Option(
-            None, "--dtype", help="dtype(s), e.g. bfloat16 (repeatable; default: the op's)."
-        ),
-        device: str = typer.Option(
-            None, help="cpu or cuda[:N] (default: the accelerator if present, else cpu)."
-        ),
-        seed: int = typer.Option(None, help="Run seed, to repeat a run exactly (default: new)."),
-        trials: int = typer.Option(None, help="Trials per shape and dtype (default: 2)."),
-        cap: int = typer.Option(
-            None,
-            help="Largest batch size (rows, tokens); 0 for none (default on CPU: 4 for "
-            "representative, 32 otherwise; none on GPUs).",
-        ),
-        candidate: str = typer.Option(
-            None, help="Your callable, path/to/file.py:function (with --op or --reference)."
-        ),
-        op: str = typer.Option(None, "--op", help="The registered op --candidate implements."),
-        reference: str = typer.Option(
-            None, help="Your reference, file.py:function, for an op kernelab does not know."
-        ),
-        inputs: str = typer.Option(
-            None, help="Your input generator, file.py:function(seed, dist, device) -> dict."
-        ),
-        audit: bool = typer.Option(
-            False, "--audit", help="Check that null kernels fail for every op (the contracts)."
-        ),
-        show: int = typer.Option(10, help="Failing cases to detail."),
-        json: bool = typer.Option(False, "--json", help="Print JSON (docs/verify.md)."),
+        ops,
+        variant,
+        shapes,
+        dtype,
+        device,
+        seed,
+        trials,
+        cap,
+        candidate,
+        op,
+        reference,
+        inputs,
+        audit,
+        show,
+        as_json,
     ):
-        """Check variants (or your kernel) against the float64 reference, the hard way."""
+        """Check variants (or your kernel) against the float64 reference, the hard way.
+
+        OPS are the ops to verify (default: all).
+        """
+        from rich.markup import escape
+
         from kernelab import verify as v
         from kernelab._loader import load_callable
 
-        shapes = shapes or ["representative", "edge"]
+        ops, variant, dtype = list(ops), list(variant), list(dtype)
+        shapes = list(shapes) or ["representative", "edge"]
         _check_options(ops, candidate, op, reference, inputs, audit, shapes)
         if trials is None:
             trials = v.DEFAULT_TRIALS
@@ -100,7 +122,7 @@ def register(app: typer.Typer) -> None:
             from kernelab.hardware import detect
 
             detect(device)  # one clear line for a bad or absent device
-        with _progress(json) as progress:
+        with _progress(as_json) as progress:
             task = progress.add_task("starting", total=None)
 
             def tick(msg: str) -> None:
@@ -135,14 +157,14 @@ def register(app: typer.Typer) -> None:
                     cap=cap,
                     **common,
                 )
-        if json:
+        if as_json:
             emit_json(report.as_dict())
         elif audit:
             _print_audit(report)
         else:
             _print_report(report, show)
         if not report.passed:
-            raise typer.Exit(1)
+            raise click.exceptions.Exit(1)
 
 
 def _ratio(r: float) -> str:
@@ -150,6 +172,11 @@ def _ratio(r: float) -> str:
 
 
 def _print_report(report, show: int) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from kernelab.cli._common import console
+
     table = Table(
         title=f"kernelab verify — {escape(report.device)}, seed {report.seed}, "
         f"{report.trials} trial(s) per case"
@@ -197,6 +224,11 @@ def _print_report(report, show: int) -> None:
 
 
 def _print_audit(report) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from kernelab.cli._common import console
+
     table = Table(title=f"kernelab verify --audit — {escape(report.device)}, seed {report.seed}")
     for col in ("op", "null candidate", "spoils", "dtype", "verdict", "note"):
         table.add_column(col)

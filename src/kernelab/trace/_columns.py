@@ -31,8 +31,15 @@ except ImportError:  # pragma: no cover - exercised under environments without m
     msgspec = None
 
 
+#: The category an event of a phase other than 'X' reports: ignored, never counted as unknown.
+_NOT_COMPLETE = "(not a complete event)"
+
+
 class _KindMap(dict):
     """Category string as written -> kind; -1 ignored, -2 unknown (counted)."""
+
+    def __init__(self):
+        super().__init__({_NOT_COMPLETE: -1})
 
     def __missing__(self, cat):
         key = cat.lower() if isinstance(cat, str) else ""
@@ -65,9 +72,6 @@ def _pick(seq, idx) -> list:
         return [seq[int(idx[0])]]
     return list(itemgetter(*idx.tolist())(seq))
 
-
-_FIELDS = itemgetter("cat", "name", "ts", "dur", "pid", "tid", "args")
-_ATTRS = attrgetter("cat", "name", "ts", "dur", "pid", "tid", "args")
 
 #: Event args this analysis reads -> attribute names of the msgspec struct.
 _ARG_ATTRS = {
@@ -104,16 +108,19 @@ if msgspec is not None:
 
         cat: Any = None
         name: Any = None
-        ts: Any = None
-        dur: Any = None
+        ts: float | None = None  # ints are accepted; strings or booleans fail the chunk over
+        dur: float | None = None
         pid: Any = None
         tid: Any = None
         args: _Args | None = None
 
     # Every other phase of the Chrome trace format decodes to an empty struct: its fields are
-    # skipped in C. An unlisted or missing phase fails the chunk over to orjson.
+    # skipped in C. Its class-level ``cat`` marks it ignored, so a chunk's kinds come from one
+    # pass over every event. An unlisted or missing phase fails the chunk over to orjson.
     _SKIPPED = tuple(
-        msgspec.defstruct(f"_Phase{i}", [], gc=False, tag_field="ph", tag=ph)
+        msgspec.defstruct(
+            f"_Phase{i}", [], gc=False, tag_field="ph", tag=ph, namespace={"cat": _NOT_COMPLETE}
+        )
         for i, ph in enumerate(
             [
                 "B",
@@ -204,20 +211,60 @@ class _Columns:
         """Columns of a chunk where every 'X' event has all the fields; raises otherwise.
 
         Nothing is stored until it returns, so a failure leaves the columns unchanged.
-        ``structs``: the events are msgspec structs (attributes) rather than dicts.
+        ``structs``: the events are msgspec structs (attributes, times already validated as
+        numbers by the decoder) rather than dicts. One C-level pass per field, over the kept
+        rows only: no Python tuple per event.
         """
         if structs:
-            xs = [e for e in events if type(e) is _Event]
+            xs = events  # the other phases' structs say they are ignored (_NOT_COMPLETE)
+            field = attrgetter
         else:
             xs = [e for e in events if e["ph"] == "X"]
+            field = itemgetter
         if not xs:
             return None, {}, {}
-        cats, names, ts, dur, pid, tid, args = zip(
-            *map(_ATTRS if structs else _FIELDS, xs), strict=False
-        )
+        cat = field("cat")
+        kind_all = np.fromiter(map(self.kinds.__getitem__, map(cat, xs)), np.int8, len(xs))
+        unknown: dict[str, int] = {}
+        for i in np.flatnonzero(kind_all == -2).tolist():
+            name = str(cat(xs[i]))
+            unknown[name] = unknown.get(name, 0) + 1
+        keep = np.flatnonzero(kind_all >= 0)
+        if not len(keep):
+            return None, {}, unknown
+        rows = xs if len(keep) == len(xs) else _pick(xs, keep)
+        n = len(rows)
+        if structs:  # float-typed fields: the decoder rejected strings, booleans and nulls
+            ts_a = np.fromiter(map(field("ts"), rows), np.float64, n)
+            dur_a = np.fromiter(map(field("dur"), rows), np.float64, n)
+        else:
+            ts_a = np.array(list(map(field("ts"), rows)))
+            dur_a = np.array(list(map(field("dur"), rows)))
+            if ts_a.dtype.kind not in "if" or dur_a.dtype.kind not in "if":
+                raise TypeError("non-numeric times")
+        if self.base_us is None:
+            self.base_us = int(ts_a.min())
+        kind_a = kind_all[keep]
+        intern = self.table
+        known = len(intern)
+        name_a = np.fromiter(map(intern.__getitem__, map(field("name"), rows)), np.int32, n)
+        added = list(islice(intern, known, None))
+        if any(type(x) is not str for x in added):
+            for x in added:  # undo, so ids stay dense and every interned name is a str
+                del intern[x]
+            raise TypeError("names not strings")
+        part = {
+            "kind": kind_a,
+            "name": name_a,
+            "ts": np.rint((ts_a - self.base_us) * 1000).astype(np.int64),
+            "dur": np.rint(dur_a * 1000).astype(np.int64),
+            "pid": _ints(rows, field("pid")),
+            "tid": _ints(rows, field("tid")),
+        }
+        args = list(map(field("args"), rows))
         if structs:
             if None in args:
-                args = tuple(_NO_ARGS if a is None else a for a in args)
+                args = [_NO_ARGS if a is None else a for a in args]
 
             def getter(key):
                 return attrgetter(_ARG_ATTRS[key])
@@ -229,55 +276,22 @@ class _Columns:
             def getter(key):
                 return methodcaller("get", key, -1)
 
-        kind_all = np.fromiter(map(self.kinds.__getitem__, cats), np.int8, len(cats))
-        unknown: dict[str, int] = {}
-        for i in np.flatnonzero(kind_all == -2):
-            unknown[str(cats[i])] = unknown.get(str(cats[i]), 0) + 1
-        keep = np.flatnonzero(kind_all >= 0)
-        if not len(keep):
-            return None, {}, unknown
-        ts_a, dur_a = np.array(ts)[keep], np.array(dur)[keep]
-        if ts_a.dtype.kind not in "if" or dur_a.dtype.kind not in "if":
-            raise TypeError("non-numeric times")
-        if self.base_us is None:
-            self.base_us = int(ts_a.min())
-        kind_a = kind_all[keep]
-        intern = self.table
-        known = len(intern)
-        name_all = np.fromiter(map(intern.__getitem__, names), np.int32, len(names))
-        added = list(islice(intern, known, None))
-        if any(type(x) is not str for x in added):
-            for x in added:  # undo, so ids stay dense and every interned name is a str
-                del intern[x]
-            raise TypeError("names not strings")
-        n = len(keep)
-        part = {
-            "kind": kind_a,
-            "name": name_all[keep],
-            "ts": np.rint((ts_a - self.base_us) * 1000).astype(np.int64),
-            "dur": np.rint(dur_a * 1000).astype(np.int64),
-            "pid": _col(list(pid), np.int64)[keep],
-            "tid": _col(list(tid), np.int64)[keep],
-        }
-
         def sparse(mask, key, dtype=np.int64):
             out = np.full(n, -1, dtype=dtype)
             idx = np.flatnonzero(mask)
             if len(idx):
-                sub = _pick(args, keep[idx])
-                out[idx] = _col(list(map(getter(key), sub)), dtype)
+                out[idx] = _col(list(map(getter(key), _pick(args, idx))), dtype)
             return idx, out
 
-        kern_args = _pick(args, keep)  # aligned with the kept rows
-        _gpu_columns(part, kind_a, sparse, lambda m, k: _dims_product(kern_args, m, getter(k)))
+        _gpu_columns(part, kind_a, sparse, lambda m, k: _dims_product(args, m, getter(k)))
         shapes = {}
         shaped_ids = [intern[x] for x in SHAPED_OPS if x in intern]
         if shaped_ids:
-            rows = np.flatnonzero((kind_a == CPU_OP) & np.isin(part["name"], shaped_ids))
-            sub = _pick(kern_args, rows)
+            rows_i = np.flatnonzero((kind_a == CPU_OP) & np.isin(name_a, shaped_ids))
+            sub = _pick(args, rows_i)
             dims_all = list(map(getter("Input Dims"), sub))
             types_all = list(map(getter("Input type"), sub))
-            for i, dims, types in zip(rows.tolist(), dims_all, types_all, strict=True):
+            for i, dims, types in zip(rows_i.tolist(), dims_all, types_all, strict=True):
                 if type(dims) is list and type(types) is list:
                     shapes[i] = (dims, types)
         return part, shapes, unknown
@@ -380,6 +394,15 @@ class _Columns:
             malformed=self.malformed,
             **cols,
         )
+
+
+def _ints(rows: list, get) -> np.ndarray:
+    """An int64 column of ``get(row)`` per row; -1 where a value is not an integer (e.g. the
+    string pids some tracers write)."""
+    try:
+        return np.fromiter(map(get, rows), np.int64, len(rows))
+    except (TypeError, ValueError, OverflowError):
+        return np.array([_int(get(r)) for r in rows], dtype=np.int64)
 
 
 def _int(v) -> int:
