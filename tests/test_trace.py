@@ -8,7 +8,7 @@ import pytest
 
 from kernelab.hardware import occupancy
 from kernelab.trace import _columns, _ingest, load, summarize
-from kernelab.trace._link import nesting_parents
+from kernelab.trace._link import distinct, member, nesting_parents, percentile
 from kernelab.trace.kernels import normalise
 from kernelab.trace.summary import NothingToAnalyse, public
 from tests.kineto_builder import TraceBuilder
@@ -312,6 +312,21 @@ def test_nesting_parents_match_a_stack_walk():
         stack.append(i)
     assert len(spans) > 50
     assert nesting_parents(th, s, e).tolist() == expected
+
+
+def test_set_and_percentile_helpers_agree_with_numpy():
+    rng = np.random.default_rng(1)
+    for n in (0, 1, 2, 7, 1000):
+        a = rng.integers(-50, 50, n)
+        b = rng.integers(-60, 60, max(n // 2, 1))
+        assert distinct(a).tolist() == np.unique(a).tolist()
+        assert member(a, b).tolist() == np.isin(a, b).tolist()
+        assert not member(a, []).any()
+        for q in (0, 10, 50, 90, 99.9, 100):
+            if n:
+                assert percentile(a, q) == pytest.approx(float(np.percentile(a, q)), rel=1e-12)
+    # A wrong interpolation (nearest rank) would not pass:
+    assert percentile(np.array([0, 10]), 25) == 2.5
 
 
 def test_untrusted_names_are_data(tmp_path):

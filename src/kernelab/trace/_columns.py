@@ -4,9 +4,9 @@ careful path validates event by event and counts what it skips."""
 
 from __future__ import annotations
 
-from itertools import islice
+from itertools import chain, islice
 from operator import attrgetter, itemgetter, methodcaller
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 import numpy as np
 import orjson
@@ -104,15 +104,28 @@ if msgspec is not None:
         types: Any = msgspec.field(default=None, name="Input type")
 
     class _Event(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
-        """A complete ('X') event: the only phase analysed."""
+        """A complete ('X') event: the only phase analysed (fields in the order Kineto writes
+        them, which msgspec matches fastest)."""
 
         cat: Any = None
         name: Any = None
-        ts: float | None = None  # ints are accepted; strings or booleans fail the chunk over
-        dur: float | None = None
         pid: Any = None
         tid: Any = None
+        ts: float | None = None  # ints are accepted; strings or booleans fail the chunk over
+        dur: float | None = None
         args: _Args | None = None
+
+    #: Every spelling of a category this analysis knows: decoded as a Literal, a category is
+    #: one shared string (no new object, its hash cached) instead of a new string per event.
+    _KNOWN_CATEGORY = Literal[
+        tuple(sorted({v for k in (*CATEGORIES, *IGNORED) for v in (k, k.capitalize())}))
+    ]
+
+    class _KnownEvent(_Event, tag="X"):
+        """An :class:`_Event` whose category is a known one (a chunk with another category
+        is decoded again as :class:`_Event`)."""
+
+        cat: _KNOWN_CATEGORY | None = None
 
     # Every other phase of the Chrome trace format decodes to an empty struct: its fields are
     # skipped in C. Its class-level ``cat`` marks it ignored, so a chunk's kinds come from one
@@ -146,16 +159,17 @@ if msgspec is not None:
             ]
         )
     )
-    _DECODER = msgspec.json.Decoder(list[Union[(_Event, *_SKIPPED)]])
+    _DECODER = msgspec.json.Decoder(list[Union[(_KnownEvent, *_SKIPPED)]])
+    _ANY_CATEGORY = msgspec.json.Decoder(list[Union[(_Event, *_SKIPPED)]])
     _NO_ARGS = _Args()
 else:
-    _DECODER = None
+    _DECODER = _ANY_CATEGORY = None
     _NO_ARGS = None
 
 
 def _as_dict(event) -> dict:
     """A decoded struct back as the dict the careful path expects."""
-    if type(event) is not _Event:
+    if not isinstance(event, _Event):
         return {"ph": type(event).__struct_config__.tag}
     out = {k: getattr(event, k) for k in ("cat", "name", "ts", "dur", "pid", "tid")}
     out["ph"] = "X"
@@ -181,11 +195,13 @@ class _Columns:
     def add_raw(self, chunk: memoryview) -> None:
         """Parse and append one JSON array of events (msgspec when installed, else orjson)."""
         if _DECODER is not None:
-            try:
-                events = _DECODER.decode(chunk)
-            except (msgspec.ValidationError, msgspec.DecodeError):
-                pass  # odd field types or invalid JSON: orjson and the careful path decide
-            else:
+            for decoder in (_DECODER, _ANY_CATEGORY):
+                try:
+                    events = decoder.decode(chunk)
+                except msgspec.ValidationError:
+                    continue  # an unknown category (then odd field types): the next decoder
+                except msgspec.DecodeError:
+                    break  # invalid JSON: orjson and the careful path decide
                 self.add(events, structs=True)
                 return
         self.add(orjson.loads(chunk))
@@ -258,8 +274,8 @@ class _Columns:
             "name": name_a,
             "ts": np.rint((ts_a - self.base_us) * 1000).astype(np.int64),
             "dur": np.rint(dur_a * 1000).astype(np.int64),
-            "pid": _ints(rows, field("pid")),
-            "tid": _ints(rows, field("tid")),
+            "pid": _read(rows, field("pid")),
+            "tid": _read(rows, field("tid")),
         }
         args = list(map(field("args"), rows))
         if structs:
@@ -280,14 +296,14 @@ class _Columns:
             out = np.full(n, -1, dtype=dtype)
             idx = np.flatnonzero(mask)
             if len(idx):
-                out[idx] = _col(list(map(getter(key), _pick(args, idx))), dtype)
+                out[idx] = _read(_pick(args, idx), getter(key), dtype)
             return idx, out
 
         _gpu_columns(part, kind_a, sparse, lambda m, k: _dims_product(args, m, getter(k)))
         shapes = {}
         shaped_ids = [intern[x] for x in SHAPED_OPS if x in intern]
         if shaped_ids:
-            rows_i = np.flatnonzero((kind_a == CPU_OP) & np.isin(name_a, shaped_ids))
+            rows_i = np.flatnonzero((kind_a == CPU_OP) & np.isin(name_a, shaped_ids, kind="table"))
             sub = _pick(args, rows_i)
             dims_all = list(map(getter("Input Dims"), sub))
             types_all = list(map(getter("Input type"), sub))
@@ -383,8 +399,15 @@ class _Columns:
             k: np.concatenate([p[k] for p in self.parts]) if self.parts else np.zeros(0, dt)
             for k, dt in zip(keys, dtypes, strict=False)
         }
+        # Times so far are relative to the first chunk's earliest event; make them relative
+        # to the trace's earliest (whole microseconds), whatever the chunking.
+        base_us = self.base_us or 0
+        if len(cols["ts"]):
+            shift_us = int(cols["ts"].min()) // 1000
+            cols["ts"] -= shift_us * 1000
+            base_us += shift_us
         meta = dict(meta)
-        meta["base_us"] = self.base_us or 0
+        meta["base_us"] = base_us
         return Trace(
             path=path,
             meta=meta,
@@ -396,13 +419,13 @@ class _Columns:
         )
 
 
-def _ints(rows: list, get) -> np.ndarray:
-    """An int64 column of ``get(row)`` per row; -1 where a value is not an integer (e.g. the
-    string pids some tracers write)."""
+def _read(rows: list, get, dtype=np.int64) -> np.ndarray:
+    """A column of ``get(row)`` per row, in one C-level pass; -1 where a value is not an
+    integer (e.g. the string pids some tracers write)."""
     try:
-        return np.fromiter(map(get, rows), np.int64, len(rows))
+        return np.fromiter(map(get, rows), dtype, len(rows))
     except (TypeError, ValueError, OverflowError):
-        return np.array([_int(get(r)) for r in rows], dtype=np.int64)
+        return _col(list(map(get, rows)), dtype)
 
 
 def _int(v) -> int:
@@ -419,14 +442,16 @@ def _dims_product(args: list, mask: np.ndarray, get) -> np.ndarray:
     idx = np.flatnonzero(mask)
     if not len(idx):
         return out
-    vals = [get(args[i]) for i in idx]
-    try:
-        arr = np.array(vals, dtype=np.int64)
-        if arr.ndim != 2:
-            raise ValueError
-        out[idx] = arr.prod(axis=1)
-    except (TypeError, ValueError, OverflowError):
-        out[idx] = [_prod3(v) for v in vals]
+    vals = list(map(get, _pick(args, idx)))
+    if set(map(type, vals)) == {list} and set(map(len, vals)) == {3}:
+        try:
+            flat = np.fromiter(chain.from_iterable(vals), np.int64, 3 * len(vals))
+        except (TypeError, ValueError, OverflowError):
+            pass
+        else:
+            out[idx] = flat.reshape(-1, 3).prod(axis=1)
+            return out
+    out[idx] = [_prod3(v) for v in vals]
     return out
 
 

@@ -45,7 +45,11 @@ except ImportError:  # pragma: no cover - exercised where isal is not installed
     _inflate = zlib
 _ZLIB_ERRORS = (zlib.error, _inflate.error)
 
-_CHUNK_BYTES = 1 << 21
+#: Bytes of events decoded at once, and of decompressed data per piece. Small pieces come
+#: from memory the allocator reuses; large ones are fresh pages each time (a page fault per
+#: 4 KB, which on a virtual machine costs about as much as decoding the bytes).
+_CHUNK_BYTES = 1 << 20
+_PIECE_BYTES = 1 << 16
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 
 
@@ -113,7 +117,7 @@ def _gunzip_growing(data: bytes) -> bytearray:
     return out
 
 
-def _pieces(path: Path, size: int = 1 << 20):
+def _pieces(path: Path, size: int = _PIECE_BYTES):
     """The file's bytes, gzip-decompressed when compressed, in pieces of about ``size``."""
     with open(path, "rb") as fh:
         magic = fh.read(2)
@@ -192,22 +196,28 @@ def _load_streaming(path: Path, cols: _Columns) -> dict:
         raise _Fallback from None
     if not isinstance(head, dict):
         raise _Fallback
-    start = first
-    done = False
-    while not done:
-        while True:
-            nxt = buf.find(sep, start + _CHUNK_BYTES)
-            if nxt < 0:
-                break
-            _add_in_place(cols, buf, start, nxt + 1)
-            start = nxt + len(sep) - 1
-        piece = next(pieces, None)
-        if piece is None:
-            done = True
-        else:
-            del buf[: start - 1]  # keep the byte before the next event for its '['
-            start = 1
-            buf += piece
+    # From here on the unparsed bytes (from the next event's '{') sit in one reused buffer,
+    # after a spare byte for the '[' (reused: see _PIECE_BYTES).
+    work = bytearray(_CHUNK_BYTES + 2 * _PIECE_BYTES)
+    size = len(buf) - first
+    work[1 : 1 + size] = memoryview(buf)[first:]
+    del buf
+    for piece in pieces:
+        end = 1 + size + len(piece)
+        work[1 + size : end] = piece  # grows the buffer only for events longer than a chunk
+        size += len(piece)
+        if size < _CHUNK_BYTES:
+            continue
+        cut = work.rfind(sep, 1, end)
+        if cut < 1:  # one event longer than a chunk: keep reading
+            continue
+        _add_in_place(cols, work, 1, cut + 1)
+        nxt = cut + len(sep) - 1  # the next event's '{'
+        work[1 : 1 + end - nxt] = bytes(memoryview(work)[nxt:end])
+        size = end - nxt
+    del work[1 + size :]
+    buf = work
+    start = 1
     # The rest: the last events, the array's ']' and the trailing top-level fields.
     tail = buf.rfind(b"]")
     close = buf.rfind(b"}", start, tail)

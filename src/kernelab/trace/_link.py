@@ -109,6 +109,44 @@ def nesting_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> n
     return np.where(ok, cand, -1)
 
 
+# np.unique without indices, np.isin and np.percentile import numpy.ma on first use (10-15 ms
+# of a whole summary on a small machine); the analyses use these instead.
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """The sorted distinct values of a 1-D array (``np.unique``)."""
+    s = np.sort(values)
+    if len(s) < 2:
+        return s
+    keep = np.empty(len(s), dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
+def member(values: np.ndarray, of) -> np.ndarray:
+    """Whether each value occurs in ``of`` (``np.isin`` for integers)."""
+    keys = distinct(np.asarray(of, dtype=np.int64))
+    if len(keys) == 0:
+        return np.zeros(len(values), dtype=bool)
+    pos = np.minimum(np.searchsorted(keys, values), len(keys) - 1)
+    return keys[pos] == values
+
+
+def percentile(values: np.ndarray, q: float) -> float:
+    """``np.percentile(values, q)``: the same linear interpolation (equal to within a unit in
+    the last place; the analyses round to nanoseconds)."""
+    a = np.sort(values)
+    n = len(a)
+    f = q / 100
+    virtual = n * f + (1 + f * -1) - 1
+    lo = min(max(int(np.floor(virtual)), 0), n - 1)
+    hi = min(lo + 1, n - 1)
+    t = virtual - np.floor(virtual)
+    d = a[hi] - a[lo]
+    return float(a[hi] - d * (1 - t)) if t >= 0.5 else float(a[lo] + d * t)
+
+
 def merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Union of intervals as sorted, disjoint [start, end) arrays."""
     if len(starts) == 0:
@@ -199,7 +237,7 @@ class Links:
         if not self.sync_kind:
             return np.zeros(0, dtype=np.int64)
         ids = np.fromiter(self.sync_kind, dtype=np.int64)
-        return np.flatnonzero((t.kind == RUNTIME) & np.isin(t.name, ids))
+        return np.flatnonzero((t.kind == RUNTIME) & member(t.name, ids))
 
     @cached_property
     def op_parent(self) -> tuple[np.ndarray, np.ndarray]:
@@ -225,7 +263,7 @@ class Links:
         op_ts = t.ts[ops]
         op_end = op_ts + t.dur[ops]
         # Combined key: thread rank then time, so one searchsorted covers every thread.
-        uniq = np.unique(thread_ops)
+        uniq = distinct(thread_ops)
         rank_ops = np.searchsorted(uniq, thread_ops)
         rank_q = np.searchsorted(uniq, thread_q)
         valid_q = (rank_q < len(uniq)) & (uniq[np.minimum(rank_q, len(uniq) - 1)] == thread_q)

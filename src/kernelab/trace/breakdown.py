@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernelab.trace._link import CATEGORY_ORDER, Links, covered, merge
+from kernelab.trace._link import CATEGORY_ORDER, Links, covered, distinct, merge
 
 US = 1e-3  # ns -> us
 
@@ -40,7 +40,7 @@ def breakdown(links: Links) -> list[dict]:
     out = []
     dev_of = t.pid[gpu]
     launched_all = links.launch_of >= 0
-    for dev in np.unique(dev_of):
+    for dev in distinct(dev_of):
         sel = dev_of == dev
         rows = gpu[sel]
         c = cat[sel]
@@ -62,7 +62,7 @@ def breakdown(links: Links) -> list[dict]:
             }
         streams = []
         stream_of = t.tid[rows]
-        for st in np.unique(stream_of):
+        for st in distinct(stream_of):
             ms_ = stream_of == st
             ss, se = s[ms_], e[ms_]
             per = {
@@ -105,7 +105,7 @@ def idle_gaps(links: Links, min_gap_ns: int = 0) -> list[dict]:
     order = np.lexsort((sync_end, sync_thread))
     sync_thread, sync_end, sync = sync_thread[order], sync_end[order], sync[order]
     sync_kind = links.sync_kind
-    for dev in np.unique(t.pid[gpu]):
+    for dev in distinct(t.pid[gpu]):
         sel = np.flatnonzero(t.pid[gpu] == dev)
         rows = gpu[sel]
         s = t.ts[rows]
@@ -128,7 +128,7 @@ def idle_gaps(links: Links, min_gap_ns: int = 0) -> list[dict]:
         if len(sync):
             # The latest sync on the launching thread ending by the launch call's start:
             # did it end inside the gap?
-            for th in np.unique(sync_thread):
+            for th in distinct(sync_thread):
                 lo, hi = np.searchsorted(sync_thread, [th, th + 1])
                 ends_t = sync_end[lo:hi]
                 q = np.flatnonzero(has & (thread == th))

@@ -7,7 +7,7 @@ import re
 import numpy as np
 
 from kernelab.trace._ingest import ANNOTATION, CPU_OP, KERNEL, RUNTIME
-from kernelab.trace._link import Links
+from kernelab.trace._link import Links, member
 
 #: Runtime calls that put work on the GPU (each should correlate with a GPU event).
 _LAUNCH = re.compile(
@@ -37,8 +37,8 @@ def integrity(links: Links) -> dict:
     rt = links.runtime
     is_launch = np.array([bool(_LAUNCH.search(s)) for s in t.strings], dtype=bool)
     launches = rt[is_launch[t.name[rt]]] if len(rt) and len(t.strings) else rt[:0]
-    gcorr = np.unique(t.corr[gpu][t.corr[gpu] >= 0])
-    issues["launch_without_gpu_event"] = int((~np.isin(t.corr[launches], gcorr)).sum())
+    gcorr = t.corr[gpu][t.corr[gpu] >= 0]
+    issues["launch_without_gpu_event"] = int((~member(t.corr[launches], gcorr)).sum())
     issues["gpu_event_without_launch"] = int((links.launch_of < 0).sum())
     # Overlapping kernels on one stream (a stream runs its work in order).
     kern = gpu[t.kind[gpu] == KERNEL]

@@ -18,13 +18,13 @@ import itertools
 import numpy as np
 
 from kernelab.trace._ingest import KERNEL
-from kernelab.trace._link import Links
+from kernelab.trace._link import Links, percentile
 
 US = 1e-3
 
 
 def _pct(a: np.ndarray, q: float) -> float:
-    return round(float(np.percentile(a, q)) * US, 3) if len(a) else 0.0
+    return round(percentile(a, q) * US, 3) if len(a) else 0.0
 
 
 def launch_analysis(links: Links, short_us: float = 5.0) -> dict:
