@@ -272,6 +272,7 @@ def test_chunked_and_compact_parsing_agree(tmp_path, monkeypatch):
     monkeypatch.setattr(_ingest, "_load_whole", no_fallback)
     a = load(b.write(tmp_path / "a.json.gz"))
     monkeypatch.setattr(_ingest, "_CHUNK_BYTES", 256)  # many chunks, many pieces
+    monkeypatch.setattr(_ingest, "_PIECE_BYTES", 300)
     c = load(b.write(tmp_path / "c.json"))
     monkeypatch.setattr(_ingest, "_load_whole", whole)
     d = load(b.write(tmp_path / "d.json", layout="compact"))  # the whole-document path
@@ -407,3 +408,83 @@ def test_collectives_and_gemms_break_fusion_runs(tmp_path):
     b.launch("void at::native::vectorized_elementwise_kernel<4, AddFunctor>(int)", 30, 5, 31, 3)
     fusion = public(summarize(b.write(tmp_path / "m.json")))["gpu"]["fusion"]
     assert fusion["runs"] == 1 and fusion["candidates"][0]["launches_saved"] == 1
+
+
+def _rich_trace(tmp_path):
+    """Many chunks (with a small chunk size), shapes, odd categories, a malformed event and a
+    name first seen late: everything a worker must send back."""
+    b = scenario()
+    for i in range(40):
+        fusible(b, 1000 + 100 * i)
+        b._x("cpu_op", f"late_op_{i}", 1050 + 100 * i, 2, 1, 1, {"External id": i})
+        if i % 7 == 0:
+            b._x("my_custom_category", f"custom {i}", 1000 + 100 * i, 1, 1, 1)
+    bad = b._x("cpu_op", "bad times", 0, 0, 1, 1)
+    bad["ts"], bad["dur"] = "soon", "long"  # malformed: counted, not kept
+    b.cpu_op("aten::mm", 500, 5, dims=[[2, 3], [3, 4]], types=["float", "float"])
+    return b.write(tmp_path / "rich.json.gz")
+
+
+COLUMN_NAMES = ("kind", "name", "ts", "dur", "pid", "tid", "corr", "regs", "shmem", "block")
+COLUMN_NAMES += ("grid", "nbytes")
+
+
+def _same_trace(a, b) -> None:
+    assert a.strings == b.strings
+    assert a.shapes == b.shapes
+    assert a.meta == b.meta
+    assert a.unknown_categories == b.unknown_categories
+    assert a.malformed == b.malformed
+    for col in COLUMN_NAMES:
+        assert np.array_equal(getattr(a, col), getattr(b, col)), col
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_several_workers_read_exactly_what_one_reads(tmp_path, monkeypatch):
+    path = _rich_trace(tmp_path)
+    monkeypatch.setattr(_ingest, "_CHUNK_BYTES", 2048)  # dozens of chunks, shared unevenly
+    monkeypatch.setattr(_ingest, "_PIECE_BYTES", 1000)
+    one = load(path)
+    assert one.ingest == {"workers": 1, "worker_peak_rss": []}
+    assert one.malformed == 1 and one.unknown_categories == {"my_custom_category": 6}
+    assert len(one.shapes) > 40
+    for n in (2, 3):
+        many = load(path, workers=n)
+        assert many.ingest["workers"] == n and len(many.ingest["worker_peak_rss"]) == n - 1
+        _same_trace(one, many)
+    assert public(summarize(path, workers=3))["gpu"] == public(summarize(path))["gpu"]
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_failed_worker_means_one_process_reads_again(tmp_path, monkeypatch):
+    path = _rich_trace(tmp_path)
+    monkeypatch.setattr(_ingest, "_CHUNK_BYTES", 2048)
+    monkeypatch.setattr(_ingest, "_PIECE_BYTES", 1000)
+    one = load(path)
+    # A worker whose output does not match its header, then one that dies before writing.
+    monkeypatch.setattr(_columns._Columns, "export", lambda self: [(99).to_bytes(8, "little")])
+    garbled = load(path, workers=2)
+    assert garbled.ingest == {"workers": 1, "worker_peak_rss": []}
+    _same_trace(one, garbled)
+    monkeypatch.setattr(_columns._Columns, "export", lambda self: __import__("os")._exit(3))
+    died = load(path, workers=2)
+    assert died.ingest["workers"] == 1
+    _same_trace(one, died)
+
+
+def test_worker_counts_are_checked(tmp_path, monkeypatch):
+    path = _rich_trace(tmp_path)
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="workers: expected a whole number"):
+            load(path, workers=bad)
+    monkeypatch.setenv("KERNELAB_TRACE_WORKERS", "many")
+    with pytest.raises(ValueError, match="KERNELAB_TRACE_WORKERS"):
+        load(path, workers=None)
+    monkeypatch.setenv("KERNELAB_TRACE_WORKERS", "1")
+    assert load(path, workers=None).ingest["workers"] == 1
+    monkeypatch.delenv("KERNELAB_TRACE_WORKERS")
+    # Automatic: a small trace, or a process with torch loaded, is read by one process.
+    assert _ingest._workers(path, None) == 1
+    monkeypatch.setattr(_ingest, "_BYTES_PER_WORKER", 1)
+    monkeypatch.setitem(__import__("sys").modules, "torch", object())
+    assert _ingest._workers(path, None) == 1

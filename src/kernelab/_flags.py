@@ -8,6 +8,7 @@
 | KERNELAB_CACHE_DIR  | where compiled-artifact and measurement caches live.                |
 | KERNELAB_DATA_DIR   | where the default ledger lives (else $XDG_DATA_HOME/kernelab).      |
 | KERNELAB_SHARED     | the folder with the shared device facts and traces (tests).         |
+| KERNELAB_TRACE_WORKERS | processes that decode a trace (1: one; unset: by size and CPUs). |
 """
 
 from __future__ import annotations
@@ -47,6 +48,19 @@ def data_dir() -> Path:
 
 def ledger_url() -> str | None:
     return _get("KERNELAB_LEDGER")
+
+
+def trace_workers() -> int | None:
+    """Processes that decode a trace, if set (``None``: chosen automatically)."""
+    value = _get("KERNELAB_TRACE_WORKERS")
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(
+            f"KERNELAB_TRACE_WORKERS: expected a whole number of processes, got {value!r}"
+        ) from None
 
 
 def shared_dir() -> Path | None:

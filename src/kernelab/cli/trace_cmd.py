@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import click
 
 from kernelab.cli._common import user_errors
+
+
+def _one_blas_thread() -> None:
+    """Trace analysis never multiplies matrices: keep numpy's BLAS from starting a thread per
+    core (they spin for a while at start, competing with the decoding workers). Only this
+    command's process, and only if numpy is not loaded yet."""
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def register(app: click.Group) -> None:
@@ -21,15 +32,29 @@ def register(app: click.Group) -> None:
     @click.option(
         "--perfetto", help="Also write the trace annotated with the findings (.json or .json.gz)."
     )
+    @click.option(
+        "--workers",
+        type=click.IntRange(min=1),
+        help="Processes that decode a large trace [default: by its size and the CPUs; "
+        "KERNELAB_TRACE_WORKERS].",
+    )
     @user_errors
-    def summary_command(trace, as_json, top, short_us, perfetto):
+    def summary_command(trace, as_json, top, short_us, perfetto, workers):
         """Summarise a trace: GPU time, idle causes, launches, top kernels, what to change.
 
         TRACE is a .json or .json.gz trace, or a folder of per-rank traces.
         """
+        _one_blas_thread()
         from kernelab.trace.commands import run_summary
 
-        code = run_summary(trace, as_json=as_json, top=top, short_us=short_us, perfetto=perfetto)
+        code = run_summary(
+            trace,
+            as_json=as_json,
+            top=top,
+            short_us=short_us,
+            perfetto=perfetto,
+            workers=workers,
+        )
         if code:
             raise click.exceptions.Exit(code)
 
@@ -44,6 +69,7 @@ def register(app: click.Group) -> None:
 
         A is the baseline trace, B the trace compared with it.
         """
+        _one_blas_thread()
         from kernelab.trace.commands import run_diff
 
         run_diff(a, b, as_json=as_json, top=top)

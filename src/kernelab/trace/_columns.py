@@ -179,18 +179,56 @@ def _as_dict(event) -> dict:
     return {k: v for k, v in out.items() if v is not None}
 
 
+#: The columns of a :class:`Trace` and their dtypes.
+COLUMNS = {
+    "kind": np.int8,
+    "name": np.int32,
+    "ts": np.int64,
+    "dur": np.int64,
+    "pid": np.int64,
+    "tid": np.int64,
+    "corr": np.int64,
+    "regs": np.int32,
+    "shmem": np.int64,
+    "block": np.int64,
+    "grid": np.int64,
+    "nbytes": np.int64,
+}
+
+
+class _Part:
+    """The columns of one chunk: which chunk (parts are put in file order at the end), the
+    microsecond base its times are relative to, and the shapes of its rows (by row)."""
+
+    __slots__ = ("arrays", "base_us", "chunk", "shapes")
+
+    def __init__(self, chunk: int, base_us: int, arrays: dict, shapes: dict):
+        self.chunk, self.base_us, self.arrays, self.shapes = chunk, base_us, arrays, shapes
+
+
 class _Columns:
-    """Per-chunk numpy columns, concatenated at the end."""
+    """Per-chunk numpy columns, concatenated at the end.
+
+    Chunks are numbered in file order. A process may decode only some of them (see
+    :meth:`skip`) and pass its columns to another with :meth:`export` / :meth:`absorb`.
+    """
 
     def __init__(self):
         self.table: dict[str, int] = _Intern()
         self.kinds = _KindMap()
-        self.parts: list[dict[str, np.ndarray]] = []
-        self.shapes: dict[int, tuple[list, list]] = {}
+        self.parts: list[_Part] = []
         self.unknown: dict[str, int] = {}
         self.malformed = 0
-        self.n = 0
         self.base_us: int | None = None
+        self.next_chunk = 0
+        self.absorbed = False
+
+    def skip(self) -> None:
+        """The next chunk is decoded elsewhere."""
+        self.next_chunk += 1
+
+    def _append(self, arrays: dict, shapes: dict) -> None:
+        self.parts.append(_Part(self.next_chunk - 1, self.base_us, arrays, shapes))
 
     def add_raw(self, chunk: memoryview) -> None:
         """Parse and append one JSON array of events (msgspec when installed, else orjson)."""
@@ -208,6 +246,7 @@ class _Columns:
 
     def add(self, events: list, structs: bool = False) -> None:
         """Append one chunk of events: a fast path for well-formed chunks, else a careful one."""
+        self.next_chunk += 1
         try:
             part, shapes, unknown = self._fast(events, structs)
         except (KeyError, TypeError, ValueError, AttributeError):
@@ -219,9 +258,7 @@ class _Columns:
             return
         for cat, count in unknown.items():
             self.unknown[cat] = self.unknown.get(cat, 0) + count
-        self.shapes.update({self.n + i: v for i, v in shapes.items()})
-        self.parts.append(part)
-        self.n += len(part["kind"])
+        self._append(part, shapes)
 
     def _fast(self, events: list, structs: bool = False):
         """Columns of a chunk where every 'X' event has all the fields; raises otherwise.
@@ -378,30 +415,91 @@ class _Columns:
         _gpu_columns(
             part, kind_a, sparse, lambda m, k: _dims_product(args, m, methodcaller("get", k))
         )
+        shapes = {}
         for i in np.flatnonzero(kind_a == CPU_OP):
             if names[i] in SHAPED_OPS:
                 a = args[i]
                 dims, types = a.get("Input Dims"), a.get("Input type")
                 if isinstance(dims, list) and isinstance(types, list):
-                    self.shapes[self.n + int(i)] = (dims, types)
-        self.parts.append(part)
-        self.n += n
+                    shapes[int(i)] = (dims, types)
+        self._append(part, shapes)
+
+    def export(self) -> list:
+        """These columns as byte strings to write, in order, for :meth:`absorb` in another
+        process: the header's length, a JSON header (names, counts, per part its chunk, base,
+        length and shapes), then each part's arrays raw."""
+        import resource
+
+        header = {
+            "strings": list(self.table),
+            "unknown": self.unknown,
+            "malformed": self.malformed,
+            "parts": [
+                {
+                    "chunk": p.chunk,
+                    "base_us": p.base_us,
+                    "n": len(p.arrays["kind"]),
+                    "shapes": [[i, d, t] for i, (d, t) in p.shapes.items()],
+                }
+                for p in self.parts
+            ],
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        }
+        head = orjson.dumps(header)
+        body = (
+            memoryview(np.ascontiguousarray(p.arrays[k], dtype=dt)).cast("B")
+            for p in self.parts
+            for k, dt in COLUMNS.items()
+        )
+        return [len(head).to_bytes(8, "little"), head, *body]
+
+    def absorb(self, payload: bytes) -> dict:
+        """Add the parts another process :meth:`export`-ed; returns its header's extras."""
+        size = int.from_bytes(payload[:8], "little")
+        header = orjson.loads(payload[8 : 8 + size])
+        remap = np.array([self.table[s] for s in header["strings"]], dtype=np.int32)
+        pos = 8 + size
+        for p in header["parts"]:
+            arrays = {}
+            for k, dt in COLUMNS.items():
+                nbytes = p["n"] * np.dtype(dt).itemsize
+                arrays[k] = np.frombuffer(payload, dtype=dt, count=p["n"], offset=pos)
+                pos += nbytes
+            arrays["name"] = remap[arrays["name"]]
+            shapes = {i: (d, t) for i, d, t in p["shapes"]}
+            self.parts.append(_Part(p["chunk"], p["base_us"], arrays, shapes))
+        if pos != len(payload):
+            raise ValueError("worker payload: length does not match its header")
+        for cat, count in header["unknown"].items():
+            self.unknown[cat] = self.unknown.get(cat, 0) + count
+        self.malformed += header["malformed"]
+        self.absorbed = True
+        return {"peak_rss": header["peak_rss"]}
 
     def finish(self, path: str, meta: dict) -> Trace:
-        strings = [""] * len(self.table)
-        for s, i in self.table.items():
-            strings[i] = s
-        keys = ("kind", "name", "ts", "dur", "pid", "tid", "corr")
-        keys += ("regs", "shmem", "block", "grid", "nbytes")
-        dtypes = (np.int8, np.int32, np.int64, np.int64, np.int64, np.int64, np.int64)
-        dtypes += (np.int32, np.int64, np.int32, np.int64, np.int64)
-        cols = {
-            k: np.concatenate([p[k] for p in self.parts]) if self.parts else np.zeros(0, dt)
-            for k, dt in zip(keys, dtypes, strict=False)
+        parts = sorted(self.parts, key=lambda p: p.chunk)
+        bases = [p.base_us for p in parts if p.base_us is not None]
+        base_us = min(bases) if bases else 0
+        offsets = np.cumsum([0] + [len(p.arrays["kind"]) for p in parts])
+        cols = {}
+        for k, dt in COLUMNS.items():  # one column at a time, each part's copy freed after it
+            cols[k] = np.concatenate([p.arrays.pop(k) for p in parts]) if parts else np.zeros(0, dt)
+        if len(set(bases)) > 1:  # parts decoded by several processes: one base for all
+            shift = np.repeat([(p.base_us - base_us) * 1000 for p in parts], np.diff(offsets))
+            cols["ts"] += shift
+        shapes = {
+            int(o) + i: v for p, o in zip(parts, offsets, strict=False) for i, v in p.shapes.items()
         }
+        strings = list(self.table)
+        if self.absorbed:  # name ids in order of first appearance, as one process assigns them
+            ids, first = np.unique(cols["name"], return_index=True)
+            order = ids[np.argsort(first, kind="stable")]
+            remap = np.zeros(len(strings), dtype=np.int32)
+            remap[order] = np.arange(len(order), dtype=np.int32)
+            cols["name"] = remap[cols["name"]]
+            strings = [strings[i] for i in order.tolist()]
         # Times so far are relative to the first chunk's earliest event; make them relative
         # to the trace's earliest (whole microseconds), whatever the chunking.
-        base_us = self.base_us or 0
         if len(cols["ts"]):
             shift_us = int(cols["ts"].min()) // 1000
             cols["ts"] -= shift_us * 1000
@@ -412,7 +510,7 @@ class _Columns:
             path=path,
             meta=meta,
             strings=strings,
-            shapes=self.shapes,
+            shapes=shapes,
             unknown_categories=dict(self.unknown),
             malformed=self.malformed,
             **cols,

@@ -139,12 +139,14 @@ class Trace:
     corr: np.ndarray  # int64 correlation id, -1 if none
     regs: np.ndarray  # int32 registers per thread, -1 if none
     shmem: np.ndarray  # int64 bytes of shared memory (static + dynamic), -1 if none
-    block: np.ndarray  # int32 threads per block, -1 if none
+    block: np.ndarray  # int64 threads per block, -1 if none
     grid: np.ndarray  # int64 blocks in the grid, -1 if none
     nbytes: np.ndarray  # int64 bytes of a memcpy / memset, -1 if none
     shapes: dict[int, tuple[list, list]] = field(default_factory=dict)  # row -> (dims, types)
     unknown_categories: dict[str, int] = field(default_factory=dict)
     malformed: int = 0  # 'X' events without a usable ts/dur/name
+    #: How the file was read: processes used, and the peak memory of the extra ones (bytes).
+    ingest: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.kind)

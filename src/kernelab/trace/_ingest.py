@@ -13,12 +13,17 @@ Times are kept as int64 nanoseconds (Kineto writes microseconds, sometimes with 
 from __future__ import annotations
 
 import gc
+import os
 import re
+import signal
+import sys
+import threading
 import zlib
 from pathlib import Path
 
 import orjson
 
+from kernelab import _flags
 from kernelab.trace._columns import _Columns
 from kernelab.trace._events import (  # noqa: F401 - re-exported for the analyses
     ANNOTATION,
@@ -117,8 +122,10 @@ def _gunzip_growing(data: bytes) -> bytearray:
     return out
 
 
-def _pieces(path: Path, size: int = _PIECE_BYTES):
-    """The file's bytes, gzip-decompressed when compressed, in pieces of about ``size``."""
+def _pieces(path: Path, size: int | None = None):
+    """The file's bytes, gzip-decompressed when compressed, in pieces of about ``size``
+    (default :data:`_PIECE_BYTES`)."""
+    size = size or _PIECE_BYTES
     with open(path, "rb") as fh:
         magic = fh.read(2)
         fh.seek(0)
@@ -165,12 +172,21 @@ def _add_in_place(cols: _Columns, buf: bytearray, a: int, b: int) -> None:
         buf[a - 1], buf[b] = saved
 
 
-def _load_streaming(path: Path, cols: _Columns) -> dict:
+def _load_streaming(path: Path, cols: _Columns, rank: int = 0, workers: int = 1) -> dict:
     """Decompress, cut and parse the events as they stream in; returns the top-level fields.
 
-    Memory stays near one piece plus one chunk. Raises :class:`_Fallback` where the layout
-    is not Kineto's (the caller then parses the whole document).
+    With several ``workers``, this one decodes the chunks whose number is ``rank`` modulo
+    ``workers`` (every worker cuts the same chunks). Memory stays near one piece plus one
+    chunk. Raises :class:`_Fallback` where the layout is not Kineto's (the caller then parses
+    the whole document).
     """
+
+    def take(a: int, b: int) -> None:
+        if cols.next_chunk % workers == rank:
+            _add_in_place(cols, work, a, b)
+        else:
+            cols.skip()
+
     pieces = _pieces(path)
     buf = bytearray()
     m = None
@@ -211,7 +227,7 @@ def _load_streaming(path: Path, cols: _Columns) -> dict:
         cut = work.rfind(sep, 1, end)
         if cut < 1:  # one event longer than a chunk: keep reading
             continue
-        _add_in_place(cols, work, 1, cut + 1)
+        take(1, cut + 1)
         nxt = cut + len(sep) - 1  # the next event's '{'
         work[1 : 1 + end - nxt] = bytes(memoryview(work)[nxt:end])
         size = end - nxt
@@ -233,14 +249,102 @@ def _load_streaming(path: Path, cols: _Columns) -> dict:
         raise _Fallback from None
     if not isinstance(trailer, dict):
         raise _Fallback
-    _add_in_place(cols, buf, start, close + 1)
+    take(start, close + 1)
     return {**head, **trailer}
 
 
-def load(path) -> Trace:
+#: Decompressed bytes of trace per decoding process, and the most processes used.
+_BYTES_PER_WORKER = 24 << 20
+_MAX_WORKERS = 4
+
+
+class _WorkerFailed(Exception):
+    """A decoding process failed: the trace is read again by this process alone."""
+
+
+def _decompressed_size(p: Path) -> int:
+    with open(p, "rb") as fh:
+        if fh.read(2) != b"\x1f\x8b":
+            return p.stat().st_size
+        fh.seek(-4, 2)
+        isize = int.from_bytes(fh.read(4), "little")  # the size modulo 2**32
+    return max(isize, 4 * p.stat().st_size)  # JSON compresses 5-20x; a wrapped size is small
+
+
+def _workers(p: Path, workers: int | None) -> int:
+    if workers is None:
+        workers = _flags.trace_workers()
+    if workers is not None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers: expected a whole number of processes >= 1, got {workers!r}")
+        return workers if hasattr(os, "fork") else 1
+    # Automatic: fork only where it is safe and pays: Linux, no other threads in this
+    # process (torch starts native ones), several CPUs, a large trace.
+    if not sys.platform.startswith("linux") or threading.active_count() > 1:
+        return 1
+    if "torch" in sys.modules:
+        return 1
+    cpus = len(os.sched_getaffinity(0))
+    return max(1, min(cpus, _MAX_WORKERS, _decompressed_size(p) // _BYTES_PER_WORKER))
+
+
+def _load_parallel(p: Path, cols: _Columns, workers: int) -> tuple[dict, list[int]]:
+    """Decode the chunks in ``workers`` processes: this one and forked ones, each reading the
+    whole stream and decoding every ``workers``-th chunk. The others send their columns back
+    through a pipe as raw arrays and a JSON header (never pickled). Returns the top-level
+    fields and the other processes' peak memory."""
+    children: list[tuple[int, int]] = []
+    try:
+        for rank in range(1, workers):
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the forked worker: decode, send, exit without cleanup
+                code = 1
+                try:
+                    os.close(r)
+                    mine = _Columns()
+                    _load_streaming(p, mine, rank, workers)
+                    with open(w, "wb") as out:
+                        for piece in mine.export():
+                            out.write(piece)
+                    code = 0
+                finally:
+                    os._exit(code)
+            os.close(w)
+            children.append((pid, r))
+        meta = _load_streaming(p, cols, 0, workers)
+        peaks = []
+        while children:
+            pid, r = children[0]
+            with open(r, "rb") as fh:
+                payload = fh.read()  # bytes: the columns below are read-only views of it
+            _, status = os.waitpid(pid, 0)
+            children.pop(0)
+            if status != 0 or len(payload) < 8:
+                raise _WorkerFailed
+            try:
+                peaks.append(cols.absorb(payload)["peak_rss"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise _WorkerFailed from exc
+        return meta, peaks
+    finally:
+        for pid, r in children:  # only on an error: stop and reap the rest
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                os.close(r)
+            except OSError:
+                pass
+
+
+def load(path, *, workers: int | None = 1) -> Trace:
     """Read a Kineto trace (``.json`` or ``.json.gz``) into columns.
 
-    Raises :class:`TraceError` (a ValueError) with one line for anything unreadable.
+    ``workers``: processes that decode it: ``1`` (the default) this one alone; more fork
+    helpers (POSIX) that each decode a share of the chunks; ``None`` chooses
+    (``KERNELAB_TRACE_WORKERS``, else several for a large trace on a multi-core Linux
+    machine when the process runs no other threads; the command line does this). Raises
+    :class:`TraceError` (a ValueError) with one line for anything unreadable.
     """
     p = Path(path)
     if not p.exists():
@@ -249,11 +353,20 @@ def load(path) -> Trace:
         raise TraceError(f"trace: {str(p)!r} is a folder, expected a .json or .json.gz file")
     if p.stat().st_size == 0:
         raise TraceError(f"trace: {str(p)!r} is empty (0 bytes)")
+    n = _workers(p, workers)
     cols = _Columns()
+    peaks: list[int] = []
     enabled = gc.isenabled()
     gc.disable()  # the decoders build many objects; the cyclic collector only slows them
     try:
-        meta = _load_streaming(p, cols)
+        if n > 1:
+            try:
+                meta, peaks = _load_parallel(p, cols, n)
+            except _WorkerFailed:
+                cols, n, peaks = _Columns(), 1, []
+                meta = _load_streaming(p, cols)
+        else:
+            meta = _load_streaming(p, cols)
     except (_Fallback, orjson.JSONDecodeError):
         meta = None
     except (OSError, EOFError, *_ZLIB_ERRORS) as exc:
@@ -261,9 +374,12 @@ def load(path) -> Trace:
     finally:
         if enabled:
             gc.enable()
-    if meta is not None:
-        return cols.finish(str(p), meta)
-    return _load_whole(p)
+    if meta is None:
+        trace, n, peaks = _load_whole(p), 1, []
+    else:
+        trace = cols.finish(str(p), meta)
+    trace.ingest = {"workers": n, "worker_peak_rss": peaks}
+    return trace
 
 
 def _load_whole(p: Path) -> Trace:

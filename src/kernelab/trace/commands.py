@@ -33,8 +33,10 @@ def run_summary(
     short_us: float = 5.0,
     perfetto: str | None = None,
     console=None,
+    workers: int | None = None,
 ) -> int:
-    """Summarise a trace file (or a folder of per-rank traces); returns the exit code."""
+    """Summarise a trace file (or a folder of per-rank traces); returns the exit code.
+    ``workers``: processes decoding the file (``None``: chosen by size and CPUs)."""
     if top < 1:
         raise ValueError(f"top: expected at least 1, got {top}")
     if short_us <= 0:
@@ -60,10 +62,10 @@ def run_summary(
         return 0
     try:
         if as_json:
-            s = summarize(p, top=top, short_us=short_us)
+            s = summarize(p, top=top, short_us=short_us, workers=workers)
         else:
             with console.status(f"reading {p.name}"):
-                s = summarize(p, top=top, short_us=short_us)
+                s = summarize(p, top=top, short_us=short_us, workers=workers)
     except NothingToAnalyse as exc:
         sys.stderr.write(f"{exc}\n")
         return 1

@@ -34,9 +34,11 @@ def summarize(
     top: int = 15,
     short_us: float = 5.0,
     registered: set[str] | None = None,
+    workers: int | None = 1,
 ) -> dict:
-    """Analyse one trace (a path or a loaded :class:`Trace`)."""
-    trace = source if isinstance(source, Trace) else load(source)
+    """Analyse one trace (a path or a loaded :class:`Trace`; ``workers`` as in
+    :func:`~kernelab.trace.load`)."""
+    trace = source if isinstance(source, Trace) else load(source, workers=workers)
     if len(trace) == 0:
         raise NothingToAnalyse(
             f"nothing to analyse: {trace.path!r} holds no complete events of known categories"
@@ -47,6 +49,7 @@ def summarize(
         "trace": trace.path,
         "rank": trace.rank(),
         "events": {KIND_NAMES[k]: int((trace.kind == k).sum()) for k in range(len(KIND_NAMES))},
+        "ingest": dict(trace.ingest),
         "devices": _devices(trace),
         "integrity": integrity(links),
         "cpu": cpu_breakdown(links, top),
