@@ -100,8 +100,9 @@ if msgspec is not None:
         block: Any = None
         grid: Any = None
         nbytes: Any = msgspec.field(default=-1, name="bytes")
-        dims: Any = msgspec.field(default=None, name="Input Dims")
-        types: Any = msgspec.field(default=None, name="Input type")
+        # Kept as raw JSON (a view, nothing built): only the few shaped ops' are decoded.
+        dims: msgspec.Raw = msgspec.field(default=None, name="Input Dims")
+        types: msgspec.Raw = msgspec.field(default=None, name="Input type")
 
     class _Event(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
         """A complete ('X') event: the only phase analysed (fields in the order Kineto writes
@@ -167,6 +168,13 @@ else:
     _NO_ARGS = None
 
 
+def _plain(value):
+    """An args value as plain JSON data (raw JSON decoded)."""
+    if msgspec is not None and type(value) is msgspec.Raw:
+        return msgspec.json.decode(value)
+    return value
+
+
 def _as_dict(event) -> dict:
     """A decoded struct back as the dict the careful path expects."""
     if not isinstance(event, _Event):
@@ -175,7 +183,7 @@ def _as_dict(event) -> dict:
     out["ph"] = "X"
     a = event.args
     if a is not None:
-        out["args"] = {key: getattr(a, attr) for key, attr in _ARG_ATTRS.items()}
+        out["args"] = {key: _plain(getattr(a, attr)) for key, attr in _ARG_ATTRS.items()}
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -342,8 +350,8 @@ class _Columns:
         if shaped_ids:
             rows_i = np.flatnonzero((kind_a == CPU_OP) & np.isin(name_a, shaped_ids, kind="table"))
             sub = _pick(args, rows_i)
-            dims_all = list(map(getter("Input Dims"), sub))
-            types_all = list(map(getter("Input type"), sub))
+            dims_all = [_plain(x) for x in map(getter("Input Dims"), sub)]
+            types_all = [_plain(x) for x in map(getter("Input type"), sub)]
             for i, dims, types in zip(rows_i.tolist(), dims_all, types_all, strict=True):
                 if type(dims) is list and type(types) is list:
                     shapes[i] = (dims, types)
