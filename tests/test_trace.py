@@ -241,6 +241,16 @@ def fusible(b: TraceBuilder, t0: int) -> None:
     b.launch("ampere_bf16_s16816gemm", t0 + 21, 5, t0 + 30, 20)
 
 
+def test_builtin_fused_ops_are_the_registrys():
+    """The names fusion uses without loading the ops are exactly the registered candidates."""
+    from kernelab import ops
+    from kernelab.trace.fusion import BUILTIN_FUSED_OPS, FUSED_FORMS
+
+    registered = {o.name for o in ops.all_ops()}
+    candidates = {c for _, _, names in FUSED_FORMS for c in names}
+    assert candidates & registered == BUILTIN_FUSED_OPS
+
+
 def test_fusion_names_kernelab_op_and_counts_savings(tmp_path):
     b = TraceBuilder()
     for i in range(3):

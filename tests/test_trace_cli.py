@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from kernelab.cli import app
 from tests.kineto_builder import TraceBuilder
-from tests.test_trace import scenario
+from tests.test_trace import fusible, scenario
 
 runner = CliRunner()
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -117,8 +117,11 @@ def test_perfetto_annotations(tmp_path):
 
 def test_trace_summary_json_loads_neither_torch_nor_rich(tmp_path):
     """The CLI imports a command's module only when it runs: ``trace summary --json`` needs
-    numpy and the decoders, not torch (seconds, hundreds of MB) nor rich."""
-    path = scenario().write(tmp_path / "s.json")
+    numpy and the decoders, not torch (seconds, hundreds of MB) nor rich, even for ops whose
+    cost kernelab's own op models (rms_norm)."""
+    b = scenario()
+    fusible(b, 1000)
+    path = b.write(tmp_path / "s.json")
     code = (
         "import sys; from kernelab.cli import main\n"
         f"sys.argv = ['kernelab', 'trace', 'summary', {str(path)!r}, '--json']\n"

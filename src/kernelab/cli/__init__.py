@@ -76,7 +76,7 @@ def app() -> None:
 
 
 #: Commands that finish in about a second and keep no reference cycles worth collecting: the
-#: cyclic collector only costs them time (its passes during imports, a full pass at exit).
+#: cyclic collector only costs them time (its passes during the imports).
 _NO_CYCLE_COLLECTION = {"trace"}
 
 
@@ -84,9 +84,4 @@ def main() -> None:
     """The console entry point (the process ends after the command)."""
     if sys.argv[1:2] and sys.argv[1] in _NO_CYCLE_COLLECTION:
         gc.disable()
-        try:
-            app()
-        finally:
-            gc.freeze()  # nothing left for the collector at interpreter exit
-    else:
-        app()
+    app()

@@ -16,6 +16,7 @@ the op registry at run time, so ops that are not registered are simply not sugge
 from __future__ import annotations
 
 import re
+import sys
 
 import numpy as np
 
@@ -68,19 +69,24 @@ def _seq(ops: list[str], first: tuple[str, ...], then: tuple[str, ...]) -> bool:
     return False
 
 
+#: kernelab's own ops among the fused forms' candidates (a test holds this equal to the
+#: registry): naming them must not load torch and every op (seconds) in a trace command.
+BUILTIN_FUSED_OPS = frozenset({"rmsnorm", "rmsnorm_fp8_quant", "silu_and_mul", "gelu_and_mul"})
+
+
 def _registered() -> set[str] | None:
-    try:
-        from kernelab import ops
-    except Exception:  # the registry cannot load here: name nothing, fail nothing
-        return None
+    """The registered op names: the live registry where the ops are loaded already (it also
+    holds ops registered by the user), else kernelab's own."""
+    ops = sys.modules.get("kernelab.ops")
+    if ops is None:
+        return set(BUILTIN_FUSED_OPS)
     return {o.name for o in ops.all_ops()}
 
 
 def fused_op_for(op_names: list[str], registered: set[str] | None = None) -> tuple[str, str]:
     """(description, kernelab op or '') for a run of op names, ('', '') if no rule applies.
 
-    The registry is read (importing the ops) only when a rule applies and ``registered`` is
-    not given.
+    The registry is read only when a rule applies and ``registered`` is not given.
     """
     for desc, pred, candidates in FUSED_FORMS:
         if pred(op_names):
