@@ -17,6 +17,14 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
 
+#: The ``--ledger`` option of every command that reads or writes the results ledger.
+ledger_option = click.option(
+    "--ledger",
+    "ledger_url",
+    help="Ledger path or URL (default: KERNELAB_LEDGER or the data dir).",
+)
+
+
 def _console(name: str) -> Console:
     """``console`` (stdout) or ``err_console`` (stderr), made (with rich) on first use: a
     command printing JSON never loads rich."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kernelab.cli._common import emit_json, select_ops, spinner, user_errors
+from kernelab.cli._common import emit_json, ledger_option, select_ops, spinner, user_errors
 
 
 def _dtypes(names: tuple[str, ...] | None):
@@ -56,7 +56,7 @@ def register(app: click.Group) -> None:
     @click.option("--seed", default=0, help="Input seed.")
     @click.option("--label", help="Label the run in the ledger.")
     @click.option("--record/--no-record", default=True, help="Store in the ledger.")
-    @click.option("--ledger", "ledger_url", help="Ledger path or URL.")
+    @ledger_option
     @click.option(
         "--floors-for",
         help="Print datasheet floors for a device (e.g. h200) and exit; no timing.",

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import click
 
-from kernelab.cli._common import emit_json, user_errors
+from kernelab.cli._common import emit_json, ledger_option, user_errors
 
 
 def register(app: click.Group) -> None:
     @app.command("ceilings")
     @click.option("--device", help="cpu or cuda[:N] (default: the accelerator).")
     @click.option("--store/--no-store", default=True, help="Store in the ledger.")
-    @click.option("--ledger", "ledger_url", help="Ledger path or URL.")
+    @ledger_option
     @click.option("--json", "json", is_flag=True, help="Print JSON instead of a table.")
     @user_errors
     def ceilings_command(device, store, ledger_url, json):

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kernelab.cli._common import emit_json, user_errors
+from kernelab.cli._common import emit_json, ledger_option, user_errors
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -100,11 +100,7 @@ def register(app: click.Group) -> None:
     )
     @click.option("--confidence", default=0.95, help="Confidence of the bootstrap interval.")
     @click.option("--kind", default="bench", help="Kind of runs that 'latest' and labels name.")
-    @click.option(
-        "--ledger",
-        "ledger_url",
-        help="Ledger path or URL (default: KERNELAB_LEDGER or the data dir).",
-    )
+    @ledger_option
     @click.option("--json", "json", is_flag=True, help="Print JSON instead of a table.")
     @click.option("--csv", "csv", is_flag=True, help="Print CSV (one row per case).")
     @user_errors

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from kernelab.cli._common import emit_json, user_errors
+from kernelab.cli._common import emit_json, ledger_option, user_errors
 
 _CSV_COLUMNS = [
     "created",
@@ -115,11 +115,7 @@ def register(app: click.Group) -> None:
     @click.option("--device", help="Only this device.")
     @click.option("--mode", help="Only this timing mode (cold, hot, ...).")
     @click.option("--limit", default=200, help="At most this many most recent cases.")
-    @click.option(
-        "--ledger",
-        "ledger_url",
-        help="Ledger path or URL (default: KERNELAB_LEDGER or the data dir).",
-    )
+    @ledger_option
     @click.option("--json", "json", is_flag=True, help="Print JSON instead of a table.")
     @click.option("--csv", "csv", is_flag=True, help="Print CSV.")
     @user_errors

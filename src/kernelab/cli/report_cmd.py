@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kernelab.cli._common import user_errors
+from kernelab.cli._common import ledger_option, user_errors
 
 
 def register(app: click.Group) -> None:
@@ -23,11 +23,7 @@ def register(app: click.Group) -> None:
     )
     @click.option("--kind", default="bench", help="Kind of runs that 'latest' and labels name.")
     @click.option("--title", default="kernelab report", help="Page title.")
-    @click.option(
-        "--ledger",
-        "ledger_url",
-        help="Ledger path or URL (default: KERNELAB_LEDGER or the data dir).",
-    )
+    @ledger_option
     @user_errors
     def report_command(runs, out, baseline, baseline_variant, kind, title, ledger_url):
         """Write an HTML report (roofline, latency and speedup charts, provenance) that opens

@@ -254,7 +254,7 @@ def _load_streaming(path: Path, cols: _Columns, rank: int = 0, workers: int = 1)
 
 
 #: Decompressed bytes of trace per decoding process, and the most processes used.
-_BYTES_PER_WORKER = 24 << 20
+_BYTES_PER_WORKER = 16 << 20
 _MAX_WORKERS = 4
 
 
