@@ -87,3 +87,28 @@ def test_measure_ceilings_on_cpu_with_small_sizes():
     bw = roofline.measure_copy("cpu", 1 << 20, samples=3)
     fl = roofline.measure_matmul("cpu", 64, torch.float32, samples=3)
     assert bw > 0 and fl > 0
+
+
+def test_cpu_ceilings_are_the_best_of_stored_and_measured_now(tmp_path, monkeypatch):
+    """A CPU ceiling stored in a slow moment would mark honest runs below the floor: a CPU is
+    measured at each call and the better value wins (and is stored); a better stored one stays."""
+    from kernelab import ledger
+    from kernelab.bench import api
+
+    fresh = {"copy_bytes_per_s": 2e10, "matmul_flops_float32": 1e11}
+    rows = [{"name": k, "value": v, "unit": "x", "source": "test"} for k, v in fresh.items()]
+    monkeypatch.setattr(api.roofline, "measure", lambda info, cache, progress=None: rows)
+    info = detect("cpu")
+    db = ledger.open(url=str(tmp_path / "l.db"))
+    c, note = api.ceilings_for(info, db)
+    assert c.bandwidth == 2e10 and "measured them now" in note
+    db.put_ceiling(info.key, "copy_bytes_per_s", 3e9, "B/s", "a slow moment")
+    db.put_ceiling(info.key, "matmul_flops_float32", 5e11, "FLOP/s", "a fast moment")
+    c, note = api.ceilings_for(info, db)
+    assert c.bandwidth == 2e10 and c.peak("float32")[0] == 5e11
+    assert "higher than stored: copy_bytes_per_s" in note
+    assert db.ceilings(info.key)["copy_bytes_per_s"]["value"] == 2e10
+    assert db.ceilings(info.key)["matmul_flops_float32"]["value"] == 5e11
+    # Not measuring: the stored values as they are.
+    c, note = api.ceilings_for(info, db, measure_if_missing=False)
+    assert c.bandwidth == 2e10 and note == ""

@@ -21,32 +21,44 @@ def open_ledger(url: str | None = None):
 
 
 def ceilings_for(info, db=None, measure_if_missing: bool = True, progress=None):
-    """Stored measured ceilings, else datasheet peaks; a CPU without either is measured now.
+    """Stored measured ceilings, else datasheet peaks; a CPU is measured now.
 
-    Returns (Ceilings, note): the note says what was done ("" when ceilings were stored).
+    A CPU's speed on a shared host moves with its neighbours, and a ceiling measured in a slow
+    moment makes honest runs look faster than the hardware (and be marked invalid). So a CPU
+    is measured at every call (about a second) and each ceiling is the best of the stored and
+    the new value; a better one is stored. Returns (Ceilings, note): the note says what was
+    done ("" when stored ceilings were used as they are).
     """
     stored = db.ceilings(info.key) if db is not None else {}
-    if stored:
-        return roofline.resolve(info, stored), ""
-    if info.spec is not None:
-        return roofline.resolve(info), (
-            f"no measured ceilings stored for {info.key}: using datasheet peaks "
-            "(run `kernelab ceilings` to measure)"
-        )
-    if not measure_if_missing:
+    if info.type != "cpu" or not measure_if_missing:
+        if stored:
+            return roofline.resolve(info, stored), ""
+        if info.spec is not None:
+            return roofline.resolve(info), (
+                f"no measured ceilings stored for {info.key}: using datasheet peaks "
+                "(run `kernelab ceilings` to measure)"
+            )
         return roofline.resolve(info), (
             f"no ceilings for {info.key}: no floor, no % of roofline "
             "(run `kernelab ceilings` to measure)"
         )
-    rows = roofline.measure(info, cache_bytes(info)[0], progress)
-    if db is not None:
-        for r in rows:
-            db.put_ceiling(info.key, r["name"], r["value"], r["unit"], r["source"])
-    now = {r["name"]: {**r, "measured": "now"} for r in rows}
-    return roofline.resolve(info, now), (
-        f"no ceilings stored for {info.key}: measured them now"
-        + (" and stored them" if db is not None else "")
-    )
+    best = dict(stored)
+    raised = []
+    for r in roofline.measure(info, cache_bytes(info)[0], progress):
+        old = stored.get(r["name"])
+        if old is None or r["value"] > old["value"]:
+            best[r["name"]] = {**r, "measured": "now"}
+            raised.append(r["name"])
+            if db is not None:
+                db.put_ceiling(info.key, r["name"], r["value"], r["unit"], r["source"])
+    if not stored:
+        note = f"no ceilings stored for {info.key}: measured them now"
+        note += " and stored them" if db is not None else ""
+    elif raised:
+        note = f"ceilings of {info.key} measured now, higher than stored: {', '.join(raised)}"
+    else:
+        note = ""
+    return roofline.resolve(info, best), note
 
 
 def candidate(spec: str, op) -> Subject:
