@@ -82,10 +82,18 @@ def run_summary(
     return 0
 
 
-def run_diff(a: str, b: str, *, as_json: bool = False, top: int = 20, console=None) -> int:
+def run_diff(
+    a: str,
+    b: str,
+    *,
+    as_json: bool = False,
+    top: int = 20,
+    console=None,
+    workers: int | None = None,
+) -> int:
     if top < 1:
         raise ValueError(f"top: expected at least 1, got {top}")
-    d = diff(a, b, top=top)
+    d = diff(a, b, top=top, workers=workers)
     if as_json:
         emit(d)
     else:

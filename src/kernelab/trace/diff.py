@@ -28,9 +28,10 @@ def kernel_groups(links: Links) -> dict[str, tuple[int, float, str]]:
     }
 
 
-def diff(a: str | Trace, b: str | Trace, top: int = 20) -> dict:
-    ta = a if isinstance(a, Trace) else load(a)
-    tb = b if isinstance(b, Trace) else load(b)
+def diff(a: str | Trace, b: str | Trace, top: int = 20, workers: int | None = 1) -> dict:
+    """Kernel-group and category deltas from ``a`` to ``b`` (``workers`` as in ``load``)."""
+    ta = a if isinstance(a, Trace) else load(a, workers=workers)
+    tb = b if isinstance(b, Trace) else load(b, workers=workers)
     ga, gb = kernel_groups(Links(ta)), kernel_groups(Links(tb))
     rows = []
     for name in set(ga) | set(gb):
