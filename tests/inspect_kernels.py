@@ -68,3 +68,10 @@ def row_scale_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
 tuned_copy_kernel = triton.autotune(configs=[triton.Config({}, num_warps=4)], key=["n"])(
     copy_kernel
 )
+
+
+@triton.jit
+def broken_kernel(x_ptr, BLOCK: tl.constexpr):
+    """Does not compile: a name that is not defined."""
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, undefined_name)  # noqa: F821

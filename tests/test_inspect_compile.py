@@ -170,3 +170,50 @@ def test_run_stage_fails_an_op_that_cannot_launch():
     cell = report.cells[("planted_matmul", "*")]
     assert cell.status == "fail" and "matmul_kernel" in cell.text
     assert "cannot launch" in cell.text
+
+
+def test_a_type_the_target_lacks_is_not_a_compile_error():
+    """fp8 e4m3fn needs sm_89+: on sm_80 the kernel is 'not for this target', not broken."""
+    spec = parse_signature(K.copy_kernel, "*fp8e4nv:16,*fp8e4nv:16,i32:16,BLOCK=1024")
+    reps = {r.target: r for r in analyze_spec(spec, ("sm_80", "sm_90"))}
+    old = reps["sm_80"]
+    assert old.error is None and old.ok and old.facts is None
+    assert old.unsupported.startswith("sm_80 has no fp8e4nv (it has ")
+    assert "fp8e5" in old.unsupported and "not for this target" in old.summary()
+    verdict = prune(None, "sm_80", report=old)  # the tuner never times it there
+    assert not verdict.keep and "not for this target" in verdict.reasons[0]
+    assert reps["sm_90"].unsupported is None and reps["sm_90"].facts["loads"]
+
+
+def test_a_real_compile_error_names_its_cause():
+    spec = parse_signature(K.broken_kernel, "*fp32:16,BLOCK=64")
+    (rep,) = analyze_spec(spec, ("sm_90",))
+    assert rep.unsupported is None and not rep.ok
+    assert rep.error.startswith("CompilationError:") and "…" in rep.error
+    assert "undefined_name" in rep.error
+
+
+def test_the_gate_tells_unsupported_from_regressed():
+    from kernelab.inspect import baseline
+    from kernelab.inspect.report import KernelReport
+
+    def rep(key, **kw):
+        return KernelReport(key, "op", "k", key.split("/")[2], "", "", triton="3.x", **kw)
+
+    facts = {"registers": 32, "spill_bytes": 0, "loads": {"128": 1}, "stores": {"128": 1}}
+    base = baseline.build(
+        [
+            rep("op/k/sm_80/a", unsupported="sm_80 has no fp8e4nv"),
+            rep("op/k/sm_90/b", facts=facts),
+            rep("op/k/sm_80/c", unsupported="sm_80 has no fp8e4nv"),
+        ]
+    )
+    now = [
+        rep("op/k/sm_80/a", unsupported="sm_80 has no fp8e4nv"),  # as before: nothing to say
+        rep("op/k/sm_90/b", unsupported="sm_90 has no fp8e4b8"),  # compiled before: regression
+        rep("op/k/sm_80/c", facts=facts),  # now compiles there: an improvement
+    ]
+    cmp = baseline.compare(now, base)
+    assert [r.split(":")[0] for r in cmp.regressions] == ["k on sm_90 [op/k/sm_90/b]"]
+    assert "no longer for this target" in cmp.regressions[0]
+    assert cmp.improvements == ["k on sm_80 [op/k/sm_80/c]: compiles now"] and cmp.failed

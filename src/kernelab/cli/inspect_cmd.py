@@ -177,6 +177,10 @@ def _print(result, elapsed: float, all_rows: bool) -> None:
             table.add_row(name, r.target, escape(r.config), "", "", "", "",
                           f"[red]{escape(r.error)}[/]", "")  # fmt: skip
             continue
+        if r.unsupported:
+            table.add_row(name, r.target, escape(r.config), "", "", "", "",
+                          f"[dim]{escape(r.unsupported)}[/]", "")  # fmt: skip
+            continue
         table.add_row(
             escape(name),
             r.target,

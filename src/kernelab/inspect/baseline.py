@@ -39,6 +39,8 @@ def entry(rep: KernelReport) -> dict:
     f = rep.facts or {}
     if rep.error:
         return {"error": rep.error}
+    if rep.unsupported:
+        return {"unsupported": rep.unsupported}
     return {
         "registers": f.get("registers"),
         "spill_bytes": f.get("spill_bytes") or 0,
@@ -140,7 +142,11 @@ def compare(
             if "error" not in base:
                 out.regressions.append(f"{where}: no longer compiles: {now['error']}")
             continue
-        if "error" in base:
+        if "unsupported" in now:
+            if "unsupported" not in base and "error" not in base:
+                out.regressions.append(f"{where}: no longer for this target: {now['unsupported']}")
+            continue
+        if "error" in base or "unsupported" in base:
             out.improvements.append(f"{where}: compiles now")
             continue
         if now["spill_bytes"] > base.get("spill_bytes", 0):

@@ -25,6 +25,7 @@ class KernelReport:
     occupancy: dict | None = None
     findings: list[Finding] = field(default_factory=list)
     error: str | None = None
+    unsupported: str | None = None  # the target lacks a type the kernel uses: nothing to judge
     triton: str | None = None
     cached: bool = False
 
@@ -36,6 +37,8 @@ class KernelReport:
         """E.g. '128-bit, 0 spills, occ 100%', or the first finding."""
         if self.error:
             return f"compile error: {self.error}"
+        if self.unsupported:
+            return f"not for this target: {self.unsupported}"
         f = self.facts or {}
         occ = self.occupancy
         parts = [widths(f), f"{f.get('spill_bytes') or 0} spills"]
@@ -57,6 +60,7 @@ class KernelReport:
             "occupancy": self.occupancy,
             "findings": [x.as_dict() for x in self.findings],
             "error": self.error,
+            "unsupported": self.unsupported,
             "triton": self.triton,
             "cached": self.cached,
         }
@@ -109,6 +113,8 @@ def analyze_jobs(
         )
         if "error" in res:
             rep.error = res["error"]
+        elif "unsupported" in res:
+            rep.unsupported = res["unsupported"]
         else:
             facts = res["facts"]
             occ = occupancy_of(facts, job.target)
@@ -157,6 +163,8 @@ def prune(launch, target: str | Target = "sm_90", report: KernelReport | None = 
     reasons = []
     if rep.error:
         reasons.append(f"does not compile: {rep.error}")
+    elif rep.unsupported:
+        reasons.append(f"not for this target: {rep.unsupported}")
     else:
         kinds = {f.kind for f in rep.findings}
         if "spills" in kinds:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 
@@ -25,7 +26,7 @@ from kernelab.inspect.spec import Spec
 from kernelab.inspect.targets import Target
 
 #: Bumped whenever parsing changes what a cached entry would hold.
-PARSER_VERSION = 2
+PARSER_VERSION = 3
 
 _JOBS: list[tuple[Spec, Target]] = []
 
@@ -47,7 +48,8 @@ def _read(key: str) -> dict | None:
         data = orjson.loads(path.read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return None
-    return data if isinstance(data, dict) and ("facts" in data or "error" in data) else None
+    ok = isinstance(data, dict) and ("facts" in data or "error" in data or "unsupported" in data)
+    return data if ok else None
 
 
 def _write(key: str, data: dict) -> None:
@@ -61,13 +63,28 @@ def _write(key: str, data: dict) -> None:
         pass  # a read-only cache only costs time
 
 
+#: Triton's refusal of a type the architecture lacks (fp8 e4m3fn before sm_89, ...).
+_UNSUPPORTED = re.compile(
+    r"type (\w+) not supported in this architecture(?:\. The supported \w+ dtypes are \(([^)]*)\))?"
+)
+
+
 def compile_one(spec: Spec, target: Target) -> dict:
-    """Compile and parse; ``{"facts": ..., "triton": ...}`` or ``{"error": ...}``."""
+    """Compile and parse: ``{"facts": ..., "triton": ...}``; ``{"unsupported": why}`` when
+    the target lacks a type the kernel uses (not a defect of the kernel); else
+    ``{"error": ...}`` with the compiler's first line and its cause."""
     try:
         art = compile_artifacts(spec, target)
     except Exception as exc:  # a kernel that does not compile is a result, not a crash
-        first = str(exc).strip().splitlines()
-        return {"error": f"{type(exc).__name__}: {first[0] if first else ''}"[:500]}
+        text = str(exc)
+        m = _UNSUPPORTED.search(text)
+        if m:
+            why = f"{target.name} has no {m.group(1)}"
+            has = [t.strip(" '\"") for t in (m.group(2) or "").split(",") if t.strip(" '\"")]
+            return {"unsupported": f"{why} (it has {', '.join(has)})" if has else why}
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip() and ln.strip() != "^"]
+        head = " … ".join(dict.fromkeys([lines[0], lines[-1]])) if lines else ""
+        return {"error": f"{type(exc).__name__}: {head}"[:500]}
     return {"facts": parse.parse(art), "triton": art["triton"]}
 
 

@@ -60,6 +60,10 @@ def stage(ops, device=None, progress=None) -> StageReport:
             continue
         # The row of the op's Triton variant (its kernels are what was compiled).
         row = next((v.name for v in op.variants.values() if v.kind == "triton"), "*")
+        if all(r.unsupported for r in reps):
+            report.cells[(op.name, row)] = Cell("skip", reps[0].summary())
+            continue
+        reps = [r for r in reps if not r.unsupported]
         errors = [r for r in reps if not r.ok]
         warns = [(r, f) for r in reps for f in r.findings if f.severity == "warn"]
         data = {"kernels": len(reps), "triton": result.triton}
