@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,29 @@ if hasattr(torch, "float8_e4m3fnuz"):
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def shrink_to_fill(
+    extents: tuple[int, ...],
+    blocks: tuple[int, ...],
+    min_tile: int,
+    device: torch.device | None = None,
+    unit: int = 1,
+) -> tuple[int, ...]:
+    """Decode-sized work: halve the tile's blocks, the first one first, until the grid has two
+    programs per SM or a tile (``unit`` elements per block cell) is down to ``min_tile``."""
+    blocks = list(blocks)
+    target = 2 * num_sms(device)
+
+    def programs() -> int:
+        return math.prod(cdiv(e, b) for e, b in zip(extents, blocks, strict=True))
+
+    while math.prod(blocks) * unit > min_tile and programs() < target:
+        i = next((i for i, b in enumerate(blocks) if b > 1), None)
+        if i is None:
+            break
+        blocks[i] //= 2
+    return tuple(blocks)
 
 
 def rows(t: torch.Tensor) -> torch.Tensor:

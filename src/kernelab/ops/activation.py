@@ -17,9 +17,9 @@ import torch.nn.functional as F
 import triton.language as tl
 
 from kernelab.ops import _check, _inputs, _shapes
-from kernelab.ops._launch import TL, cdiv, rows, specialised, write_back
+from kernelab.ops._launch import TL, cdiv, rows, shrink_to_fill, specialised, write_back
 from kernelab.ops._model import Contract, Cost, Launch, Op, Shape, Variant, register
-from kernelab.ops._triton import kernel, next_pow2, num_sms, use_triton
+from kernelab.ops._triton import kernel, next_pow2, use_triton
 
 #: The activations, as the kernel's ACT constexpr.
 SILU, GELU_TANH, GELU_ERF = 0, 1, 2
@@ -86,12 +86,7 @@ class ActConfig:
         block_n = min(next_pow2(d), TILE_ELEMENTS)
         block_m = max(1, TILE_ELEMENTS // block_n)
         # Decode: shrink tiles (rows first, then columns) until there are two programs per SM.
-        target = 2 * num_sms(device)
-        while block_m * block_n > MIN_TILE and cdiv(n_rows, block_m) * cdiv(d, block_n) < target:
-            if block_m > 1:
-                block_m //= 2
-            else:
-                block_n //= 2
+        block_m, block_n = shrink_to_fill((n_rows, d), (block_m, block_n), MIN_TILE, device)
         num_warps = max(1, min(8, block_m * block_n // 256))
         return ActConfig(block_m, block_n, num_warps)
 

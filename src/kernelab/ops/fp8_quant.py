@@ -18,9 +18,9 @@ import torch
 import triton.language as tl
 
 from kernelab.ops import _check, _inputs, _norm, _shapes
-from kernelab.ops._launch import TL, cdiv, rows, specialised
+from kernelab.ops._launch import TL, cdiv, rows, shrink_to_fill, specialised
 from kernelab.ops._model import Contract, Cost, Launch, Op, Shape, Variant, register
-from kernelab.ops._triton import kernel, next_pow2, num_sms, use_triton
+from kernelab.ops._triton import kernel, next_pow2, use_triton
 
 FP8_DTYPES = tuple(
     getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, name)
@@ -144,14 +144,7 @@ class Fp8QuantConfig:
             return Fp8QuantConfig(c.block_m, c.block_n, c.num_warps)
         block_n = min(next_pow2(n_cols), TILE_ELEMENTS)
         block_m = max(1, TILE_ELEMENTS // block_n)
-        target = 2 * num_sms(device)
-        while block_m * block_n > MIN_TILE and cdiv(n_rows, block_m) * cdiv(n_cols, block_n) < (
-            target
-        ):
-            if block_m > 1:
-                block_m //= 2
-            else:
-                block_n //= 2
+        block_m, block_n = shrink_to_fill((n_rows, n_cols), (block_m, block_n), MIN_TILE, device)
         return Fp8QuantConfig(block_m, block_n, max(1, min(8, block_m * block_n // 512)))
 
     @staticmethod

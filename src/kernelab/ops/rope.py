@@ -19,9 +19,9 @@ import torch
 import triton.language as tl
 
 from kernelab.ops import _check, _inputs, _shapes
-from kernelab.ops._launch import TL, cdiv, specialised
+from kernelab.ops._launch import TL, cdiv, shrink_to_fill, specialised
 from kernelab.ops._model import Contract, Cost, Launch, Op, Shape, Variant, register
-from kernelab.ops._triton import kernel, next_pow2, num_sms, use_triton
+from kernelab.ops._triton import kernel, next_pow2, use_triton
 
 # --- the kernel -----------------------------------------------------------------------------
 
@@ -114,18 +114,10 @@ class RopeConfig:
         block_r = next_pow2(max(1, rotary_dim // 2))
         block_h = next_pow2(heads)
         block_t = max(1, TILE_ELEMENTS // (2 * block_r * block_h))
-        # Decode: split heads (then tokens) until there are two programs per SM.
-        target = 2 * num_sms(device)
-        while (
-            cdiv(n_tokens, block_t) * cdiv(heads, block_h) < target
-            and block_t * block_h * 2 * block_r > MIN_TILE
-        ):
-            if block_t > 1:
-                block_t //= 2
-            elif block_h > 1:
-                block_h //= 2
-            else:
-                break
+        # Decode: split tokens (then heads) until there are two programs per SM.
+        block_t, block_h = shrink_to_fill(
+            (n_tokens, heads), (block_t, block_h), MIN_TILE, device, unit=2 * block_r
+        )
         num_warps = max(1, min(8, block_t * block_h * 2 * block_r // 512))
         return RopeConfig(block_t, block_h, num_warps)
 
