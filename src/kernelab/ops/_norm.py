@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from kernelab.ops import _check, _shapes, _tuned
+from kernelab.ops import _check, _inputs, _shapes, _tuned
 from kernelab.ops._launch import TL, RowConfig, cdiv, rows, specialised, write_back
-from kernelab.ops._model import Launch, Shape
+from kernelab.ops._model import Cost, Launch, Shape
 from kernelab.ops._triton import kernel
 
 #: Smallest scale a quantized row gets (the smallest normal float32): an all-zero row has this
@@ -272,7 +272,49 @@ def launch(
         write_back(res2, residual)
 
 
-# --- shapes and launch declarations ------------------------------------------------------------
+# --- inputs, cost, shapes and launch declarations ----------------------------------------------
+
+
+def inputs(shape: Shape, dtype, device, gen, dist, eps: float, bias: bool = False) -> dict:
+    """x [rows, cols], weight (near 1, as trained norm weights are, with enough spread to catch
+    misindexing), a bias when asked, eps and the residual the shape asks for; x and the
+    residual get the shape's row padding. Drawn in that order, so a seed gives the same
+    tensors to every member of the family."""
+    n_rows, n_cols = shape.dims["rows"], shape.dims["cols"]
+    x = _inputs.randn((n_rows, n_cols), dtype, device, gen, dist)
+    weight = _inputs.randn((n_cols,), dtype, device, gen, "normal", scale=0.1, mean=1.0)
+    out = {"x": x, "weight": weight}
+    if bias:
+        out["bias"] = None
+        if shape.params.get("bias"):
+            out["bias"] = _inputs.randn((n_cols,), dtype, device, gen, "normal", scale=0.1)
+    residual = None
+    if shape.params.get("residual"):
+        residual = _inputs.randn((n_rows, n_cols), dtype, device, gen, dist)
+    pad = shape.params.get("row_pad", 0)
+    if pad and device.type != "meta":
+        out["x"] = _inputs.strided_rows(x, pad)
+        if residual is not None:
+            residual = _inputs.strided_rows(residual, pad)
+    out["eps"] = eps
+    out["residual"] = residual
+    return out
+
+
+def cost(inputs: dict, flops_per_element: int) -> Cost:
+    """Read x, weight (and bias), write out; with a residual also read and write it (one more
+    FLOP per element for the add, and for the bias)."""
+    x, w, b, residual = inputs["x"], inputs["weight"], inputs.get("bias"), inputs.get("residual")
+    n = x.numel()
+    nbytes = 2 * n * x.element_size() + w.numel() * w.element_size()
+    flops = flops_per_element * n
+    if b is not None:
+        nbytes += b.numel() * b.element_size()
+        flops += n
+    if residual is not None:
+        nbytes += 2 * n * residual.element_size()
+        flops += n
+    return Cost(flops=flops, bytes=nbytes)
 
 
 def suffix(params: dict) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernelab.ops import _inputs, _norm
+from kernelab.ops import _norm
 from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
 from kernelab.ops._triton import use_triton
 
@@ -94,36 +94,12 @@ _OPTIONS = (
 
 
 def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
-    n_rows, n_cols = shape.dims["rows"], shape.dims["cols"]
-    x = _inputs.randn((n_rows, n_cols), dtype, device, gen, dist)
-    weight = _inputs.randn((n_cols,), dtype, device, gen, "normal", scale=0.1, mean=1.0)
-    bias = None
-    if shape.params.get("bias"):
-        bias = _inputs.randn((n_cols,), dtype, device, gen, "normal", scale=0.1)
-    residual = None
-    if shape.params.get("residual"):
-        residual = _inputs.randn((n_rows, n_cols), dtype, device, gen, dist)
-    pad = shape.params.get("row_pad", 0)
-    if pad and device.type != "meta":
-        x = _inputs.strided_rows(x, pad)
-        if residual is not None:
-            residual = _inputs.strided_rows(residual, pad)
-    return {"x": x, "weight": weight, "bias": bias, "eps": 1e-5, "residual": residual}
+    return _norm.inputs(shape, dtype, device, gen, dist, eps=1e-5, bias=True)
 
 
 def _cost(inputs: dict) -> Cost:
-    x, w, b, residual = inputs["x"], inputs["weight"], inputs.get("bias"), inputs.get("residual")
-    n = x.numel()
-    # Read x and weight (and bias), write out; with a residual also read and write it.
-    nbytes = 2 * n * x.element_size() + w.numel() * w.element_size()
-    flops = 6 * n  # sum, subtract mean, square, accumulate, scale by rstd, scale by weight
-    if b is not None:
-        nbytes += b.numel() * b.element_size()
-        flops += n
-    if residual is not None:
-        nbytes += 2 * n * residual.element_size()
-        flops += n
-    return Cost(flops=flops, bytes=nbytes)
+    # sum, subtract mean, square, accumulate, scale by rstd, scale by weight
+    return _norm.cost(inputs, 6)
 
 
 def _launches(shape: Shape, dtype: torch.dtype, config: LayerNormConfig | None = None):

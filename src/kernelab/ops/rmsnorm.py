@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelab.ops import _inputs, _norm
+from kernelab.ops import _norm
 from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
 from kernelab.ops._triton import use_triton
 
@@ -102,31 +102,11 @@ def _edge() -> list[Shape]:
 
 
 def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
-    rows, cols = shape.dims["rows"], shape.dims["cols"]
-    x = _inputs.randn((rows, cols), dtype, device, gen, dist)
-    # Weights near 1, as trained RMSNorm weights are, with enough spread to catch misindexing.
-    weight = _inputs.randn((cols,), dtype, device, gen, "normal", scale=0.1, mean=1.0)
-    residual = None
-    if shape.params.get("residual"):
-        residual = _inputs.randn((rows, cols), dtype, device, gen, dist)
-    pad = shape.params.get("row_pad", 0)
-    if pad and device.type != "meta":
-        x = _inputs.strided_rows(x, pad)
-        if residual is not None:
-            residual = _inputs.strided_rows(residual, pad)
-    return {"x": x, "weight": weight, "eps": 1e-6, "residual": residual}
+    return _norm.inputs(shape, dtype, device, gen, dist, eps=1e-6)
 
 
 def _cost(inputs: dict) -> Cost:
-    x, w, residual = inputs["x"], inputs["weight"], inputs.get("residual")
-    n = x.numel()
-    # Read x and weight, write out; with a residual also read and write the residual.
-    nbytes = 2 * n * x.element_size() + w.numel() * w.element_size()
-    flops = 4 * n  # square, accumulate, scale by rstd, scale by weight
-    if residual is not None:
-        nbytes += 2 * n * residual.element_size()
-        flops += n
-    return Cost(flops=flops, bytes=nbytes)
+    return _norm.cost(inputs, 4)  # square, accumulate, scale by rstd, scale by weight
 
 
 def _launches(shape: Shape, dtype: torch.dtype, config: RMSNormConfig | None = None):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelab.ops import _inputs, _norm
+from kernelab.ops import _norm
 from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
 from kernelab.ops._triton import use_triton
 from kernelab.ops.fp8_quant import FP8_DTYPES, MIN_SCALE, _amax, _check_fp8, _fp8_of
@@ -104,24 +104,8 @@ def rmsnorm_fp8_quant(
 
 
 def _fused_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
-    n_rows, n_cols = shape.dims["rows"], shape.dims["cols"]
-    x = _inputs.randn((n_rows, n_cols), dtype, device, gen, dist)
-    weight = _inputs.randn((n_cols,), dtype, device, gen, "normal", scale=0.1, mean=1.0)
-    residual = None
-    if shape.params.get("residual"):
-        residual = _inputs.randn((n_rows, n_cols), dtype, device, gen, dist)
-    pad = shape.params.get("row_pad", 0)
-    if pad and device.type != "meta":
-        x = _inputs.strided_rows(x, pad)
-        if residual is not None:
-            residual = _inputs.strided_rows(residual, pad)
-    return {
-        "x": x,
-        "weight": weight,
-        "eps": 1e-6,
-        "residual": residual,
-        "fp8_dtype": _fp8_of(shape),
-    }
+    inputs = _norm.inputs(shape, dtype, device, gen, dist, eps=1e-6)
+    return {**inputs, "fp8_dtype": _fp8_of(shape)}
 
 
 def _fused_cost(inputs: dict) -> Cost:
