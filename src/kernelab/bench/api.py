@@ -26,8 +26,9 @@ def ceilings_for(info, db=None, measure_if_missing: bool = True, progress=None):
     A CPU's speed on a shared host moves with its neighbours, and a ceiling measured in a slow
     moment makes honest runs look faster than the hardware (and be marked invalid). So a CPU
     is measured at every call (about a second) and each ceiling is the best of the stored and
-    the new value; a better one is stored. Returns (Ceilings, note): the note says what was
-    done ("" when stored ceilings were used as they are).
+    the new value; a better one is stored. ``measure_if_missing=False`` never measures (stored
+    ceilings, else datasheet peaks, else none). Returns (Ceilings, note): the note says what
+    was done ("" when stored ceilings were used as they are).
     """
     stored = db.ceilings(info.key) if db is not None else {}
     if info.type != "cpu" or not measure_if_missing:
