@@ -28,7 +28,7 @@ import torch
 import triton
 
 from kernelab.ops import FP8_GEMM, GEMM, W4A16_GEMM, W8A16_GEMM, Shape
-from kernelab.ops.fp8_gemm import fp8_supported
+from kernelab.ops.matmul.fp8_gemm import fp8_supported
 
 REPS = 20
 SAMPLES = 15

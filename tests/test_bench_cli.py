@@ -53,7 +53,7 @@ def test_bench_json_gives_statistics_roofline_and_ceiling_source(db_path):
 def test_cheating_candidate_is_invalid_and_fails(db_path, tmp_path):
     src = tmp_path / "cand.py"
     src.write_text(
-        "from kernelab.ops.rmsnorm import rmsnorm_torch\n"
+        "from kernelab.ops.norm.rmsnorm import rmsnorm_torch\n"
         "_cache = {}\n"
         "def fast(x, weight, eps=1e-6, residual=None, out=None):\n"
         "    key = x.data_ptr()\n"

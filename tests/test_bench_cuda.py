@@ -10,7 +10,7 @@ from kernelab.bench.telemetry import open_telemetry
 from kernelab.bench.timers import DeviceTimer
 from kernelab.hardware import detect
 from kernelab.ops import RMSNORM, Shape
-from kernelab.ops.rmsnorm import rmsnorm_torch
+from kernelab.ops.norm.rmsnorm import rmsnorm_torch
 
 pytestmark = pytest.mark.cuda
 RULE = StopRule(rel_ci=0.05, min_samples=10, min_time=0.0, max_time=0.5)

@@ -11,7 +11,7 @@ from kernelab.bench.runner import bench_case
 from kernelab.bench.timers import HostTimer
 from kernelab.hardware import detect
 from kernelab.ops import RMSNORM, Shape
-from kernelab.ops.rmsnorm import rmsnorm_torch
+from kernelab.ops.norm.rmsnorm import rmsnorm_torch
 
 RULE = StopRule(rel_ci=0.5, min_samples=5, min_time=0.0, max_time=0.3, max_samples=40)
 SMALL = Shape("small 64x1024", {"rows": 64, "cols": 1024}, {"residual": False}, "rows")

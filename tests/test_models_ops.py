@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from kernelab.models import _library
-from kernelab.ops import _packing
+from kernelab.ops import packing as _packing
 
-_fp8 = importlib.import_module("kernelab.ops.fp8_gemm")
+_fp8 = importlib.import_module("kernelab.ops.matmul.fp8_gemm")
 
 
 def _inputs():

@@ -6,10 +6,10 @@ import importlib
 
 import torch
 
-from kernelab.ops.rmsnorm import rmsnorm_torch, rmsnorm_triton
+from kernelab.ops.norm.rmsnorm import rmsnorm_torch, rmsnorm_triton
 from tests.mutants import mutate
 
-rmsnorm_module = importlib.import_module("kernelab.ops.rmsnorm")
+rmsnorm_module = importlib.import_module("kernelab.ops.norm.rmsnorm")
 
 _SINGLE_PASS_STORE = "tl.store(o_rows + cols[None, :], y.to(Out.dtype.element_ty), mask=mask)"
 _SINGLE_PASS_LOAD = "h = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)"

@@ -30,10 +30,10 @@ import torch.nn.functional as F
 
 from kernelab import ops
 from kernelab.models import _library
-from kernelab.ops import _packing
+from kernelab.ops import packing as _packing
 
 # The module, not the function ``kernelab.ops.fp8_gemm`` that shadows it as a package attribute.
-_fp8 = importlib.import_module("kernelab.ops.fp8_gemm")
+_fp8 = importlib.import_module("kernelab.ops.matmul.fp8_gemm")
 
 QUANTIZE = (None, "w4a16", "w8a16", "fp8")
 _HALF = (torch.float16, torch.bfloat16)

@@ -1,6 +1,8 @@
-"""Ops: one module per op family, each declared once through the op model.
+"""Ops, one folder per family (norm, matmul, quant, activation, rotary, logits), each op
+declared once through the op model (``_model``) in one module of its family; what families
+share lives in ``_runtime``.
 
-Adding an op: one module here, one test file, one export line below.
+Adding an op: one module in its family's folder, one test file, one export line below.
 """
 
 from kernelab.ops._model import (
@@ -16,14 +18,12 @@ from kernelab.ops._model import (
     get,
     register,
 )
+from kernelab.ops.activation._common import GELU_AND_MUL, SILU_AND_MUL, gelu_and_mul, silu_and_mul
+from kernelab.ops.logits.softmax import SOFTMAX, softmax, softmax_ref
 
 # --- export lines: one per op module ---------------------------------------------------------
-from kernelab.ops.activation import GELU_AND_MUL, SILU_AND_MUL, gelu_and_mul, silu_and_mul
-from kernelab.ops.fp8_gemm import FP8_GEMM, fp8_gemm, fp8_gemm_ref
-from kernelab.ops.fp8_quant import FP8_QUANT, fp8_quant, fp8_quant_ref
-from kernelab.ops.gemm import GEMM, gemm, gemm_ref
-from kernelab.ops.layernorm import LAYERNORM, layernorm, layernorm_ref
-from kernelab.ops.quant_gemm import (
+from kernelab.ops.matmul import _packing as packing  # int4/int8 layouts and converters
+from kernelab.ops.matmul._weight_only import (
     W4A16_GEMM,
     W8A16_GEMM,
     w4a16_gemm,
@@ -31,11 +31,14 @@ from kernelab.ops.quant_gemm import (
     w8a16_gemm,
     w8a16_ref,
 )
-from kernelab.ops.rmsnorm import RMSNORM, rmsnorm, rmsnorm_ref
-from kernelab.ops.rmsnorm_fp8_quant import (
+from kernelab.ops.matmul.fp8_gemm import FP8_GEMM, fp8_gemm, fp8_gemm_ref
+from kernelab.ops.matmul.gemm import GEMM, gemm, gemm_ref
+from kernelab.ops.norm.layernorm import LAYERNORM, layernorm, layernorm_ref
+from kernelab.ops.norm.rmsnorm import RMSNORM, rmsnorm, rmsnorm_ref
+from kernelab.ops.norm.rmsnorm_fp8_quant import (
     RMSNORM_FP8_QUANT,
     rmsnorm_fp8_quant,
     rmsnorm_fp8_quant_ref,
 )
-from kernelab.ops.rope import ROPE, rope, rope_ref
-from kernelab.ops.softmax import SOFTMAX, softmax, softmax_ref
+from kernelab.ops.quant.fp8_quant import FP8_QUANT, fp8_quant, fp8_quant_ref
+from kernelab.ops.rotary.rope import ROPE, rope, rope_ref

@@ -12,8 +12,9 @@ import torch
 
 from kernelab import _flags
 from kernelab.numerics import error
-from kernelab.ops import Op, Shape, _tuned, as_tuple
+from kernelab.ops import Op, Shape, as_tuple
 from kernelab.ops._model import dtype_name
+from kernelab.ops._runtime import tuned as _tuned
 from kernelab.tune.search import Trial, search
 
 #: The namespace of tuned configs in the ledger's cache.

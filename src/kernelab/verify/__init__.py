@@ -1,7 +1,8 @@
 """verify: the correctness harness (METHOD.md, "Correct first").
 
 For each op × variant × shape × dtype, several trials with fresh inputs from the distributions
-of ``kernelab.ops._inputs.DISTRIBUTIONS`` (the last trial also holds a NaN, a +Inf and a −Inf),
+of ``kernelab.ops._runtime.inputs.DISTRIBUTIONS`` (the last trial also holds a NaN, a +Inf and
+a −Inf),
 each seed derived from one run seed that is printed and can be given back with ``seed=``:
 
 - float64 reference on the CPU on the same inputs; relative L2, max absolute and relative

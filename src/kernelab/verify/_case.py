@@ -28,7 +28,7 @@ import torch
 
 from kernelab.numerics import error
 from kernelab.ops import as_tuple
-from kernelab.ops._inputs import DISTRIBUTIONS
+from kernelab.ops._runtime.inputs import DISTRIBUTIONS
 from kernelab.verify import _buffers, _checks
 from kernelab.verify._types import CaseResult, Failure
 

@@ -1,0 +1,64 @@
+"""Variants: the implementations of an op."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One implementation of an op.
+
+    ``kind``: "triton" (ours), "torch" (eager), "compile" (torch.compile of eager) or
+    "external" (a third-party package, listed only when ``requires`` is importable).
+    ``prepare`` turns generated inputs into what this variant consumes (packed weights, say);
+    it runs once, outside any timed region.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    kind: str
+    requires: str | None = None
+    prepare: Callable[[dict], dict] | None = None
+    description: str = ""
+
+    def __post_init__(self):
+        if self.kind not in ("triton", "torch", "compile", "external"):
+            raise ValueError(
+                f"kind: expected triton, torch, compile or external, got {self.kind!r}"
+            )
+
+    def installed(self) -> bool:
+        return self.requires is None or importlib.util.find_spec(self.requires) is not None
+
+    def runs_on(self, device_type: str) -> tuple[bool, str]:
+        """Whether this variant can run here, and if not, why (one line)."""
+        if not self.installed():
+            return False, f"package {self.requires!r} not installed"
+        if self.kind == "triton" and device_type == "cpu":
+            return True, "interpreter: correctness only"
+        if self.kind == "external" and device_type == "cpu":
+            return False, "needs a GPU"
+        return True, ""
+
+    def __call__(self, **inputs):
+        return self.fn(**inputs)
+
+
+def _compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """torch.compile of ``fn``, compiled lazily on first call (nothing compiles at import)."""
+    compiled = None
+
+    def call(**inputs):
+        nonlocal compiled
+        if compiled is None:
+            compiled = torch.compile(fn, dynamic=False)
+        return compiled(**inputs)
+
+    call.__name__ = f"compile_{getattr(fn, '__name__', 'fn')}"
+    return call

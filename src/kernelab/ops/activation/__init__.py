@@ -1,0 +1,1 @@
+"""Gated activations: SiLU or GELU of the gate times the up projection."""

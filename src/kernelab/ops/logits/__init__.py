@@ -1,0 +1,1 @@
+"""Row-wise operations on logits and scores: softmax."""

@@ -1,0 +1,381 @@
+"""Softmax over the last dimension, with an optional scale (temperature) and additive mask.
+
+    z   = x · scale (+ mask)
+    out = exp(z − max z) / Σ exp(z − max z)
+
+Rows up to MAX_SINGLE_PASS stay in registers (one read, one write); longer rows (vocabularies)
+take two passes: an online running max and sum (each lane rescales its partial sum when its
+maximum grows), then the normalised write. The ladder: ``_softmax_kernel`` → ``softmax_triton``
+(launcher) → ``softmax`` (public), beside ``softmax_ref`` and ``softmax_torch``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+from kernelab.ops._model import Contract, Cost, Launch, Op, Shape, Variant, register
+from kernelab.ops._runtime import check as _check
+from kernelab.ops._runtime import inputs as _inputs
+from kernelab.ops._runtime import shapes as _shapes
+from kernelab.ops._runtime.launch import TL, RowConfig, cdiv, rows, specialised, write_back
+from kernelab.ops._runtime.triton import kernel, use_triton
+
+# --- the kernel -----------------------------------------------------------------------------
+
+
+@kernel
+def _softmax_kernel(
+    Out,
+    stride_out,
+    X,
+    stride_x,
+    Mask,
+    stride_mask,
+    n_rows,
+    n_cols,
+    scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    SINGLE_PASS: tl.constexpr,
+):
+    """BLOCK_M rows per program, float32 arithmetic.
+
+    Bytes: SINGLE_PASS reads x (and the mask) once and writes out once; longer rows read x (and
+    the mask) twice: once for the running max and sum, once for the write.
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    row_ok = rows < n_rows
+    cols = tl.arange(0, BLOCK_N)
+    x_rows = X + rows[:, None] * stride_x
+    m_rows = Mask + rows[:, None] * stride_mask
+    o_rows = Out + rows[:, None] * stride_out
+    if SINGLE_PASS:
+        inb = row_ok[:, None] & (cols[None, :] < n_cols)
+        z = tl.load(x_rows + cols[None, :], mask=inb, other=0.0).to(tl.float32) * scale
+        if HAS_MASK:
+            z += tl.load(m_rows + cols[None, :], mask=inb, other=0.0).to(tl.float32)
+        z = tl.where(inb, z, float("-inf"))
+        m = tl.max(z, axis=1)
+        e = tl.exp(z - m[:, None])
+        s = tl.sum(e, axis=1)
+        tl.store(o_rows + cols[None, :], (e / s[:, None]).to(Out.dtype.element_ty), mask=inb)
+    else:
+        # Per-lane running maximum and sum of exp(z - maximum); lanes that have only seen -inf
+        # keep m = -inf and s = 0 (no exp(-inf - -inf) = NaN).
+        m_i = tl.full([BLOCK_M, BLOCK_N], float("-inf"), dtype=tl.float32)
+        s_i = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            c = start + cols
+            inb = row_ok[:, None] & (c[None, :] < n_cols)
+            z = tl.load(x_rows + c[None, :], mask=inb, other=0.0).to(tl.float32) * scale
+            if HAS_MASK:
+                z += tl.load(m_rows + c[None, :], mask=inb, other=0.0).to(tl.float32)
+            z = tl.where(inb, z, float("-inf"))
+            # A NaN must stay in the running maximum (the GPU's max drops it by default), so
+            # that its row comes out NaN as the reference's does.
+            m_new = tl.maximum(m_i, z, propagate_nan=tl.PropagateNan.ALL)
+            seen = m_new > float("-inf")
+            alpha = tl.where(seen, tl.exp(m_i - m_new), 0.0)
+            s_i = s_i * alpha + tl.where(seen, tl.exp(z - m_new), 0.0)
+            m_i = m_new
+        m = tl.max(m_i, axis=1)
+        s = tl.sum(tl.where(m_i > float("-inf"), s_i * tl.exp(m_i - m[:, None]), 0.0), axis=1)
+        row_nan = tl.sum((m_i != m_i).to(tl.int32), axis=1) > 0
+        s = tl.where(row_nan, float("nan"), s)
+        for start in range(0, n_cols, BLOCK_N):
+            c = start + cols
+            inb = row_ok[:, None] & (c[None, :] < n_cols)
+            z = tl.load(x_rows + c[None, :], mask=inb, other=0.0).to(tl.float32) * scale
+            if HAS_MASK:
+                z += tl.load(m_rows + c[None, :], mask=inb, other=0.0).to(tl.float32)
+            y = tl.exp(z - m[:, None]) / s[:, None]
+            tl.store(o_rows + c[None, :], y.to(Out.dtype.element_ty), mask=inb)
+
+
+# --- launch heuristics as data ----------------------------------------------------------------
+
+#: The row-wise config (``_launch.RowConfig``): rows up to 16384 values in one pass (32 fp32 per
+#: thread over 16 warps, 64 with the exponentials, no local memory on sm_90 per
+#: benchmarks/ptx_check.py); longer rows take the online path in blocks of 4096.
+SoftmaxConfig = RowConfig
+MAX_SINGLE_PASS = RowConfig.MAX_SINGLE_PASS
+
+
+# --- reference, eager, launcher, public function ----------------------------------------------
+
+
+def softmax_ref(x, scale=1.0, mask=None, out=None):
+    """Plain PyTorch in the inputs' dtype (exact when given float64)."""
+    z = x * scale
+    if mask is not None:
+        z = z + mask
+    y = torch.softmax(z, dim=-1)
+    return y if out is None else out.copy_(y)
+
+
+def softmax_torch(x, scale=1.0, mask=None, out=None):
+    """Eager PyTorch as samplers write it: float32 arithmetic, one rounding at the end."""
+    _validate(x, scale, mask, out)
+    z = x.float() * scale
+    if mask is not None:
+        z = z + mask.float()
+    y = torch.softmax(z, dim=-1).to(x.dtype)
+    return y if out is None else out.copy_(y)
+
+
+def _validate(x, scale, mask, out):
+    _check.tensor("x", x, dtypes=_check.FLOATS, min_ndim=1)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale: expected a float, got {type(scale).__name__}")
+    if not (abs(scale) < float("inf")):
+        raise ValueError(f"scale: expected a finite float, got {scale!r}")
+    if mask is not None:
+        _check.tensor("mask", mask, dtypes=_check.FLOATS, device=x.device)
+        try:
+            torch.broadcast_shapes(mask.shape, x.shape)
+            ok = mask.dim() <= x.dim()
+        except RuntimeError:
+            ok = False
+        if not ok or torch.broadcast_shapes(mask.shape, x.shape) != x.shape:
+            raise ValueError(
+                f"mask: expected a shape that broadcasts to x's {tuple(x.shape)}, "
+                f"got {tuple(mask.shape)}"
+            )
+    if out is not None:
+        _check.tensor("out", out, dtypes=(x.dtype,), device=x.device)
+        _check.same_shape("out", out, x.shape, "the shape of x")
+
+
+def _mask_rows(mask: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The mask as rows of x's 2-D view: (tensor, row stride); one row is shared (stride 0)."""
+    n_cols = x.shape[-1]
+    if mask.numel() == n_cols and (n_cols == 1 or mask.stride(-1) == 1 or mask.dim() == 1):
+        m = mask.reshape(n_cols)
+        return (m if m.stride(0) == 1 else m.contiguous()), 0
+    m2 = rows(mask.expand(x.shape)) if mask.shape != x.shape else rows(mask)
+    if m2.stride(0) == 0:  # an expanded mask without a row view: materialise it
+        m2 = m2.contiguous()
+    return m2, m2.stride(0)
+
+
+def softmax_triton(x, scale=1.0, mask=None, out=None, config=None):
+    """Launch the Triton kernel (natively on GPUs, through the interpreter on CPU tensors)."""
+    _validate(x, scale, mask, out)
+    result = torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
+    if x.numel() == 0:
+        return result
+    x2 = rows(x)
+    n_rows, n_cols = x2.shape
+    out2 = rows(result)
+    m2, stride_mask = _mask_rows(mask, x) if mask is not None else (x2, 0)
+    cfg = config or SoftmaxConfig.default_for(n_rows, n_cols, x.device)
+    _softmax_kernel[(cdiv(n_rows, cfg.block_m),)](
+        out2,
+        out2.stride(0),
+        x2,
+        x2.stride(0),
+        m2,
+        stride_mask,
+        n_rows,
+        n_cols,
+        float(scale),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        HAS_MASK=mask is not None,
+        SINGLE_PASS=n_cols <= cfg.block_n,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    write_back(out2, result)
+    return result
+
+
+def softmax(
+    x: torch.Tensor,
+    scale: float = 1.0,
+    mask: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Numerically stable softmax over the last dimension of ``x · scale + mask``.
+
+    Parameters
+    ----------
+    x : tensor (..., n) of float32, float16 or bfloat16; any leading shape, any row stride.
+    scale : multiplies x first (1 / temperature for sampling, 1/sqrt(d) for attention).
+    mask : optional additive tensor broadcastable to x (−inf removes an entry); a mask of
+        shape (n,) is read once per row without being materialised.
+    out : optional preallocated output like ``x``.
+
+    Triton on CUDA/ROCm; torch on CPU (the interpreter with KERNELAB_INTERPRET=1).
+    """
+    if isinstance(x, torch.Tensor) and use_triton(x):
+        return softmax_triton(x, scale, mask, out)
+    return softmax_torch(x, scale, mask, out)
+
+
+# --- the declaration ---------------------------------------------------------------------------
+
+
+def _representative() -> list[Shape]:
+    shapes = []
+    # Sampling: next-token logits over the vocabulary at temperature 0.7 (the online path).
+    for vocab, models in _shapes.by_width(lambda m: m.vocab).items():
+        for tokens in _shapes.DECODE_TOKENS:
+            shapes.append(
+                Shape(
+                    f"{'/'.join(models)} logits {tokens}x{vocab}",
+                    {"rows": tokens, "cols": vocab},
+                    {"scale": 1 / 0.7},
+                    batch_dim="rows",
+                )
+            )
+    # Attention scores over a 4096-token context, scaled by 1/sqrt(head_dim), with a padding
+    # mask over keys: every head of decode steps, and one head of a prefill.
+    for heads, models in _shapes.by_width(lambda m: m.heads).items():
+        for tokens in _shapes.DECODE_TOKENS:
+            shapes.append(
+                Shape(
+                    f"{'/'.join(models)} decode scores {tokens}x{heads}x4096",
+                    {"rows": tokens * heads, "cols": 4096},
+                    {"scale": 128**-0.5, "mask": "keys"},
+                    batch_dim="rows",
+                )
+            )
+    shapes.append(
+        Shape(
+            "prefill scores 4096x4096 (one head)",
+            {"rows": 4096, "cols": 4096},
+            {"scale": 128**-0.5, "mask": "full"},
+            batch_dim="rows",
+        )
+    )
+    return shapes
+
+
+def _edge() -> list[Shape]:
+    cases = [
+        ("1 column", 3, 1, {}),
+        ("prime width", 5, 1021, {"mask": "keys"}),
+        ("one row", 1, 4096, {"scale": 0.5}),
+        ("longer than one block", 3, MAX_SINGLE_PASS + 1000, {"mask": "full"}),
+        ("non-contiguous rows", 7, 257, {"row_pad": 13, "mask": "full"}),
+        ("empty", 0, 128, {}),
+        ("many short rows", 1000, 96, {"scale": 2.0}),
+    ]
+    return [
+        Shape(f"{label} {n}x{c}", {"rows": n, "cols": c}, params, batch_dim="rows")
+        for label, n, c, params in cases
+    ]
+
+
+def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
+    n_rows, n_cols = shape.dims["rows"], shape.dims["cols"]
+    x = _inputs.randn((n_rows, n_cols), dtype, device, gen, dist)
+    kind = shape.params.get("mask")
+    mask = None
+    if kind is not None:
+        mshape = (n_cols,) if kind == "keys" else (n_rows, n_cols)
+        # Additive mask: small biases, and about one entry in eight removed with -inf (never a
+        # whole row, whose softmax is undefined).
+        mask = _inputs.randn(mshape, dtype, device, gen, "normal", scale=0.5)
+        if device.type != "meta":
+            drop = _inputs.randn(mshape, torch.float32, device, gen, "normal") > 1.15
+            drop[..., 0] = False
+            mask = mask.masked_fill(drop, float("-inf"))
+    pad = shape.params.get("row_pad", 0)
+    if pad and device.type != "meta":
+        x = _inputs.strided_rows(x, pad)
+        if mask is not None and mask.dim() == 2:
+            mask = _inputs.strided_rows(mask, pad)
+    return {"x": x, "scale": float(shape.params.get("scale", 1.0)), "mask": mask}
+
+
+def _cost(inputs: dict) -> Cost:
+    x, mask = inputs["x"], inputs.get("mask")
+    n = x.numel()
+    nbytes = 2 * n * x.element_size()  # read x, write out
+    flops = 5 * n  # scale, max, subtract and exp, sum, divide
+    if mask is not None:
+        nbytes += mask.numel() * mask.element_size()
+        flops += n
+    return Cost(flops=flops, bytes=nbytes)
+
+
+def _launches(shape: Shape, dtype: torch.dtype, config: SoftmaxConfig | None = None):
+    n_rows, n_cols = shape.dims["rows"], shape.dims["cols"]
+    if n_rows * n_cols == 0:
+        return []
+    cfg = config or SoftmaxConfig.default_for(n_rows, n_cols)
+    t = TL[dtype]
+    kind = shape.params.get("mask")
+    row_stride = n_cols + shape.params.get("row_pad", 0)
+    sig = {
+        "Out": f"*{t}",
+        "stride_out": "i32",
+        "X": f"*{t}",
+        "stride_x": "i32",
+        "Mask": f"*{t}",
+        "stride_mask": "i32",
+        "n_rows": "i32",
+        "n_cols": "i32",
+        "scale": "fp32",
+        "BLOCK_M": "constexpr",
+        "BLOCK_N": "constexpr",
+        "HAS_MASK": "constexpr",
+        "SINGLE_PASS": "constexpr",
+    }
+    ints = {
+        "stride_out": n_cols,
+        "stride_x": row_stride,
+        "stride_mask": row_stride if kind == "full" else 0,
+        "n_rows": n_rows,
+        "n_cols": n_cols,
+    }
+    div16, eq1 = specialised(ints, ("Out", "X", "Mask"))
+    constexprs = {
+        "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n,
+        "HAS_MASK": kind is not None,
+        "SINGLE_PASS": n_cols <= cfg.block_n,
+    }
+    return [
+        Launch(
+            _softmax_kernel,
+            sig,
+            constexprs,
+            cfg.num_warps,
+            cfg.num_stages,
+            (cdiv(n_rows, cfg.block_m),),
+            divisible_16=div16,
+            equal_1=eq1,
+            config=cfg,
+        )
+    ]
+
+
+SOFTMAX = register(
+    Op(
+        "softmax",
+        description="softmax over the last dimension, optional scale and additive mask",
+        reference=softmax_ref,
+        make_inputs=_make_inputs,
+        shapes={"representative": _representative, "edge": _edge},
+        cost=_cost,
+        contract=Contract(),
+        kernels=(_softmax_kernel,),
+        launches=_launches,
+        tuning_space=lambda shape, dtype: SoftmaxConfig.tuning_space(shape.dims["cols"]),
+    )
+)
+SOFTMAX.add_variant(
+    Variant(
+        "kernelab",
+        softmax_triton,
+        "triton",
+        description="Triton kernel, one pass up to 16384 columns, online max/sum beyond",
+    )
+)
+SOFTMAX.add_torch(softmax_torch)

@@ -1,0 +1,290 @@
+"""Pieces shared by the GEMM family (gemm, w4a16_gemm, w8a16_gemm, fp8_gemm).
+
+- Triton helpers: grouped tile ordering (``_tile_coords``), the fused epilogue (``_epilogue``),
+  and the deterministic split-K reduction (``_splitk_reduce_kernel``).
+- The shape sets: projections of real models and edge cases, with the sizes the interpreter
+  runs them at (``Shape.reduce_to``).
+- Architecture names for a device, and Triton signature strings for ``Launch`` objects.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+from kernelab.ops._model import Shape
+from kernelab.ops._runtime import shapes as _shapes
+from kernelab.ops._runtime.launch import TL
+from kernelab.ops._runtime.launch import cdiv as cdiv  # re-exported for the GEMM modules
+from kernelab.ops._runtime.triton import kernel
+
+#: Activation codes understood by ``_epilogue`` (constexpr ACTIVATION).
+ACTIVATIONS = {"none": 0, "silu": 1, "gelu": 2}
+
+#: Tokens per step for the representative GEMM shapes: decode at 1 and 16, a small prefill
+#: chunk, and long prefills.
+GEMM_M = (1, 16, 128, 2048, 8192)
+
+#: Sizes a representative shape is cut to when it runs through the interpreter: N and K that are
+#: not multiples of the largest tiles, and K a multiple of both int4 group sizes (64, 128).
+INTERPRETER_DIMS = {"N": 160, "K": 256}
+
+
+# --- Triton helpers ---------------------------------------------------------------------------
+
+
+@kernel
+def _tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Grouped ordering: GROUP_M row-tiles sweep the columns together, so the B tiles they
+    share are still in L2 when the next row-tile of the group needs them."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * num_n
+    group = tile // width
+    first_m = group * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % width) % size_m
+    pid_n = (tile % width) // size_m
+    return pid_m, pid_n
+
+
+@kernel
+def _epilogue(
+    acc,
+    rm,
+    rn,
+    M,
+    N,
+    Bias,
+    Res,
+    stride_rm,
+    stride_rn,
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
+    """acc (float32) → activation(acc + bias) + residual, still in float32."""
+    if HAS_BIAS:
+        bias = tl.load(Bias + rn, mask=rn < N, other=0.0).to(tl.float32)
+        acc = acc + bias[None, :]
+    if ACTIVATION == 1:
+        acc = acc * tl.sigmoid(acc)
+    elif ACTIVATION == 2:
+        acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
+    if HAS_RESIDUAL:
+        mask = (rm[:, None] < M) & (rn[None, :] < N)
+        res_ptrs = Res + rm[:, None].to(tl.int64) * stride_rm + rn[None, :] * stride_rn
+        acc = acc + tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)
+    return acc
+
+
+@kernel
+def _splitk_reduce_kernel(
+    C,
+    stride_cm,
+    stride_cn,
+    Part,
+    stride_ps,
+    stride_pm,
+    Scale,
+    Bias,
+    Res,
+    stride_rm,
+    stride_rn,
+    M,
+    N,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
+    """C = epilogue(sum over s of Part[s] (× per-column Scale)), summed in a fixed order.
+
+    Bytes: reads SPLIT_K·M·N float32 partials (+ bias, residual), writes M·N outputs.
+    """
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    offs = rm[:, None].to(tl.int64) * stride_pm + rn[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for s in range(SPLIT_K):
+        acc += tl.load(Part + s * stride_ps + offs, mask=mask, other=0.0)
+    if HAS_SCALE:
+        acc = acc * tl.load(Scale + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    acc = _epilogue(
+        acc, rm, rn, M, N, Bias, Res, stride_rm, stride_rn, HAS_BIAS, ACTIVATION, HAS_RESIDUAL
+    )
+    c_ptrs = C + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask)
+
+
+REDUCE_BLOCK = (32, 64)
+
+
+def splitk_reduce(out, part, *, scale=None, bias=None, residual=None, activation=0):
+    """Launch ``_splitk_reduce_kernel``: ``out`` ← epilogue(Σ part[s]); ``part`` is [S, M, N]."""
+    split_k, m, n = part.shape
+    res = residual if residual is not None else out
+    bm, bn = REDUCE_BLOCK
+    grid = (cdiv(m, bm), cdiv(n, bn))
+    _splitk_reduce_kernel[grid](
+        out,
+        out.stride(0),
+        out.stride(1),
+        part,
+        part.stride(0),
+        part.stride(1),
+        scale if scale is not None else part,
+        bias if bias is not None else out,
+        res,
+        res.stride(0),
+        res.stride(1),
+        m,
+        n,
+        SPLIT_K=split_k,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        HAS_SCALE=scale is not None,
+        HAS_BIAS=bias is not None,
+        ACTIVATION=activation,
+        HAS_RESIDUAL=residual is not None,
+        num_warps=4,
+    )
+    return out
+
+
+def reduce_signature(out_t: str, scale_t: str = "fp32") -> dict[str, str]:
+    return {
+        "C": f"*{out_t}",
+        "stride_cm": "i32",
+        "stride_cn": "i32",
+        "Part": "*fp32",
+        "stride_ps": "i32",
+        "stride_pm": "i32",
+        "Scale": f"*{scale_t}",
+        "Bias": f"*{out_t}",
+        "Res": f"*{out_t}",
+        "stride_rm": "i32",
+        "stride_rn": "i32",
+        "M": "i32",
+        "N": "i32",
+        "SPLIT_K": "constexpr",
+        "BLOCK_M": "constexpr",
+        "BLOCK_N": "constexpr",
+        "HAS_SCALE": "constexpr",
+        "HAS_BIAS": "constexpr",
+        "ACTIVATION": "constexpr",
+        "HAS_RESIDUAL": "constexpr",
+    }
+
+
+# --- small host helpers -----------------------------------------------------------------------
+
+
+TL_NAME = TL  # Triton's names for pointer element types (shared with the row-wise ops)
+
+
+def split_k_for(tiles: int, k_steps: int, sms: int, max_split: int = 16, min_steps: int = 4) -> int:
+    """Split-K factor for a small-M problem: double the K slices while the output tiles times
+    the slices cover the SMs less than twice, each slice keeps at least ``min_steps`` K steps
+    (fewer and the pipeline never fills), and at most ``max_split`` slices."""
+    split = 1
+    while (
+        split * 2 <= max_split and tiles * split < 2 * sms and k_steps // (split * 2) >= min_steps
+    ):
+        split *= 2
+    return split
+
+
+def arch_of(device) -> str | None:
+    """ "sm_90", "gfx942"... for a GPU device; a string is taken as already an arch; else None."""
+    if isinstance(device, str) and (device.startswith("sm_") or device.startswith("gfx")):
+        return device
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(device)
+    gcn = getattr(props, "gcnArchName", "")
+    if gcn:
+        return gcn.split(":")[0]
+    return f"sm_{props.major}{props.minor}"
+
+
+def sm_version(arch: str | None) -> int:
+    """90 for "sm_90" (and "sm_90a"); 0 for AMD or unknown."""
+    if arch and arch.startswith("sm_"):
+        digits = "".join(ch for ch in arch[3:] if ch.isdigit())
+        return int(digits) if digits else 0
+    return 0
+
+
+def activation_code(activation: str) -> int:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    return ACTIVATIONS[activation]
+
+
+def apply_activation(x: torch.Tensor, activation: str) -> torch.Tensor:
+    if activation == "silu":
+        return torch.nn.functional.silu(x)
+    if activation == "gelu":
+        return torch.nn.functional.gelu(x)
+    return x
+
+
+# --- shape sets -------------------------------------------------------------------------------
+
+
+def projections() -> list[tuple[str, int, int, bool]]:
+    """(label, N, K, has_bias) of the attention and MLP projections of the models in _shapes.
+
+    qkv: N = (heads + 2·kv_heads)·head_dim, K = hidden (Qwen2.5 has a qkv bias); o: N = hidden,
+    K = heads·head_dim; gate_up (fused): N = 2·intermediate, K = hidden; down: N = hidden,
+    K = intermediate. Models with equal shapes share one entry.
+    """
+    seen: dict[tuple[int, int, bool], list[str]] = {}
+    order: list[tuple[str, int, int, bool]] = []
+    for m in _shapes.MODELS:
+        q = m.heads * m.head_dim
+        for proj, n, k in (
+            ("qkv", q + 2 * m.kv_heads * m.head_dim, m.hidden),
+            ("o", m.hidden, q),
+            ("gate_up", 2 * m.intermediate, m.hidden),
+            ("down", m.hidden, m.intermediate),
+        ):
+            bias = proj == "qkv" and m.name.startswith("qwen")
+            key = (n, k, bias)
+            if key not in seen:
+                seen[key] = []
+                order.append((proj, n, k, bias))
+            seen[key].append(m.name)
+    return [(f"{'/'.join(seen[(n, k, b)])} {p}", n, k, b) for p, n, k, b in order]
+
+
+def representative(
+    params_for=lambda proj, bias: {}, ms=GEMM_M, reduce_to=INTERPRETER_DIMS
+) -> list[Shape]:
+    """Every projection at every M in ``ms``; M is the batch dimension, and N, K are cut to
+    ``reduce_to`` when the shape is reduced for the interpreter (the label says so)."""
+    shapes = []
+    for label, n, k, bias in projections():
+        proj = label.rsplit(" ", 1)[-1]
+        for m in ms:
+            phase = "decode" if m <= 16 else "prefill"
+            shapes.append(
+                Shape(
+                    f"{label} {phase} M={m} {n}x{k}",
+                    {"M": m, "N": n, "K": k},
+                    {"bias": bias, **params_for(proj, bias)},
+                    batch_dim="M",
+                    reduce_to=dict(reduce_to),
+                )
+            )
+    return shapes

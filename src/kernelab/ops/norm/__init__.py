@@ -1,0 +1,1 @@
+"""Normalisation: RMSNorm, LayerNorm, and RMSNorm with fp8 quantization, one kernel."""

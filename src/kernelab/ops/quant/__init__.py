@@ -1,0 +1,1 @@
+"""Quantization of activations: fp8 with per-token or per-tensor scales."""

@@ -1,0 +1,447 @@
+"""Float8 quantization for inference: dynamic per-token and per-tensor scales, or a given one
+(RMSNorm fused with per-token quantization is ``kernelab.ops.rmsnorm_fp8_quant``).
+
+    scale  = max(max|x| / FP8_MAX, MIN_SCALE)     over a row (per token) or the whole tensor
+    values = fp8(clamp(x / scale, −FP8_MAX, FP8_MAX))    rounded to nearest even
+    x ≈ values · scale
+
+FP8_MAX is 448 for float8_e4m3fn (NVIDIA) and 240 for float8_e4m3fnuz (AMD gfx942). MIN_SCALE
+(the smallest normal float32) gives an all-zero row a finite, non-zero scale. The division is
+IEEE-rounded (``div_rn``), so the arithmetic up to the cast is exactly eager PyTorch's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton.language as tl
+
+from kernelab.ops._model import Contract, Cost, Launch, Op, Shape, Variant, register
+from kernelab.ops._runtime import check as _check
+from kernelab.ops._runtime import fp8
+from kernelab.ops._runtime import inputs as _inputs
+from kernelab.ops._runtime import shapes as _shapes
+from kernelab.ops._runtime.fp8 import FP8_DTYPES, MIN_SCALE
+from kernelab.ops._runtime.launch import TL, RowConfig, cdiv, rows, shrink_to_fill, specialised
+from kernelab.ops._runtime.triton import kernel, next_pow2, use_triton
+
+#: The kernel's MODE: per-token scales; the global max|x| (first launch of per-tensor);
+#: quantize with the scale derived from that max (second launch); quantize with a given scale.
+PER_TOKEN, AMAX, PER_TENSOR, STATIC = 0, 1, 2, 3
+
+# --- the kernel -----------------------------------------------------------------------------
+
+
+@kernel
+def _fp8_quant_kernel(
+    Out,
+    stride_out,
+    Scale,
+    X,
+    stride_x,
+    Amax,
+    n_rows,
+    n_cols,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MODE: tl.constexpr,
+    SINGLE_PASS: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    MIN_SCALE: tl.constexpr,
+):
+    """A tile of BLOCK_M rows × BLOCK_N columns (PER_TOKEN: whole rows), float32 arithmetic.
+
+    Bytes: PER_TOKEN reads x once and writes values and one scale per row (rows longer than
+    BLOCK_N are read twice); per tensor, AMAX reads x and PER_TENSOR reads it again and writes
+    the values (the second read is the price of a scale that depends on the whole tensor).
+    """
+    pid_m = tl.program_id(0).to(tl.int64)
+    pid_n = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    row_ok = rows < n_rows
+    cols = tl.arange(0, BLOCK_N)
+    x_rows = X + rows[:, None] * stride_x
+    o_rows = Out + rows[:, None] * stride_out
+    # NaN propagates as in torch (a NaN makes the max, the scale and the values NaN): the GPU's
+    # max and min drop NaN operands, so NaN is counted apart and clamps propagate it.
+    if MODE == 0:
+        if SINGLE_PASS:
+            mask = row_ok[:, None] & (cols[None, :] < n_cols)
+            x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            nan = tl.sum((x != x).to(tl.int32), axis=1) > 0
+            amax = tl.where(nan, float("nan"), tl.max(tl.abs(x), axis=1))
+            scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), MIN_SCALE, tl.PropagateNan.ALL)
+            q = tl.math.div_rn(x, scale[:, None])
+            q = tl.maximum(q, -FP8_MAX, tl.PropagateNan.ALL)
+            q = tl.minimum(q, FP8_MAX, tl.PropagateNan.ALL)
+            tl.store(o_rows + cols[None, :], q.to(Out.dtype.element_ty), mask=mask)
+        else:
+            amax = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for start in range(0, n_cols, BLOCK_N):
+                c = start + cols
+                mask = row_ok[:, None] & (c[None, :] < n_cols)
+                x = tl.load(x_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                amax = tl.maximum(amax, tl.abs(x), tl.PropagateNan.ALL)
+            nan = tl.sum((amax != amax).to(tl.int32), axis=1) > 0
+            amax_row = tl.where(nan, float("nan"), tl.max(amax, axis=1))
+            scale = tl.maximum(tl.math.div_rn(amax_row, FP8_MAX), MIN_SCALE, tl.PropagateNan.ALL)
+            for start in range(0, n_cols, BLOCK_N):
+                c = start + cols
+                mask = row_ok[:, None] & (c[None, :] < n_cols)
+                x = tl.load(x_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                q = tl.math.div_rn(x, scale[:, None])
+                q = tl.maximum(q, -FP8_MAX, tl.PropagateNan.ALL)
+                q = tl.minimum(q, FP8_MAX, tl.PropagateNan.ALL)
+                tl.store(o_rows + c[None, :], q.to(Out.dtype.element_ty), mask=mask)
+        tl.store(Scale + rows, scale, mask=row_ok)
+    else:
+        c = pid_n * BLOCK_N + cols
+        mask = row_ok[:, None] & (c[None, :] < n_cols)
+        x = tl.load(x_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
+        if MODE == 1:
+            # max|x| as the bits of a non-negative float32 (ordered as integers, NaN above
+            # +inf), so that an integer atomic max keeps NaN on every device.
+            nan = tl.sum(tl.sum((x != x).to(tl.int32), axis=1), axis=0) > 0
+            tile = tl.where(nan, float("nan"), tl.max(tl.max(tl.abs(x), axis=1), axis=0))
+            tl.atomic_max(Amax, tile.to(tl.int32, bitcast=True))
+        else:
+            if MODE == 2:
+                amax = tl.load(Amax).to(tl.float32, bitcast=True)
+                scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), MIN_SCALE, tl.PropagateNan.ALL)
+                if (pid_m == 0) & (pid_n == 0):
+                    tl.store(Scale, scale)
+            else:
+                scale = tl.load(Scale)
+            q = tl.math.div_rn(x, scale)
+            q = tl.maximum(q, -FP8_MAX, tl.PropagateNan.ALL)
+            q = tl.minimum(q, FP8_MAX, tl.PropagateNan.ALL)
+            tl.store(o_rows + c[None, :], q.to(Out.dtype.element_ty), mask=mask)
+
+
+# --- launch heuristics as data ----------------------------------------------------------------
+
+#: Elements per program of the per-tensor tiles: 4096 over 8 warps is 16 per thread, one
+#: 128-bit vector of float8 output.
+TILE_ELEMENTS = 4096
+#: Smallest per-tensor tile when shrinking tiles to fill the GPU at decode.
+MIN_TILE = 512
+
+
+@dataclass(frozen=True)
+class Fp8QuantConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int = 1
+
+    @staticmethod
+    def default_for(
+        n_rows: int, n_cols: int, per_token: bool, device: torch.device | None = None
+    ) -> Fp8QuantConfig:
+        if per_token:
+            c = RowConfig.default_for(n_rows, n_cols, device)
+            return Fp8QuantConfig(c.block_m, c.block_n, c.num_warps)
+        block_n = min(next_pow2(n_cols), TILE_ELEMENTS)
+        block_m = max(1, TILE_ELEMENTS // block_n)
+        block_m, block_n = shrink_to_fill((n_rows, n_cols), (block_m, block_n), MIN_TILE, device)
+        return Fp8QuantConfig(block_m, block_n, max(1, min(8, block_m * block_n // 512)))
+
+    @staticmethod
+    def tuning_space(n_cols: int, per_token: bool) -> list[Fp8QuantConfig]:
+        if per_token:
+            return [
+                Fp8QuantConfig(c.block_m, c.block_n, c.num_warps)
+                for c in RowConfig.tuning_space(n_cols)
+            ]
+        space = [
+            Fp8QuantConfig(m, n, w)
+            for n in (512, 1024, 2048, 4096)
+            if n <= max(512, next_pow2(n_cols))
+            for m in (1, 2, 4, 8)
+            for w in (1, 2, 4, 8)
+        ]
+        return [c for c in space if 8 <= c.block_m * c.block_n // (32 * c.num_warps) <= 64]
+
+
+# --- references and eager ---------------------------------------------------------------------
+
+
+def _quantize_ref(y, scale, fp8_dtype):
+    """Values of y / scale rounded to the float8 grid, in y's dtype (float64 for references).
+
+    torch rounds float64 to float8 through float32; the double rounding is exact here (float32
+    carries more than twice float8's 4 significant bits plus two)."""
+    fmax = torch.finfo(fp8_dtype).max
+    return (y / scale).clamp(-fmax, fmax).to(torch.float32).to(fp8_dtype).to(y.dtype)
+
+
+def _scale_of(amax, fp8_dtype):
+    return (amax / torch.finfo(fp8_dtype).max).clamp_min(MIN_SCALE)
+
+
+def fp8_quant_ref(x, per_token=False, fp8_dtype=FP8_DTYPES[0], scale=None):
+    """(values on the float8 grid in x's dtype, scales) in x's dtype (exact in float64)."""
+    if scale is None:
+        scale = _scale_of(fp8.amax(x, per_token), fp8_dtype)
+    return _quantize_ref(x, scale, fp8_dtype), scale
+
+
+def fp8_quant_torch(x, per_token=False, fp8_dtype=FP8_DTYPES[0], scale=None):
+    """Eager PyTorch in float32: the same IEEE divisions and rounding as the kernel."""
+    _validate_quant(x, per_token, fp8_dtype, scale)
+    xf = x.float()
+    if scale is None:
+        scale = _scale_of(fp8.amax(xf, per_token), fp8_dtype)
+    fmax = torch.finfo(fp8_dtype).max
+    values = (xf / scale).clamp(-fmax, fmax).to(fp8_dtype)
+    return values, scale.float()
+
+
+def _validate_quant(x, per_token, fp8_dtype, scale):
+    _check.tensor("x", x, dtypes=_check.FLOATS, min_ndim=1)
+    if not isinstance(per_token, bool):
+        raise TypeError(f"per_token: expected a bool, got {type(per_token).__name__}")
+    fp8.check_dtype("fp8_dtype", fp8_dtype)
+    if scale is not None:
+        if per_token:
+            raise ValueError("scale: a given (static) scale is per tensor; got per_token=True")
+        _check.tensor("scale", scale, dtypes=(torch.float32,), device=x.device)
+        if scale.numel() != 1:
+            raise ValueError(f"scale: expected one element, got shape {tuple(scale.shape)}")
+        if x.device.type == "cpu" and not (0 < float(scale) < float("inf")):
+            raise ValueError(f"scale: expected a finite positive value, got {float(scale)}")
+
+
+# --- launchers and public functions -----------------------------------------------------------
+
+
+def fp8_quant_triton(x, per_token=False, fp8_dtype=FP8_DTYPES[0], scale=None, config=None):
+    """Launch the Triton kernel: one launch per token, two (max, then quantize) per tensor."""
+    _validate_quant(x, per_token, fp8_dtype, scale)
+    values = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
+    if per_token:
+        scales = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+    elif scale is None:
+        scales = torch.empty(1, dtype=torch.float32, device=x.device)
+    else:
+        scales = scale.reshape(1)
+    if x.numel() == 0:
+        if scale is None:
+            scales.fill_(MIN_SCALE)  # the max of nothing is 0
+        return values, scales
+    x2 = rows(x)
+    n_rows, n_cols = x2.shape
+    out2 = values.view(n_rows, n_cols)
+    cfg = config or Fp8QuantConfig.default_for(n_rows, n_cols, per_token, x.device)
+    common = dict(
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        SINGLE_PASS=n_cols <= cfg.block_n,
+        FP8_MAX=float(torch.finfo(fp8_dtype).max),
+        MIN_SCALE=MIN_SCALE,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    args = (out2, out2.stride(0), scales, x2, x2.stride(0))
+    if per_token:
+        grid = (cdiv(n_rows, cfg.block_m), 1)
+        _fp8_quant_kernel[grid](
+            *args, scales.view(torch.int32), n_rows, n_cols, MODE=PER_TOKEN, **common
+        )
+        return values, scales
+    grid = (cdiv(n_rows, cfg.block_m), cdiv(n_cols, cfg.block_n))
+    if scale is None:
+        amax = torch.zeros(1, dtype=torch.int32, device=x.device)  # float32 bits, see kernel
+        _fp8_quant_kernel[grid](*args, amax, n_rows, n_cols, MODE=AMAX, **common)
+        _fp8_quant_kernel[grid](*args, amax, n_rows, n_cols, MODE=PER_TENSOR, **common)
+    else:
+        unused = scales.view(torch.int32)
+        _fp8_quant_kernel[grid](*args, unused, n_rows, n_cols, MODE=STATIC, **common)
+    return values, scales
+
+
+def fp8_quant(
+    x: torch.Tensor,
+    per_token: bool = False,
+    fp8_dtype: torch.dtype = FP8_DTYPES[0],
+    scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``x`` to float8 with dynamic (or a given) scales; returns (values, scales).
+
+    Parameters
+    ----------
+    x : tensor (..., n) of float32, float16 or bfloat16; any row stride.
+    per_token : one scale per row (scales of shape (..., 1)) instead of one for the tensor
+        (shape (1,)).
+    fp8_dtype : torch.float8_e4m3fn (NVIDIA) or torch.float8_e4m3fnuz (AMD gfx942).
+    scale : optional given per-tensor float32 scale (static quantization).
+
+    ``x ≈ values.float() * scales``. Triton on CUDA/ROCm; torch on CPU.
+    """
+    if isinstance(x, torch.Tensor) and use_triton(x):
+        return fp8_quant_triton(x, per_token, fp8_dtype, scale)
+    return fp8_quant_torch(x, per_token, fp8_dtype, scale)
+
+
+# --- the declarations --------------------------------------------------------------------------
+
+
+def _quant_representative() -> list[Shape]:
+    # The activations entering each GEMM: hidden (QKV and gate/up inputs) and intermediate
+    # (down-projection input) widths, quantized per token and per tensor.
+    return [
+        Shape(
+            f"{'/'.join(models)} {_shapes.phase(tokens)} {tokens}x{width} {kind} "
+            + ("per token" if per_token else "per tensor"),
+            {"rows": tokens, "cols": width},
+            {"per_token": per_token},
+            batch_dim="rows",
+        )
+        for kind, width_of in (("hidden", lambda m: m.hidden), ("inter", lambda m: m.intermediate))
+        for width, models in _shapes.by_width(width_of).items()
+        for tokens in _shapes.TOKENS
+        for per_token in (True, False)
+    ]
+
+
+def _quant_edge() -> list[Shape]:
+    base = _shapes.row_edge(({"per_token": True}, {"per_token": False}))
+    extra = [
+        Shape("static scale 5x1021", {"rows": 5, "cols": 1021}, {"static": True}, "rows"),
+        Shape(
+            "e4m3fnuz 7x257 per token",
+            {"rows": 7, "cols": 257},
+            {"per_token": True, "fp8": "e4m3fnuz"},
+            "rows",
+        ),
+        Shape(
+            "e4m3fnuz 3x1000 per tensor",
+            {"rows": 3, "cols": 1000},
+            {"per_token": False, "fp8": "e4m3fnuz"},
+            "rows",
+        ),
+    ]
+    return base + extra
+
+
+def _quant_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
+    n_rows, n_cols = shape.dims["rows"], shape.dims["cols"]
+    x = _inputs.randn((n_rows, n_cols), dtype, device, gen, dist)
+    # Rows of different magnitudes (as activations of different tokens are), so that each row's
+    # scale differs from its neighbours'.
+    if device.type != "meta" and n_rows:
+        spread = _inputs.randn((n_rows, 1), torch.float32, device, gen, "normal", scale=0.5)
+        x = (x.float() * spread.exp()).to(dtype)
+    pad = shape.params.get("row_pad", 0)
+    if pad and device.type != "meta":
+        x = _inputs.strided_rows(x, pad)
+    fp8_dtype = fp8.of_shape(shape)
+    scale = None
+    if shape.params.get("static"):
+        amax = x.float().abs().amax() if x.numel() and device.type != "meta" else torch.ones(())
+        scale = (amax / torch.finfo(fp8_dtype).max * 1.25).reshape(1).to(device)
+    return {
+        "x": x,
+        "per_token": bool(shape.params.get("per_token", False)),
+        "fp8_dtype": fp8_dtype,
+        "scale": scale,
+    }
+
+
+def _quant_cost(inputs: dict) -> Cost:
+    x = inputs["x"]
+    n = x.numel()
+    n_scales = n // max(1, x.shape[-1]) if inputs.get("per_token") else 1
+    # Read x once, write one byte per value and the float32 scales (the minimum: the two-launch
+    # per-tensor path reads x twice and is measured against this floor).
+    return Cost(flops=4 * n, bytes=n * x.element_size() + n + 4 * n_scales)
+
+
+_QUANT_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "MODE", "SINGLE_PASS", "FP8_MAX", "MIN_SCALE")
+
+
+def _quant_launches(shape: Shape, dtype: torch.dtype, config: Fp8QuantConfig | None = None):
+    n_rows, n_cols = shape.dims["rows"], shape.dims["cols"]
+    if n_rows * n_cols == 0:
+        return []
+    per_token = bool(shape.params.get("per_token"))
+    fp8_dtype = fp8.of_shape(shape)
+    cfg = config or Fp8QuantConfig.default_for(n_rows, n_cols, per_token)
+    sig = {
+        "Out": f"*{TL[fp8_dtype]}",
+        "stride_out": "i32",
+        "Scale": "*fp32",
+        "X": f"*{TL[dtype]}",
+        "stride_x": "i32",
+        "Amax": "*i32",
+        "n_rows": "i32",
+        "n_cols": "i32",
+        **dict.fromkeys(_QUANT_CONSTEXPRS, "constexpr"),
+    }
+    ints = {
+        "stride_out": n_cols,
+        "stride_x": n_cols + shape.params.get("row_pad", 0),
+        "n_rows": n_rows,
+        "n_cols": n_cols,
+    }
+    div16, eq1 = specialised(ints, ("Out", "Scale", "X", "Amax"))
+    if per_token:
+        modes, grid = [PER_TOKEN], (cdiv(n_rows, cfg.block_m), 1)
+    else:
+        modes = [STATIC] if shape.params.get("static") else [AMAX, PER_TENSOR]
+        grid = (cdiv(n_rows, cfg.block_m), cdiv(n_cols, cfg.block_n))
+    return [
+        Launch(
+            _fp8_quant_kernel,
+            sig,
+            {
+                "BLOCK_M": cfg.block_m,
+                "BLOCK_N": cfg.block_n,
+                "MODE": mode,
+                "SINGLE_PASS": n_cols <= cfg.block_n,
+                "FP8_MAX": float(torch.finfo(fp8_dtype).max),
+                "MIN_SCALE": MIN_SCALE,
+            },
+            cfg.num_warps,
+            cfg.num_stages,
+            grid,
+            divisible_16=div16,
+            equal_1=eq1,
+            config=cfg,
+        )
+        for mode in modes
+    ]
+
+
+FP8_QUANT = register(
+    Op(
+        "fp8_quant",
+        description="dynamic per-token or per-tensor (or static) float8 e4m3 quantization",
+        reference=fp8_quant_ref,
+        make_inputs=_quant_inputs,
+        shapes={"representative": _quant_representative, "edge": _quant_edge},
+        cost=_quant_cost,
+        # The kernel's arithmetic and cast are eager torch's bit for bit (the tests check both),
+        # so its error equals eager's; the floors only matter where eager's error is 0 and are
+        # set far below one float8 step (2^-3 relative) in any row, instead of the default 16-bit
+        # floors, which a float8 output computed at lower precision could slip under.
+        contract=Contract(floors={"float32": 1e-6, "float16": 1e-5, "bfloat16": 1e-5}),
+        outputs=("values", "scales"),
+        out_arg=None,
+        kernels=(_fp8_quant_kernel,),
+        launches=_quant_launches,
+        tuning_space=lambda shape, dtype: Fp8QuantConfig.tuning_space(
+            shape.dims["cols"], bool(shape.params.get("per_token"))
+        ),
+    )
+)
+FP8_QUANT.add_variant(
+    Variant(
+        "kernelab",
+        fp8_quant_triton,
+        "triton",
+        description="Triton; per token in one pass, per tensor as max then quantize",
+    )
+)
+FP8_QUANT.add_torch(fp8_quant_torch)

@@ -1,0 +1,443 @@
+"""Rotary position embedding, in place on query and key, from a cos/sin cache.
+
+For each token t at position p = positions[t], each head, and i < R = rotary_dim / 2:
+
+    (x1, x2) = (x[i], x[i + R])        NeoX / Llama layout (halves)
+    (x1, x2) = (x[2i], x[2i + 1])      GPT-J layout (interleaved pairs)
+    x1 ← x1·cos[p, i] − x2·sin[p, i],  x2 ← x2·cos[p, i] + x1·sin[p, i]
+
+``cos_sin_cache`` is (max_position, rotary_dim): cosines in the first half of each row, sines
+in the second. Dimensions past rotary_dim are left as they are (partial rotary embedding).
+Query and key may have different head counts (grouped-query attention).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton.language as tl
+
+from kernelab.ops._model import Contract, Cost, Launch, Op, Shape, Variant, register
+from kernelab.ops._runtime import check as _check
+from kernelab.ops._runtime import inputs as _inputs
+from kernelab.ops._runtime import shapes as _shapes
+from kernelab.ops._runtime.launch import TL, cdiv, shrink_to_fill, specialised
+from kernelab.ops._runtime.triton import kernel, next_pow2, use_triton
+
+# --- the kernel -----------------------------------------------------------------------------
+
+
+@kernel
+def _rope_kernel(
+    Q,
+    stride_qt,
+    stride_qh,
+    K,
+    stride_kt,
+    stride_kh,
+    Pos,
+    Cache,
+    stride_cache,
+    n_tokens,
+    heads_q,
+    heads_k,
+    HALF: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    IS_NEOX: tl.constexpr,
+):
+    """BLOCK_T tokens × BLOCK_H heads of query and of key per program, float32 arithmetic.
+
+    Bytes: reads and writes the rotated part of each query and key head once; reads one cos/sin
+    row per token per program (shared by all its heads) and one position per token.
+    """
+    pid_t = tl.program_id(0).to(tl.int64)
+    pid_h = tl.program_id(1)
+    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
+    t_ok = t < n_tokens
+    pos = tl.load(Pos + t, mask=t_ok, other=0).to(tl.int64)
+    r = tl.arange(0, BLOCK_R)
+    cs_mask = t_ok[:, None] & (r < HALF)[None, :]
+    cs_rows = Cache + pos[:, None] * stride_cache + r[None, :]
+    cos = tl.load(cs_rows, mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]
+    sin = tl.load(cs_rows + HALF, mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]
+    h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    for which in tl.static_range(2):
+        if which == 0:
+            base = Q + t[:, None, None] * stride_qt + h[None, :, None] * stride_qh
+            h_ok = h < heads_q
+        else:
+            base = K + t[:, None, None] * stride_kt + h[None, :, None] * stride_kh
+            h_ok = h < heads_k
+        rows_ok = t_ok[:, None, None] & h_ok[None, :, None]
+        if IS_NEOX:
+            m = rows_ok & (r < HALF)[None, None, :]
+            p1 = base + r[None, None, :]
+            x1 = tl.load(p1, mask=m, other=0.0).to(tl.float32)
+            x2 = tl.load(p1 + HALF, mask=m, other=0.0).to(tl.float32)
+            o1 = x1 * cos - x2 * sin
+            o2 = x2 * cos + x1 * sin
+            tl.store(p1, o1.to(Q.dtype.element_ty), mask=m)
+            tl.store(p1 + HALF, o2.to(Q.dtype.element_ty), mask=m)
+        else:
+            # Load the pairs as one contiguous run (wide accesses), split them in registers.
+            e = tl.arange(0, 2 * BLOCK_R)
+            m = rows_ok & (e < 2 * HALF)[None, None, :]
+            pe = base + e[None, None, :]
+            x = tl.load(pe, mask=m, other=0.0).to(tl.float32)
+            x1, x2 = tl.split(tl.reshape(x, [BLOCK_T, BLOCK_H, BLOCK_R, 2]))
+            o1 = x1 * cos - x2 * sin
+            o2 = x2 * cos + x1 * sin
+            y = tl.reshape(tl.join(o1, o2), [BLOCK_T, BLOCK_H, 2 * BLOCK_R])
+            tl.store(pe, y.to(Q.dtype.element_ty), mask=m)
+
+
+# --- launch heuristics as data ----------------------------------------------------------------
+
+#: Rotated elements a program should hold (query heads × rotary_dim × tokens) at large shapes.
+TILE_ELEMENTS = 4096
+#: Smallest tile when shrinking to fill the GPU at decode.
+MIN_TILE = 512
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    block_t: int
+    block_h: int
+    num_warps: int
+    num_stages: int = 1
+
+    @staticmethod
+    def default_for(
+        n_tokens: int, heads: int, rotary_dim: int, device: torch.device | None = None
+    ) -> RopeConfig:
+        block_r = next_pow2(max(1, rotary_dim // 2))
+        block_h = next_pow2(heads)
+        block_t = max(1, TILE_ELEMENTS // (2 * block_r * block_h))
+        # Decode: split tokens (then heads) until there are two programs per SM.
+        block_t, block_h = shrink_to_fill(
+            (n_tokens, heads), (block_t, block_h), MIN_TILE, device, unit=2 * block_r
+        )
+        num_warps = max(1, min(8, block_t * block_h * 2 * block_r // 512))
+        return RopeConfig(block_t, block_h, num_warps)
+
+    @staticmethod
+    def tuning_space(heads: int, rotary_dim: int) -> list[RopeConfig]:
+        per_head = 2 * next_pow2(max(1, rotary_dim // 2))
+        space = [
+            RopeConfig(t, h, w)
+            for t in (1, 2, 4, 8)
+            for h in (1, 2, 4, 8, 16, 32, 64)
+            if h <= next_pow2(heads)
+            for w in (1, 2, 4, 8)
+        ]
+
+        def keep(c: RopeConfig) -> bool:
+            per_thread = c.block_t * c.block_h * per_head // (32 * c.num_warps)
+            return 4 <= per_thread <= 64
+
+        return [c for c in space if keep(c)] or [RopeConfig(1, 1, 1)]
+
+
+# --- reference, eager, launcher, public function ----------------------------------------------
+
+
+def _rotate(x, cos, sin, rot, is_neox):
+    """x rotated (a new tensor) in x's dtype; cos/sin broadcast as (tokens, 1, rot/2)."""
+    half = rot // 2
+    if is_neox:
+        x1, x2 = x[..., :half], x[..., half:rot]
+    else:
+        x1, x2 = x[..., 0:rot:2], x[..., 1:rot:2]
+    o1 = x1 * cos - x2 * sin
+    o2 = x2 * cos + x1 * sin
+    y = x.clone()
+    if is_neox:
+        y[..., :half], y[..., half:rot] = o1, o2
+    else:
+        y[..., 0:rot:2], y[..., 1:rot:2] = o1, o2
+    return y
+
+
+def rope_ref(positions, query, key, cos_sin_cache, is_neox=True):
+    """Plain PyTorch in the inputs' dtype (exact when given float64); rotates in place."""
+    rot = cos_sin_cache.shape[1]
+    cs = cos_sin_cache[positions.long()]
+    cos, sin = cs[:, None, : rot // 2], cs[:, None, rot // 2 :]
+    query.copy_(_rotate(query, cos, sin, rot, is_neox))
+    key.copy_(_rotate(key, cos, sin, rot, is_neox))
+    return query, key
+
+
+def rope_torch(positions, query, key, cos_sin_cache, is_neox=True):
+    """Eager PyTorch: float32 arithmetic, one rounding to the inputs' dtype; in place."""
+    _validate(positions, query, key, cos_sin_cache)
+    rot = cos_sin_cache.shape[1]
+    cs = cos_sin_cache[positions.long()].float()
+    cos, sin = cs[:, None, : rot // 2], cs[:, None, rot // 2 :]
+    query.copy_(_rotate(query.float(), cos, sin, rot, is_neox))
+    key.copy_(_rotate(key.float(), cos, sin, rot, is_neox))
+    return query, key
+
+
+def _validate(positions, query, key, cos_sin_cache):
+    _check.tensor("query", query, dtypes=_check.FLOATS, ndim=3)
+    _check.tensor("key", key, dtypes=(query.dtype,), ndim=3, device=query.device)
+    _check.tensor(
+        "positions", positions, dtypes=(torch.int64, torch.int32), ndim=1, device=query.device
+    )
+    _check.tensor("cos_sin_cache", cos_sin_cache, dtypes=_check.FLOATS, ndim=2)
+    if cos_sin_cache.device != query.device:
+        raise ValueError(
+            f"cos_sin_cache: expected a tensor on {query.device}, got one on {cos_sin_cache.device}"
+        )
+    tokens, _, head_dim = query.shape
+    if key.shape[0] != tokens or key.shape[2] != head_dim:
+        raise ValueError(
+            f"key: expected shape ({tokens}, heads_k, {head_dim}) like query, "
+            f"got {tuple(key.shape)}"
+        )
+    if positions.shape[0] != tokens:
+        raise ValueError(f"positions: expected shape ({tokens},), got {tuple(positions.shape)}")
+    rot = cos_sin_cache.shape[1]
+    if rot % 2 or not 0 < rot <= head_dim:
+        raise ValueError(
+            f"cos_sin_cache: expected an even rotary dimension in (0, {head_dim}] as its "
+            f"second size, got shape {tuple(cos_sin_cache.shape)}"
+        )
+    for name, t in (("query", query), ("key", key)):
+        if t.numel() and t.stride(-1) != 1:
+            raise ValueError(f"{name}: expected unit stride in the last dimension (in place)")
+
+
+def rope_triton(positions, query, key, cos_sin_cache, is_neox=True, config=None):
+    """Launch the Triton kernel (natively on GPUs, through the interpreter on CPU tensors)."""
+    _validate(positions, query, key, cos_sin_cache)
+    tokens, heads_q, _ = query.shape
+    heads_k = key.shape[1]
+    if tokens == 0 or heads_q + heads_k == 0:
+        return query, key
+    rot = cos_sin_cache.shape[1]
+    cache = cos_sin_cache if cos_sin_cache.stride(-1) == 1 else cos_sin_cache.contiguous()
+    heads = max(heads_q, heads_k)
+    cfg = config or RopeConfig.default_for(tokens, heads, rot, query.device)
+    grid = (cdiv(tokens, cfg.block_t), cdiv(heads, cfg.block_h))
+    _rope_kernel[grid](
+        query,
+        query.stride(0),
+        query.stride(1),
+        key,
+        key.stride(0),
+        key.stride(1),
+        positions,
+        cache,
+        cache.stride(0),
+        tokens,
+        heads_q,
+        heads_k,
+        HALF=rot // 2,
+        BLOCK_T=cfg.block_t,
+        BLOCK_H=cfg.block_h,
+        BLOCK_R=next_pow2(rot // 2),
+        IS_NEOX=bool(is_neox),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return query, key
+
+
+def rope(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Apply rotary position embedding to ``query`` and ``key`` in place; returns them.
+
+    Parameters
+    ----------
+    positions : int64 or int32 tensor (tokens,), each token's position (a cache row).
+    query : tensor (tokens, heads_q, head_dim) of float32, float16 or bfloat16; any token and
+        head strides, unit stride within a head.
+    key : tensor (tokens, heads_k, head_dim) of query's dtype.
+    cos_sin_cache : tensor (max_position, rotary_dim), cosines then sines; rotary_dim even and
+        at most head_dim (dimensions past it are not rotated).
+    is_neox : True for rotated halves (NeoX, Llama), False for interleaved pairs (GPT-J).
+
+    Triton on CUDA/ROCm; torch on CPU (the interpreter with KERNELAB_INTERPRET=1).
+    """
+    if isinstance(query, torch.Tensor) and use_triton(query):
+        return rope_triton(positions, query, key, cos_sin_cache, is_neox)
+    return rope_torch(positions, query, key, cos_sin_cache, is_neox)
+
+
+# --- the declaration ---------------------------------------------------------------------------
+
+#: Rows of the cos/sin cache (positions the model supports) in generated inputs.
+MAX_POSITION = 8192
+
+
+def _shape(label, tokens, hq, hk, head_dim, rot, is_neox, **extra) -> Shape:
+    layout = "neox" if is_neox else "gptj"
+    return Shape(
+        f"{label} {tokens}x({hq}+{hk})x{head_dim} rot{rot} {layout}",
+        {"tokens": tokens, "heads_q": hq, "heads_k": hk, "head_dim": head_dim, "rot": rot},
+        {"is_neox": is_neox, **extra},
+        batch_dim="tokens",
+    )
+
+
+def _representative() -> list[Shape]:
+    groups = _shapes.by_width(lambda m: (m.heads, m.kv_heads, m.head_dim))
+    return [
+        _shape(f"{'/'.join(models)} {_shapes.phase(tokens)}", tokens, hq, hk, hd, hd, is_neox)
+        for (hq, hk, hd), models in groups.items()
+        for tokens in _shapes.TOKENS
+        for is_neox in (True, False)
+    ]
+
+
+def _edge() -> list[Shape]:
+    cases = [
+        ("one token one head", 1, 1, 1, 2, 2),
+        ("prime heads, partial rotary", 5, 7, 3, 80, 32),
+        ("rotary half not a power of two", 3, 4, 2, 96, 96),
+        ("many tokens, GQA 8:1", 300, 8, 1, 64, 64),
+        ("non-contiguous (fused qkv)", 6, 4, 2, 64, 64),
+        ("no tokens", 0, 4, 2, 64, 64),
+    ]
+    return [
+        _shape(label, t, hq, hk, hd, rot, is_neox, **({"fused": True} if "fused" in label else {}))
+        for label, t, hq, hk, hd, rot in cases
+        for is_neox in (True, False)
+    ]
+
+
+def _cache(rot, dtype, device):
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
+    angles = torch.arange(MAX_POSITION, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).to(device=device, dtype=dtype)
+
+
+def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
+    d = shape.dims
+    tokens, hq, hk, hd = d["tokens"], d["heads_q"], d["heads_k"], d["head_dim"]
+    positions = _inputs.randint((tokens,), 0, MAX_POSITION, device, gen)
+    if shape.params.get("fused") and device.type != "meta":
+        # Views into one (tokens, (hq + 2·hk)·head_dim) projection output, as servers pass them.
+        qkv = _inputs.randn((tokens, (hq + 2 * hk) * hd), dtype, device, gen, dist)
+        query = qkv[:, : hq * hd].view(tokens, hq, hd)
+        key = qkv[:, hq * hd : (hq + hk) * hd].view(tokens, hk, hd)
+    else:
+        query = _inputs.randn((tokens, hq, hd), dtype, device, gen, dist)
+        key = _inputs.randn((tokens, hk, hd), dtype, device, gen, dist)
+    cache = (
+        torch.empty((MAX_POSITION, d["rot"]), dtype=dtype, device=device)
+        if device.type == "meta"
+        else _cache(d["rot"], dtype, device)
+    )
+    return {
+        "positions": positions,
+        "query": query,
+        "key": key,
+        "cos_sin_cache": cache,
+        "is_neox": shape.params["is_neox"],
+    }
+
+
+def _cost(inputs: dict) -> Cost:
+    q, k, cache = inputs["query"], inputs["key"], inputs["cos_sin_cache"]
+    rot = cache.shape[1]
+    tokens = q.shape[0]
+    rotated = tokens * (q.shape[1] + k.shape[1]) * rot
+    # Read and write the rotated part of q and k; read one cache row and a position per token.
+    nbytes = 2 * rotated * q.element_size() + tokens * (rot * cache.element_size() + 8)
+    return Cost(flops=3 * rotated, bytes=nbytes)  # two multiplies and an add per element
+
+
+def _launches(shape: Shape, dtype: torch.dtype, config: RopeConfig | None = None):
+    d = shape.dims
+    tokens, hq, hk, hd, rot = d["tokens"], d["heads_q"], d["heads_k"], d["head_dim"], d["rot"]
+    if tokens == 0:
+        return []
+    heads = max(hq, hk)
+    cfg = config or RopeConfig.default_for(tokens, heads, rot)
+    t = TL[dtype]
+    row = (hq + 2 * hk) * hd if shape.params.get("fused") else None
+    sig = {
+        "Q": f"*{t}",
+        "stride_qt": "i32",
+        "stride_qh": "i32",
+        "K": f"*{t}",
+        "stride_kt": "i32",
+        "stride_kh": "i32",
+        "Pos": "*i64",
+        "Cache": f"*{t}",
+        "stride_cache": "i32",
+        "n_tokens": "i32",
+        "heads_q": "i32",
+        "heads_k": "i32",
+        **dict.fromkeys(("HALF", "BLOCK_T", "BLOCK_H", "BLOCK_R", "IS_NEOX"), "constexpr"),
+    }
+    ints = {
+        "stride_qt": row or hq * hd,
+        "stride_qh": hd,
+        "stride_kt": row or hk * hd,
+        "stride_kh": hd,
+        "stride_cache": rot,
+        "n_tokens": tokens,
+        "heads_q": hq,
+        "heads_k": hk,
+    }
+    k_aligned = (hq * hd * dtype.itemsize) % 16 == 0 if row else True
+    div16, eq1 = specialised(ints, ("Q", "Pos", "Cache") + (("K",) if k_aligned else ()))
+    constexprs = {
+        "HALF": rot // 2,
+        "BLOCK_T": cfg.block_t,
+        "BLOCK_H": cfg.block_h,
+        "BLOCK_R": next_pow2(rot // 2),
+        "IS_NEOX": bool(shape.params["is_neox"]),
+    }
+    grid = (cdiv(tokens, cfg.block_t), cdiv(heads, cfg.block_h))
+    return [
+        Launch(
+            _rope_kernel,
+            sig,
+            constexprs,
+            cfg.num_warps,
+            cfg.num_stages,
+            grid,
+            divisible_16=div16,
+            equal_1=eq1,
+            config=cfg,
+        )
+    ]
+
+
+ROPE = register(
+    Op(
+        "rope",
+        description="rotary embedding in place on query and key (NeoX or GPT-J, partial rotary)",
+        reference=rope_ref,
+        make_inputs=_make_inputs,
+        shapes={"representative": _representative, "edge": _edge},
+        cost=_cost,
+        contract=Contract(inplace=("query", "key")),
+        outputs=("query", "key"),
+        out_arg=None,
+        kernels=(_rope_kernel,),
+        launches=_launches,
+        tuning_space=lambda shape, dtype: RopeConfig.tuning_space(
+            max(shape.dims["heads_q"], shape.dims["heads_k"]), shape.dims["rot"]
+        ),
+    )
+)
+ROPE.add_variant(
+    Variant(
+        "kernelab", rope_triton, "triton", description="Triton, all heads of a token share cos/sin"
+    )
+)
+ROPE.add_torch(rope_torch)
