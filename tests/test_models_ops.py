@@ -11,6 +11,12 @@ from kernelab.ops import packing as _packing
 _fp8 = importlib.import_module("kernelab.ops.matmul.fp8_gemm")
 
 
+def _lib() -> dict:
+    """The generated custom ops; GEMM arguments in their public functions' order."""
+    names = ("gemm", "w8a16_gemm", "w4a16_gemm", "fp8_gemm")
+    return {n: _library.custom_op(n) for n in names}
+
+
 def _inputs():
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(3, 64, generator=gen).to(torch.bfloat16)
@@ -20,10 +26,10 @@ def _inputs():
 
 
 def test_gemm_custom_ops_pass_torch_opcheck():
-    lib = _library._registered()
+    lib = _lib()
     x, w, bias = _inputs()
-    torch.library.opcheck(lib["gemm"], (x, w, bias))
-    torch.library.opcheck(lib["gemm"], (x, w, None))
+    torch.library.opcheck(lib["gemm"], (x, w, bias, None, "none", "nk"))
+    torch.library.opcheck(lib["gemm"], (x, w, None, None, "silu", "nk"))
     q8, s8 = _packing.quantize_int8(w.t())
     torch.library.opcheck(lib["w8a16_gemm"], (x, q8, s8, bias))
     w4 = _packing.quantize_int4(w.t(), group_size=64)
@@ -33,12 +39,12 @@ def test_gemm_custom_ops_pass_torch_opcheck():
     b8, sb = fp8.quantize_fp8(w)
     # test_schema compares inputs with arithmetic that CPU float8 tensors do not support
     fp8_tests = ("test_faketensor", "test_aot_dispatch_dynamic")
-    torch.library.opcheck(lib["fp8_gemm"], (a8, b8, sa, sb, bias), test_utils=fp8_tests)
+    torch.library.opcheck(lib["fp8_gemm"], (a8, b8, sa, sb, bias, "nk"), test_utils=fp8_tests)
     # the fake kernels give the real output's shape and dtype
     for op, args in (
-        ("gemm", (x, w, bias)),
+        ("gemm", (x, w, bias, None, "none", "nk")),
         ("w4a16_gemm", (x, w4.qweight, w4.scales, w4.zeros, 64, None)),
-        ("fp8_gemm", (a8, b8, sa, sb, None)),
+        ("fp8_gemm", (a8, b8, sa, sb, None, "nk")),
     ):
         real = lib[op](*args)
         with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
@@ -48,13 +54,13 @@ def test_gemm_custom_ops_pass_torch_opcheck():
 
 
 def test_gemm_custom_ops_compile_as_single_nodes():
-    lib = _library._registered()
+    lib = _lib()
     x, w, bias = _inputs()
     w4 = _packing.quantize_int4(w.t(), group_size=64)
     q8, s8 = _packing.quantize_int8(w.t())
 
     def three(x):
-        y = lib["w8a16_gemm"](x, q8, s8, None) + lib["gemm"](x, w, bias)
+        y = lib["w8a16_gemm"](x, q8, s8, None) + lib["gemm"](x, w, bias, None, "none", "nk")
         return y + lib["w4a16_gemm"](x, w4.qweight, w4.scales, w4.zeros, 64, None)
 
     explained = torch._dynamo.explain(three)(x)

@@ -41,8 +41,6 @@ WARMUP_BATCHES = 20
 HOST_CHECK_S = 0.005
 HOST_CHECK_TRIES = 7
 
-INTERPRETED = "Triton interpreter on CPU: correctness only, timing it would be meaningless"
-
 
 @dataclass(frozen=True)
 class Subject:
@@ -98,8 +96,9 @@ def subjects_for(op, device_type: str, cfg: BenchConfig, candidate=None):
         if not ok:
             skipped.append(f"{op.name}/{variant.name}: {why}")
             continue
-        if variant.kind == "triton" and device_type == "cpu":
-            skipped.append(f"{op.name}/{variant.name}: {INTERPRETED}")
+        timed, why = variant.timed_on(device_type)
+        if not timed:
+            skipped.append(f"{op.name}/{variant.name}: {why}")
             continue
         asked = cfg.variants is not None and variant.name in cfg.variants
         if variant.kind == "compile" and device_type == "cpu" and not (cfg.compile or asked):

@@ -1,84 +1,36 @@
-"""Compile a :class:`Spec` for a target with Triton, on a machine without a GPU.
-
-``triton.compile`` with a ``GPUTarget`` and an ``ASTSource`` runs the whole pipeline for any
-target on a CPU: Triton IR, PTX and a cubin (through the ptxas bundled in Triton's wheel) for
-NVIDIA, AMDGCN and an HSA code object for AMD. Resource usage of a cubin is read with the
-bundled ``cuobjdump``. :func:`compile_artifacts` returns only text (and small numbers), so the
-result pickles across processes and parses into a report without Triton.
+"""Compile a :class:`Spec` for a target, on a machine without the device: the spec's backend
+does it (``kernelab.ops._runtime.backends``; Triton runs its whole pipeline for any target on a
+CPU — Triton IR, PTX and a cubin through the ptxas in its wheel, AMDGCN and an HSA code
+object for AMD). The artifacts are text and small numbers only, so they pickle across
+processes and parse into a report (:mod:`kernelab.inspect.parse`) without the compiler.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import tempfile
-import warnings
-
 from kernelab.inspect.spec import Spec
 from kernelab.inspect.targets import Target
+from kernelab.ops._runtime.backends import get_backend
+
+
+def backend_version(name: str = "triton") -> str:
+    """The version of the compiler behind a backend (part of inspect's cache key)."""
+    return get_backend(name).version()
 
 
 def triton_version() -> str:
-    import triton
-
-    return triton.__version__
-
-
-def _cuobjdump(cubin: bytes) -> tuple[str, str]:
-    """``cuobjdump -res-usage`` and ``-sass`` of a cubin ('' when the tool is unavailable)."""
-    try:
-        from triton import knobs
-
-        tool = knobs.nvidia.cuobjdump.path
-    except Exception:  # older layouts: the tool is not found, the PTX still is parsed
-        return "", ""
-    if not tool or not os.path.exists(tool):
-        return "", ""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        out = []
-        for flag in ("-res-usage", "-sass"):
-            try:
-                r = subprocess.run(
-                    [tool, flag, f.name], capture_output=True, text=True, timeout=60, check=False
-                )
-                out.append(r.stdout if r.returncode == 0 else "")
-            except (OSError, subprocess.TimeoutExpired):
-                out.append("")
-    return out[0], out[1]
+    return backend_version("triton")
 
 
 def compile_artifacts(spec: Spec, target: Target) -> dict:
-    """Compile ``spec`` for ``target``; return the texts and metadata inspect parses.
+    """Compile ``spec`` for ``target`` with its backend; the texts and metadata inspect parses.
 
-    Raises whatever Triton raises when the kernel does not compile (the caller records it).
+    Raises whatever the compiler raises when the kernel does not compile (the caller records
+    it), and ValueError when the backend does not compile for this target.
     """
-    import triton
-    from triton.compiler import ASTSource
-
-    sig, consts, attrs = spec.triton_signature()
-    src = ASTSource(spec.kernel, sig, consts, attrs)
-    options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        compiled = triton.compile(src, target=target.gpu_target(), options=options)
-    asm = compiled.asm
-    md = compiled.metadata
-    art = {
-        "target": target.name,
-        "kernel": spec.name,
-        "triton": triton.__version__,
-        "num_warps": int(getattr(md, "num_warps", spec.num_warps)),
-        "num_stages": int(getattr(md, "num_stages", spec.num_stages)),
-        "shared": int(getattr(md, "shared", 0) or 0),
-        "tmem": int(getattr(md, "tmem_size", 0) or 0),
-        "ttir": asm.get("ttir", ""),
-        "ttgir": asm.get("ttgir", ""),
-    }
-    if target.backend == "cuda":
-        art["ptx"] = asm.get("ptx", "")
-        art["res_usage"], art["sass"] = _cuobjdump(asm["cubin"]) if "cubin" in asm else ("", "")
-    else:
-        art["amdgcn"] = asm.get("amdgcn", "")
-    return art
+    backend = get_backend(spec.backend)
+    if target.name not in backend.targets:
+        raise ValueError(
+            f"target: backend {backend.name!r} compiles for {list(backend.targets)}, "
+            f"not {target.name!r}"
+        )
+    return backend.compile(spec, target)

@@ -11,6 +11,7 @@ from kernelab.inspect.report import Job
 from kernelab.inspect.spec import from_launch
 from kernelab.inspect.targets import Target
 from kernelab.ops._model import dtype_name
+from kernelab.ops._runtime.backends import get_backend
 
 
 @dataclass
@@ -82,7 +83,10 @@ def plan(
                         tail = f"{dtype_name(dtype)}/{shape.key}"
                         if config is not None:
                             tail += f"/{spec.config_text()}"
+                        compiles_for = get_backend(spec.backend).targets
                         for t in targets:
+                            if t.name not in compiles_for:
+                                continue  # another backend's target (a TPU for a GPU kernel)
                             out.jobs.append(
                                 Job(spec, t, f"{op.name}/{kname}/{t.name}/{tail}", op.name)
                             )

@@ -21,7 +21,7 @@ import orjson
 
 from kernelab import _flags
 from kernelab.inspect import parse
-from kernelab.inspect.compile import compile_artifacts, triton_version
+from kernelab.inspect.compile import backend_version, compile_artifacts
 from kernelab.inspect.spec import Spec
 from kernelab.inspect.targets import Target
 
@@ -33,7 +33,13 @@ _JOBS: list[tuple[Spec, Target]] = []
 
 def cache_key(spec: Spec, target: Target) -> str:
     text = "|".join(
-        (spec.source_key(), spec.identity(), target.name, triton_version(), str(PARSER_VERSION))
+        (
+            spec.source_key(),
+            spec.identity(),
+            target.name,
+            backend_version(spec.backend),
+            str(PARSER_VERSION),
+        )
     )
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 
+from kernelab.ops._runtime.backends import jit_of, triton_signature
+
 #: Element types a signature may name (Triton's spellings).
 SCALAR_TYPES = (
     "i1", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64",
@@ -37,17 +39,7 @@ def element_bits(ty: str) -> int | None:
 
 def kernel_of(obj) -> Any:
     """The Triton JITFunction behind ``obj`` (a JITFunction, or an autotuner/heuristics wrapper)."""
-    from triton.runtime.jit import JITFunction
-
-    seen = 0
-    while not isinstance(obj, JITFunction) and hasattr(obj, "fn") and seen < 8:
-        obj, seen = obj.fn, seen + 1
-    if not isinstance(obj, JITFunction):
-        raise TypeError(
-            "kernel: expected a @triton.jit function (or kernelab @kernel), "
-            f"got {type(obj).__name__}"
-        )
-    return obj
+    return jit_of(obj)
 
 
 @dataclass(frozen=True)
@@ -63,29 +55,17 @@ class Spec:
     max_elements: int | None = None
     label: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: The backend that compiles it (``kernelab.ops._runtime.backends``).
+    backend: str = "triton"
 
     @property
     def name(self) -> str:
         return self.kernel.fn.__name__
 
     def triton_signature(self) -> tuple[dict, dict, dict]:
-        """(signature, constexprs, attrs) as ``triton.compiler.ASTSource`` takes them.
-
-        Arguments Triton would specialise as equal to 1 become constexpr 1 (as the JIT does);
-        16-divisible ones get the ``tt.divisibility`` attribute (same format in triton 3.6-3.9).
-        """
-        names = list(self.kernel.arg_names)
-        sig = dict(self.signature)
-        consts = dict(self.constexprs)
-        for n in self.equal_1:
-            sig[n] = "constexpr"
-            consts[n] = 1
-        attrs = {
-            (names.index(n),): [["tt.divisibility", 16]]
-            for n in self.divisible_16
-            if n not in self.equal_1 and n in names
-        }
-        return sig, consts, attrs
+        """(signature, constexprs, attrs) as ``triton.compiler.ASTSource`` takes them (see
+        ``kernelab.ops._runtime.backends.triton_signature``)."""
+        return triton_signature(self)
 
     def config_text(self) -> str:
         """A short, stable description: constexprs, warps and stages."""
@@ -103,6 +83,8 @@ class Spec:
             "divisible_16": sorted(self.divisible_16),
             "equal_1": sorted(self.equal_1),
         }
+        if self.backend != "triton":
+            payload["backend"] = self.backend
         return hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)).hexdigest()[:20]
 
     def source_key(self) -> str:
@@ -141,6 +123,7 @@ def from_launch(launch, max_elements: int | None = None, label: str = "") -> Spe
         equal_1=tuple(launch.equal_1),
         max_elements=max_elements,
         label=label,
+        backend=getattr(launch, "backend", "triton"),
     )
 
 

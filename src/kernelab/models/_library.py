@@ -1,5 +1,12 @@
 """kernelab ops as torch custom ops, so torch.compile treats each kernel as one opaque node.
 
+Every custom op is generated from its :class:`~kernelab.ops.Op` declaration, not written by
+hand: the schema's arguments are the public function's (without ``out=``), typed from the op's
+own inputs (a tensor, an optional tensor, a float, an int, a bool, a string, a dtype);
+``mutates_args`` is ``Contract.inplace``; the returned tensors are the op's outputs that are not
+in-place arguments (none for an op that only writes in place); the fake (meta) implementation
+runs the op's launch plan, which allocates the outputs and launches nothing.
+
 Registered on first use (never at import). Only device tensors go through them: on the CPU the
 public ops run plain torch code, which torch.compile traces as it is.
 """
@@ -7,131 +14,135 @@ public ops run plain torch code, which torch.compile traces as it is.
 from __future__ import annotations
 
 import functools
+import inspect
+import typing
 
 import torch
 
 from kernelab import ops
 
+#: Public-function arguments that are not part of a custom op's schema: the custom op allocates
+#: its outputs, and launch configs are the kernel's business.
+_NOT_IN_SCHEMA = ("out", "config")
+
+
+def _annotation(name: str, seen: set, default) -> typing.Any:
+    """The schema type of an argument from the values the op's inputs give it."""
+    kinds = {t for t in seen if t is not type(None)}
+    optional = type(None) in seen or default is None
+    if not kinds and default is not inspect.Parameter.empty and default is not None:
+        kinds = {type(default)}
+    if not kinds or kinds == {torch.Tensor}:
+        return torch.Tensor | None if optional else torch.Tensor
+    if kinds <= {int, float} and float in kinds:
+        kinds = {float}
+    if len(kinds) != 1:
+        raise TypeError(f"{name}: inputs give it several types {sorted(k.__name__ for k in kinds)}")
+    (kind,) = kinds
+    if kind not in (bool, int, float, str, torch.dtype):
+        raise TypeError(f"{name}: no custom-op schema type for {kind.__name__}")
+    return kind | None if optional else kind
+
+
+def schema_of(op) -> tuple[inspect.Signature, tuple[str, ...], tuple[str, ...]]:
+    """(signature of the custom op, the arguments it mutates, the outputs it returns) for
+    ``op``, from its public function, its inputs (meta tensors of every shape) and contract."""
+    public = getattr(ops, op.name)
+    params = [
+        p for p in inspect.signature(public).parameters.values() if p.name not in _NOT_IN_SCHEMA
+    ]
+    seen: dict[str, set] = {p.name: set() for p in params}
+    for shape_set in op.shape_sets:
+        for shape in op.shapes(shape_set):
+            for name, value in op.inputs(shape, op.dtypes[0], "meta").items():
+                if name in seen:
+                    seen[name].add(torch.Tensor if isinstance(value, torch.Tensor) else type(value))
+    typed = [
+        p.replace(
+            annotation=_annotation(p.name, seen[p.name], p.default),
+            kind=inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        )
+        for p in params
+    ]
+    mutated = tuple(n for n in op.contract.inplace if n in seen)
+    returned = tuple(o for o in op.outputs if o not in op.contract.inplace)
+    ret = {0: None, 1: torch.Tensor}.get(len(returned), tuple[(torch.Tensor,) * len(returned)])
+    return inspect.Signature(typed, return_annotation=ret), mutated, returned
+
+
+def _returned(result, op, returned):
+    """The op's returned outputs from a call's result (in-place outputs left out)."""
+    values = dict(zip(op.outputs, ops.as_tuple(result), strict=False))
+    picked = tuple(values[o] for o in returned)
+    return None if not picked else picked[0] if len(picked) == 1 else picked
+
+
+def custom_op(name: str):
+    """The torch custom op ``kernelab::<name>`` generated from the op's declaration."""
+    return _generated(name)[0]
+
 
 @functools.cache
-def _registered():
-    @torch.library.custom_op("kernelab::rmsnorm", mutates_args=())
-    def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        return ops.rmsnorm(x, weight, eps)
+def _generated(name: str):
+    """(the custom op, its signature, the outputs it returns), registered once."""
+    op = ops.get(name)
+    signature, mutated, returned = schema_of(op)
 
-    @rmsnorm.register_fake
-    def _(x, weight, eps):
-        return torch.empty_like(x)
+    def bind(args, kwargs) -> dict:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
 
-    @torch.library.custom_op("kernelab::rmsnorm_residual", mutates_args=("residual",))
-    def rmsnorm_residual(
-        x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor
-    ) -> torch.Tensor:
-        return ops.rmsnorm(x, weight, eps, residual=residual)
+    def impl(*args, **kwargs):
+        # Looked up per call: the public function (a test may replace it).
+        return _returned(getattr(ops, name)(**bind(args, kwargs)), op, returned)
 
-    @rmsnorm_residual.register_fake
-    def _(x, weight, eps, residual):
-        return torch.empty_like(x)
+    impl.__signature__ = signature
+    impl.__name__ = name
+    lib_op = torch.library.custom_op(f"kernelab::{name}", impl, mutates_args=mutated)
 
-    @torch.library.custom_op("kernelab::rope", mutates_args=("query", "key"))
-    def rope(
-        positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor
-    ) -> None:
-        ops.rope(positions, query, key, cos_sin_cache)
+    def fake(*args, **kwargs):
+        inputs = bind(args, kwargs)
+        if op.plan is not None:
+            return _returned(op.plan(**inputs).result, op, returned)
+        return _returned(op.variants["torch"](**inputs), op, returned)
 
-    @rope.register_fake
-    def _(positions, query, key, cos_sin_cache):
-        return None
+    fake.__signature__ = signature
+    lib_op.register_fake(fake)
+    return lib_op, signature, returned
 
-    @torch.library.custom_op("kernelab::silu_and_mul", mutates_args=())
-    def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-        return ops.silu_and_mul(x)
 
-    @silu_and_mul.register_fake
-    def _(x):
-        return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+def call(name: str, *args, **kwargs):
+    """``kernelab.ops.<name>(...)``: on device tensors through its custom op, on the CPU
+    directly. Returns what the public function returns."""
+    public = getattr(ops, name)
+    bound = inspect.signature(public).bind(*args, **kwargs)
+    bound.apply_defaults()
+    first = next(v for v in bound.arguments.values() if isinstance(v, torch.Tensor))
+    if first.device.type == "cpu":
+        return public(*bound.args, **bound.kwargs)
+    lib_op, signature, returned = _generated(name)
+    result = lib_op(*(bound.arguments[p] for p in signature.parameters))
+    if returned:
+        return result
+    # An op that only writes in place returns the arguments it wrote, as its public function.
+    outs = tuple(bound.arguments[o] for o in ops.get(name).outputs)
+    return outs[0] if len(outs) == 1 else outs if outs else None
 
-    @torch.library.custom_op("kernelab::gemm", mutates_args=())
-    def gemm(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return ops.gemm(a, weight, bias, b_layout="nk")
 
-    @gemm.register_fake
-    def _(a, weight, bias):
-        return a.new_empty((a.shape[0], weight.shape[0]))
-
-    @torch.library.custom_op("kernelab::w8a16_gemm", mutates_args=())
-    def w8a16_gemm(
-        x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
-    ) -> torch.Tensor:
-        return ops.w8a16_gemm(x, qweight, scales, bias)
-
-    @w8a16_gemm.register_fake
-    def _(x, qweight, scales, bias):
-        return x.new_empty((x.shape[0], qweight.shape[1]))
-
-    @torch.library.custom_op("kernelab::w4a16_gemm", mutates_args=())
-    def w4a16_gemm(
-        x: torch.Tensor,
-        qweight: torch.Tensor,
-        scales: torch.Tensor,
-        zeros: torch.Tensor,
-        group_size: int,
-        bias: torch.Tensor | None,
-    ) -> torch.Tensor:
-        return ops.w4a16_gemm(x, qweight, scales, zeros, group_size, bias)
-
-    @w4a16_gemm.register_fake
-    def _(x, qweight, scales, zeros, group_size, bias):
-        return x.new_empty((x.shape[0], qweight.shape[1]))
-
-    @torch.library.custom_op("kernelab::fp8_gemm", mutates_args=())
-    def fp8_gemm(
-        a: torch.Tensor,
-        weight: torch.Tensor,
-        scale_a: torch.Tensor,
-        scale_b: torch.Tensor,
-        bias: torch.Tensor | None,
-    ) -> torch.Tensor:
-        return ops.fp8_gemm(a, weight, scale_a, scale_b, bias, b_layout="nk")
-
-    @fp8_gemm.register_fake
-    def _(a, weight, scale_a, scale_b, bias):
-        return a.new_empty((a.shape[0], weight.shape[0]), dtype=torch.bfloat16)
-
-    return {
-        "gemm": gemm,
-        "w8a16_gemm": w8a16_gemm,
-        "w4a16_gemm": w4a16_gemm,
-        "fp8_gemm": fp8_gemm,
-        "rmsnorm": rmsnorm,
-        "rmsnorm_residual": rmsnorm_residual,
-        "rope": rope,
-        "silu_and_mul": silu_and_mul,
-    }
+# --- what the model patches call -----------------------------------------------------------
 
 
 def rmsnorm(x, weight, eps, residual=None):
-    """``ops.rmsnorm``, through the custom op for device tensors."""
-    if x.device.type == "cpu":
-        return ops.rmsnorm(x, weight, eps, residual=residual)
-    lib = _registered()
-    if residual is None:
-        return lib["rmsnorm"](x, weight, float(eps))
-    return lib["rmsnorm_residual"](x, weight, float(eps), residual)
+    return call("rmsnorm", x, weight, float(eps), residual=residual)
 
 
 def rope(positions, query, key, cos_sin_cache):
-    """``ops.rope`` in place, through the custom op for device tensors."""
-    if query.device.type == "cpu":
-        ops.rope(positions, query, key, cos_sin_cache)
-    else:
-        _registered()["rope"](positions, query, key, cos_sin_cache)
+    call("rope", positions, query, key, cos_sin_cache)
 
 
 def silu_and_mul(x):
-    if x.device.type == "cpu":
-        return ops.silu_and_mul(x)
-    return _registered()["silu_and_mul"](x)
+    return call("silu_and_mul", x)
 
 
 # The GEMMs: x [M, K] with a weight prepared by ``kernelab.models._linear`` → [M, N].
@@ -139,25 +150,17 @@ def silu_and_mul(x):
 
 def gemm(a, weight, bias=None):
     """``ops.gemm(a, weight, bias, b_layout="nk")`` (weight: an nn.Linear weight [N, K])."""
-    if a.device.type == "cpu":
-        return ops.gemm(a, weight, bias, b_layout="nk")
-    return _registered()["gemm"](a, weight, bias)
+    return call("gemm", a, weight, bias, b_layout="nk")
 
 
 def w8a16_gemm(x, qweight, scales, bias=None):
-    if x.device.type == "cpu":
-        return ops.w8a16_gemm(x, qweight, scales, bias)
-    return _registered()["w8a16_gemm"](x, qweight, scales, bias)
+    return call("w8a16_gemm", x, qweight, scales, bias)
 
 
 def w4a16_gemm(x, qweight, scales, zeros, group_size, bias=None):
-    if x.device.type == "cpu":
-        return ops.w4a16_gemm(x, qweight, scales, zeros, group_size, bias)
-    return _registered()["w4a16_gemm"](x, qweight, scales, zeros, int(group_size), bias)
+    return call("w4a16_gemm", x, qweight, scales, zeros, int(group_size), bias)
 
 
 def fp8_gemm(a, weight, scale_a, scale_b, bias=None):
     """bfloat16 ``ops.fp8_gemm`` with the weight as [N, K] e4m3."""
-    if a.device.type == "cpu":
-        return ops.fp8_gemm(a, weight, scale_a, scale_b, bias, b_layout="nk")
-    return _registered()["fp8_gemm"](a, weight, scale_a, scale_b, bias)
+    return call("fp8_gemm", a, weight, scale_a, scale_b, bias, b_layout="nk")

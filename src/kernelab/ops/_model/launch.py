@@ -15,6 +15,7 @@ class Launch:
     or "constexpr"); ``constexprs`` gives the constexpr values. ``divisible_16`` lists the
     arguments Triton would specialise as 16-divisible at run time (16-byte aligned pointers,
     sizes and strides divisible by 16); ``equal_1`` those it would specialise as the constant 1.
+    ``backend`` names the adapter that compiles it (``kernelab.ops._runtime.backends``).
     """
 
     kernel: Any
@@ -26,6 +27,7 @@ class Launch:
     divisible_16: tuple[str, ...] = ()
     equal_1: tuple[str, ...] = ()
     config: Any = None
+    backend: str = "triton"
 
     @property
     def name(self) -> str:

@@ -9,13 +9,16 @@ from typing import Any
 
 import torch
 
+from kernelab.ops._runtime.backends import Backend, get_backend
+
 
 @dataclass(frozen=True)
 class Variant:
     """One implementation of an op.
 
-    ``kind``: "triton" (ours), "torch" (eager), "compile" (torch.compile of eager) or
-    "external" (a third-party package, listed only when ``requires`` is importable).
+    ``kind`` names the backend it runs on (``kernelab.ops._runtime.backends``): "triton"
+    (ours), "torch" (eager), "compile" (torch.compile of eager), "external" (a third-party
+    package, listed only when ``requires`` is importable), or any registered backend.
     ``prepare`` turns generated inputs into what this variant consumes (packed weights, say);
     it runs once, outside any timed region.
     """
@@ -28,10 +31,11 @@ class Variant:
     description: str = ""
 
     def __post_init__(self):
-        if self.kind not in ("triton", "torch", "compile", "external"):
-            raise ValueError(
-                f"kind: expected triton, torch, compile or external, got {self.kind!r}"
-            )
+        get_backend(self.kind)  # raises, naming the registered backends
+
+    @property
+    def backend(self) -> Backend:
+        return get_backend(self.kind)
 
     def installed(self) -> bool:
         return self.requires is None or importlib.util.find_spec(self.requires) is not None
@@ -40,11 +44,11 @@ class Variant:
         """Whether this variant can run here, and if not, why (one line)."""
         if not self.installed():
             return False, f"package {self.requires!r} not installed"
-        if self.kind == "triton" and device_type == "cpu":
-            return True, "interpreter: correctness only"
-        if self.kind == "external" and device_type == "cpu":
-            return False, "needs a GPU"
-        return True, ""
+        return self.backend.runs_on(device_type)
+
+    def timed_on(self, device_type: str) -> tuple[bool, str]:
+        """Whether bench may time this variant here, and if not, why (one line)."""
+        return self.backend.timed_on(device_type)
 
     def __call__(self, **inputs):
         return self.fn(**inputs)
