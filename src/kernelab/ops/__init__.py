@@ -18,10 +18,11 @@ from kernelab.ops._model import (
     get,
     register,
 )
-from kernelab.ops.activation._common import GELU_AND_MUL, SILU_AND_MUL, gelu_and_mul, silu_and_mul
-from kernelab.ops.logits.softmax import SOFTMAX, softmax, softmax_ref
 
 # --- export lines: one per op module ---------------------------------------------------------
+from kernelab.ops.activation.gelu_and_mul import GELU_AND_MUL, gelu_and_mul
+from kernelab.ops.activation.silu_and_mul import SILU_AND_MUL, silu_and_mul
+from kernelab.ops.logits.softmax import SOFTMAX, softmax, softmax_ref
 from kernelab.ops.matmul import _packing as packing  # int4/int8 layouts and converters
 from kernelab.ops.matmul._weight_only import (
     W4A16_GEMM,

@@ -1,6 +1,6 @@
-"""Float8 quantization (per token, per tensor, static) and RMSNorm + per-token quantization:
-the Triton kernels through the interpreter against the float64 reference, round trips, and the
-float8 cast itself."""
+"""Float8 quantization (per token, per tensor, static): the Triton kernel through the
+interpreter against the float64 reference, round trips, and the float8 cast itself (RMSNorm +
+per-token quantization: tests/ops/norm/test_rmsnorm_fp8_quant.py)."""
 
 import importlib
 
@@ -8,10 +8,7 @@ import pytest
 import torch
 
 from kernelab.numerics import special_mismatch
-from kernelab.ops import FP8_QUANT, RMSNORM_FP8_QUANT, Shape, fp8_quant, rmsnorm_fp8_quant
-from kernelab.ops.norm import _common as _norm
-from kernelab.ops.norm._kernels import _norm_kernel
-from kernelab.ops.norm.rmsnorm_fp8_quant import rmsnorm_fp8_quant_torch, rmsnorm_fp8_quant_triton
+from kernelab.ops import FP8_QUANT, Shape, fp8_quant
 from kernelab.ops.quant.fp8_quant import (
     AMAX,
     FP8_DTYPES,
@@ -22,34 +19,26 @@ from kernelab.ops.quant.fp8_quant import (
     fp8_quant_triton,
 )
 from tests.mutants import mutate
-from tests.opcheck import assert_wide_and_unspilled, check, clone
+from tests.opcheck import assert_wide_and_unspilled, check
 
 fp8_module = importlib.import_module("kernelab.ops.quant.fp8_quant")
-fused_module = importlib.import_module("kernelab.ops.norm.rmsnorm_fp8_quant")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 E4M3 = torch.float8_e4m3fn
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize(
-    ("op", "shape"),
-    [(op, s) for op in (FP8_QUANT, RMSNORM_FP8_QUANT) for s in op.shapes("edge")],
-    ids=lambda v: getattr(v, "label", getattr(v, "name", v)),
-)
-def test_kernels_match_reference_on_edge_shapes(op, shape, dtype):
-    fn = fp8_quant_triton if op is FP8_QUANT else rmsnorm_fp8_quant_triton
-    check(op, op.inputs(shape.reduced(32), dtype, "cpu", seed=7), fn, dtype)
+@pytest.mark.parametrize("shape", FP8_QUANT.shapes("edge"), ids=lambda s: s.label)
+def test_kernel_matches_reference_on_edge_shapes(shape, dtype):
+    inputs = FP8_QUANT.inputs(shape.reduced(32), dtype, "cpu", seed=7)
+    check(FP8_QUANT, inputs, fp8_quant_triton, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_kernels_match_reference_on_reduced_representative_shapes(dtype):
+def test_kernel_matches_reference_on_reduced_representative_shapes(dtype):
     for shape in FP8_QUANT.shapes("representative")[-2:]:  # 4096 x 18944, per token / tensor
         check(
             FP8_QUANT, FP8_QUANT.inputs(shape.reduced(2), dtype, "cpu", 2), fp8_quant_triton, dtype
         )
-    shape = RMSNORM_FP8_QUANT.shapes("representative")[-1].reduced(2)  # 8192 wide, residual
-    inputs = RMSNORM_FP8_QUANT.inputs(shape, dtype, "cpu", seed=2)
-    check(RMSNORM_FP8_QUANT, inputs, rmsnorm_fp8_quant_triton, dtype)
 
 
 @pytest.mark.parametrize("per_token", [True, False], ids=["per-token", "per-tensor"])
@@ -83,8 +72,6 @@ def test_all_zero_rows_get_a_finite_nonzero_scale(fp8_dtype):
     assert torch.isfinite(1 / scales).all()
     values, scales = fp8_quant_triton(torch.zeros(3, 5), fp8_dtype=fp8_dtype)
     assert scales.item() == MIN_SCALE and (values.float() == 0).all()
-    v, s = rmsnorm_fp8_quant_triton(x, torch.ones(64, dtype=torch.bfloat16), fp8_dtype=fp8_dtype)
-    assert s[1].item() == MIN_SCALE and (v[1].float() == 0).all()
     assert fp8_quant_triton(torch.empty(0, 8))[1].item() == MIN_SCALE
 
 
@@ -134,22 +121,6 @@ def test_the_arithmetic_up_to_the_cast_is_eager_torchs_to_the_bit(dtype):
     assert torch.equal(v.view(torch.uint8), ev.view(torch.uint8)) and torch.equal(s, es)
 
 
-def test_the_fused_kernels_values_before_the_cast_are_the_float32_norm_over_the_scale():
-    x, w = torch.randn(3, 700), torch.randn(700)
-    pre = torch.empty(3, 700)
-    scales = torch.empty(3, 1)
-    # The float8 maximum reaches the kernel as a constexpr; float32 output keeps what it casts.
-    _norm_kernel[(3,)](
-        pre, 700, scales, x, 700, x, 700, w, w, 3, 700, 1e-6,
-        BLOCK_M=1, BLOCK_N=1024, IS_RMS=True, HAS_BIAS=False, HAS_RESIDUAL=False,
-        SINGLE_PASS=True, QUANT=True, FP8_MAX=448.0, MIN_SCALE=MIN_SCALE,
-    )  # fmt: skip
-    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
-    es = (y.abs().amax(-1, keepdim=True) / 448.0).clamp_min(MIN_SCALE)
-    torch.testing.assert_close(scales, es, rtol=1e-6, atol=0)
-    torch.testing.assert_close(pre, (y / es).clamp(-448, 448), rtol=1e-5, atol=1e-5)
-
-
 @pytest.mark.parametrize(
     "config", [None, Fp8QuantConfig(2, 128, 1)], ids=["one-pass", "looped-or-tiled"]
 )
@@ -164,26 +135,14 @@ def test_nan_and_inf_propagate_as_in_eager_torch(per_token, config):
     eager_values, eager_scales = fp8_quant_torch(x, per_token=per_token)
     assert not special_mismatch(values, eager_values).any()
     assert not special_mismatch(scales, eager_scales).any()
-    w = torch.randn(300)
-    ncfg = None if config is None else _norm.NormConfig(1, 128, 1)
-    v, s = rmsnorm_fp8_quant_triton(x, w, config=ncfg)
-    ev, es = rmsnorm_fp8_quant_torch(x, w)
-    assert not special_mismatch(v, ev).any() and not special_mismatch(s, es).any()
-    assert torch.isnan(s[1]).all() and torch.isfinite(s[[0, 3]]).all()
 
 
 # --- API ----------------------------------------------------------------------------------------
 
 
-def test_public_ops_dispatch_and_the_residual_is_updated_in_place(interpret, monkeypatch):
-    x, r, w = torch.randn(2, 3, 32), torch.randn(2, 3, 32), torch.randn(32)
-    r_eager = r.clone()
-    v, s = rmsnorm_fp8_quant(x, w, residual=r)
-    _, es = rmsnorm_fp8_quant_torch(x, w, residual=r_eager)
-    assert v.shape == x.shape and s.shape == (2, 3, 1)
-    torch.testing.assert_close(r, r_eager, rtol=0, atol=0)
-    torch.testing.assert_close(s, es)
-    v, s = fp8_quant(x, per_token=True)
+def test_public_op_dispatches(interpret, monkeypatch):
+    x = torch.randn(2, 3, 32)
+    v, _ = fp8_quant(x, per_token=True)
     assert torch.equal(v.view(torch.uint8), fp8_quant_torch(x, True)[0].view(torch.uint8))
     calls = []
     monkeypatch.setattr(fp8_module, "fp8_quant_triton", lambda *a: calls.append(1))
@@ -211,23 +170,6 @@ def test_bad_arguments_raise_naming_the_argument(fn, kwargs, exc, words):
     assert words in str(info.value)
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "exc", "words"),
-    [
-        ({"weight": torch.ones(7)}, ValueError, "weight: expected shape (8,)"),
-        ({"residual": torch.randn(2, 8).half()}, TypeError, "residual: expected dtype"),
-        ({"fp8_dtype": torch.float8_e5m2}, TypeError, "fp8_dtype: expected one of"),
-    ],
-)
-@pytest.mark.parametrize(
-    "fn", [rmsnorm_fp8_quant_triton, rmsnorm_fp8_quant_torch], ids=["triton", "torch"]
-)
-def test_bad_arguments_of_the_fused_op_raise_naming_the_argument(fn, kwargs, exc, words):
-    with pytest.raises(exc) as info:
-        fn(**{"x": torch.randn(2, 8), "weight": torch.ones(8), **kwargs})
-    assert words in str(info.value)
-
-
 def test_launches_compile_to_wide_accesses_without_spills_for_sm90():
     """Including the float8 stores: 16 values per thread, one 128-bit store, after a
     cvt.rn.satfinite conversion (round to nearest even, saturating)."""
@@ -236,10 +178,7 @@ def test_launches_compile_to_wide_accesses_without_spills_for_sm90():
         for shape in FP8_QUANT.shapes("representative")[-2:]  # per token, per tensor (2)
         for launch in FP8_QUANT.launches(shape, torch.bfloat16)
     ]
-    launches += RMSNORM_FP8_QUANT.launches(
-        RMSNORM_FP8_QUANT.shapes("representative")[-1], torch.bfloat16
-    )
-    assert len(launches) == 4
+    assert len(launches) == 3  # per tensor: the max, then the quantization
     for launch in launches:
         writes = launch.constexprs.get("MODE") != AMAX  # the max-only launch writes no values
         ptx = assert_wide_and_unspilled(launch, stores=writes)
@@ -285,18 +224,3 @@ def test_planted_defects_in_quantization_are_caught(
     inputs = FP8_QUANT.inputs(shape, torch.float32, "cpu", seed=5)
     with pytest.raises(AssertionError, match=r"rel L2|NaN"):
         check(FP8_QUANT, inputs, lambda **kw: fp8_quant_triton(**kw, config=config), torch.float32)
-
-
-def test_planted_defect_in_the_fused_kernel_is_caught(monkeypatch, tmp_path):
-    # the row maximum taken before the weight is applied
-    mutant = mutate(
-        fused_module._rmsnorm_quant_kernel,
-        "amax = tl.max(tl.abs(hw), axis=1)",
-        "amax = tl.max(tl.abs(hc), axis=1)",
-        tmp_path,
-    )
-    monkeypatch.setattr(fused_module, "_rmsnorm_quant_kernel", mutant)
-    shape = Shape("t", {"rows": 4, "cols": 1000}, {"residual": True})
-    inputs = RMSNORM_FP8_QUANT.inputs(shape, torch.float32, "cpu", seed=5)
-    with pytest.raises(AssertionError, match="rel L2"):
-        check(RMSNORM_FP8_QUANT, clone(inputs), rmsnorm_fp8_quant_triton, torch.float32)

@@ -1,11 +1,12 @@
-"""Gated activations of transformer MLPs: SwiGLU and GeGLU (both GELU forms).
+"""What the gated activations share: the launch heuristic, argument checks, the launch plan of
+the family kernel (``_kernels._act_and_mul_kernel``), shape sets, inputs and cost. The op
+modules (silu_and_mul, gelu_and_mul) declare the ops.
 
     x = [gate | up]  of shape (..., 2·d)
-    silu_and_mul(x)                   = silu(gate) · up
-    gelu_and_mul(x, approximate=...)  = gelu(gate) · up      ("none": erf form, "tanh": tanh form)
+    out = act(gate) · up          of shape (..., d)
 
-One kernel serves the family (the activation is a constexpr), one launcher serves both public
-functions, and each function is its own op so that instruments report them apart.
+One kernel serves the family (the activation is a constexpr), and each function is its own op
+so that instruments report them apart.
 """
 
 from __future__ import annotations
@@ -13,59 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-import triton.language as tl
 
-from kernelab.ops._model import Contract, Cost, Launch, Op, Shape, Variant, register
+from kernelab.ops._model import Cost, Shape
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
 from kernelab.ops._runtime import shapes as _shapes
-from kernelab.ops._runtime.launch import TL, cdiv, rows, shrink_to_fill, specialised, write_back
-from kernelab.ops._runtime.triton import kernel, next_pow2, use_triton
+from kernelab.ops._runtime.launch import KernelCall, LaunchPlan, cdiv, rows, shrink_to_fill
+from kernelab.ops._runtime.triton import next_pow2
+from kernelab.ops.activation._kernels import GELU_ERF, GELU_TANH
 
-#: The activations, as the kernel's ACT constexpr.
-SILU, GELU_TANH, GELU_ERF = 0, 1, 2
-_GELU = {"none": GELU_ERF, "tanh": GELU_TANH}
-
-# --- the kernel -----------------------------------------------------------------------------
-
-
-@kernel
-def _act_and_mul_kernel(
-    Out,
-    stride_out,
-    X,
-    stride_x,
-    n_rows,
-    d,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    ACT: tl.constexpr,
-):
-    """A tile of BLOCK_M rows × BLOCK_N output columns: act(gate) · up in float32.
-
-    Bytes: reads each gate and up element once, writes each output element once (3·d per row).
-    """
-    pid_m = tl.program_id(0).to(tl.int64)
-    pid_n = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < n_rows)[:, None] & (cols < d)[None, :]
-    x_gate = X + rows[:, None] * stride_x + cols[None, :]
-    x_up = x_gate + d
-    g = tl.load(x_gate, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(x_up, mask=mask, other=0.0).to(tl.float32)
-    if ACT == 0:
-        a = g / (1.0 + tl.exp(-g))
-    elif ACT == 1:
-        # tanh(z) = 1 - 2 / (1 + e^{2z}): exact limits ±1 when e^{2z} overflows or vanishes.
-        z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-        a = 0.5 * g * (2.0 - 2.0 / (1.0 + tl.exp(2.0 * z)))
-    else:
-        a = 0.5 * g * (1.0 + tl.erf(g * 0.7071067811865476))
-    out = Out + rows[:, None] * stride_out + cols[None, :]
-    tl.store(out, (a * u).to(Out.dtype.element_ty), mask=mask)
-
+#: The GELU forms (``approximate``) as the kernel's ACT constexpr.
+GELU = {"none": GELU_ERF, "tanh": GELU_TANH}
 
 # --- launch heuristics as data ----------------------------------------------------------------
 
@@ -109,134 +68,72 @@ class ActConfig:
         return [c for c in space if keep(c)]
 
 
-# --- references, eager, launcher, public functions --------------------------------------------
+def tuning(shape: Shape, dtype) -> list[ActConfig]:
+    return ActConfig.tuning_space(shape.dims["d"])
 
 
-def _gelu_f64(g, approximate):
-    if approximate == "tanh":
-        return 0.5 * g * (1.0 + torch.tanh(0.7978845608028654 * (g + 0.044715 * g**3)))
-    return 0.5 * g * (1.0 + torch.erf(g / 2**0.5))
+# --- the launcher ------------------------------------------------------------------------------
 
 
-def silu_and_mul_ref(x, out=None):
-    """silu(gate) · up in the input's dtype (exact when given float64)."""
-    d = x.shape[-1] // 2
-    g, u = x[..., :d], x[..., d:]
-    y = g * torch.sigmoid(g) * u
-    return y if out is None else out.copy_(y)
-
-
-def gelu_and_mul_ref(x, approximate="none", out=None):
-    """gelu(gate) · up in the input's dtype (exact when given float64)."""
-    d = x.shape[-1] // 2
-    y = _gelu_f64(x[..., :d], approximate) * x[..., d:]
-    return y if out is None else out.copy_(y)
-
-
-def silu_and_mul_torch(x, out=None):
-    """Eager PyTorch as inference servers write it, in the input's dtype."""
-    _validate(x, out)
-    d = x.shape[-1] // 2
-    y = F.silu(x[..., :d]) * x[..., d:]
-    return y if out is None else out.copy_(y)
-
-
-def gelu_and_mul_torch(x, approximate="none", out=None):
-    """Eager PyTorch as inference servers write it, in the input's dtype."""
-    _validate(x, out, approximate)
-    d = x.shape[-1] // 2
-    y = F.gelu(x[..., :d], approximate=approximate) * x[..., d:]
-    return y if out is None else out.copy_(y)
-
-
-def _validate(x, out, approximate=None):
+def validate(x, out, approximate=None) -> None:
+    """Arguments of the gated activations; ``approximate`` only for the GELU forms."""
     _check.tensor("x", x, dtypes=_check.FLOATS, min_ndim=1)
     if x.shape[-1] % 2:
         raise ValueError(
             f"x: expected an even last dimension (gate and up halves), got shape {tuple(x.shape)}"
         )
-    if approximate is not None and approximate not in _GELU:
+    if approximate is not None and approximate not in GELU:
         raise ValueError(f"approximate: expected 'none' or 'tanh', got {approximate!r}")
     if out is not None:
         _check.tensor("out", out, dtypes=(x.dtype,), device=x.device)
         _check.same_shape("out", out, (*x.shape[:-1], x.shape[-1] // 2), "x with half the width")
 
 
-def act_and_mul_triton(x, act: int, out=None, config: ActConfig | None = None):
-    """The one launcher of the family: ``act`` is SILU, GELU_TANH or GELU_ERF."""
+def plan(kern, x: torch.Tensor, act: int, out, config: ActConfig | None) -> LaunchPlan:
+    """act(gate) · up of ``x`` into ``out`` (allocated when None) with ``kern`` (the family
+    kernel, or a planted-defect copy of it); ``act`` is the kernel's ACT (SILU, GELU_TANH or
+    GELU_ERF). Nothing is launched for an empty output."""
     d = x.shape[-1] // 2
     result = out
     if result is None:
         result = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
     if result.numel() == 0:
-        return result
+        return LaunchPlan(result=result)
     x2 = rows(x)
     out2 = rows(result)
     n_rows = x2.shape[0]
     cfg = config or ActConfig.default_for(n_rows, d, x.device)
-    grid = (cdiv(n_rows, cfg.block_m), cdiv(d, cfg.block_n))
-    _act_and_mul_kernel[grid](
-        out2,
-        out2.stride(0),
-        x2,
-        x2.stride(0),
-        n_rows,
-        d,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        ACT=act,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+    call = KernelCall(
+        kern,
+        (cdiv(n_rows, cfg.block_m), cdiv(d, cfg.block_n)),
+        dict(
+            Out=out2,
+            stride_out=out2.stride(0),
+            X=x2,
+            stride_x=x2.stride(0),
+            n_rows=n_rows,
+            d=d,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            ACT=act,
+        ),
+        cfg.num_warps,
+        cfg.num_stages,
+        config=cfg,
     )
-    write_back(out2, result)
-    return result
+    return LaunchPlan((call,), result, ((out2, result),))
 
 
-def silu_and_mul_triton(x, out=None, config: ActConfig | None = None):
-    _validate(x, out)
-    return act_and_mul_triton(x, SILU, out, config)
-
-
-def gelu_and_mul_triton(x, approximate="none", out=None, config: ActConfig | None = None):
-    _validate(x, out, approximate)
-    return act_and_mul_triton(x, _GELU[approximate], out, config)
-
-
-def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """SwiGLU: ``silu(x[..., :d]) * x[..., d:]`` for ``x`` of shape (..., 2·d).
-
-    Parameters
-    ----------
-    x : tensor (..., 2·d) of float32, float16 or bfloat16; any row stride.
-    out : optional preallocated output (..., d) of ``x``'s dtype.
-
-    Triton on CUDA/ROCm; torch on CPU (the interpreter with KERNELAB_INTERPRET=1).
-    """
-    if isinstance(x, torch.Tensor) and use_triton(x):
-        return silu_and_mul_triton(x, out)
-    return silu_and_mul_torch(x, out)
-
-
-def gelu_and_mul(
-    x: torch.Tensor, approximate: str = "none", out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """GeGLU: ``gelu(x[..., :d]) * x[..., d:]``; ``approximate`` is "none" (erf) or "tanh".
-
-    Parameters as :func:`silu_and_mul`.
-    """
-    if isinstance(x, torch.Tensor) and use_triton(x):
-        return gelu_and_mul_triton(x, approximate, out)
-    return gelu_and_mul_torch(x, approximate, out)
-
-
-# --- the declarations --------------------------------------------------------------------------
+# --- shapes, inputs and cost -------------------------------------------------------------------
 
 
 def _shape(label, n_rows, d, params) -> Shape:
     return Shape(label, {"rows": n_rows, "d": d}, params, batch_dim="rows")
 
 
-def _shape_sets(forms: tuple[dict, ...]):
+def shape_sets(forms: tuple[dict, ...]):
+    """The representative (MLP widths of the models) and edge shapes, once per form."""
+
     def suffix(p):
         return f" {p['approximate']}" if "approximate" in p else ""
 
@@ -272,105 +169,21 @@ def _shape_sets(forms: tuple[dict, ...]):
     return {"representative": representative, "edge": edge}
 
 
-def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
+def inputs(shape: Shape, dtype, device, gen, dist) -> dict:
+    """x [rows, 2·d] with the shape's row padding, and the shape's GELU form if it has one."""
     n_rows, d = shape.dims["rows"], shape.dims["d"]
     x = _inputs.randn((n_rows, 2 * d), dtype, device, gen, dist)
     pad = shape.params.get("row_pad", 0)
-    if pad and device.type != "meta":
+    if pad:
         x = _inputs.strided_rows(x, pad)
-    inputs = {"x": x}
+    out = {"x": x}
     if "approximate" in shape.params:
-        inputs["approximate"] = shape.params["approximate"]
-    return inputs
+        out["approximate"] = shape.params["approximate"]
+    return out
 
 
-def _cost(inputs: dict, flops_per_element: int) -> Cost:
+def cost(inputs: dict, flops_per_element: int) -> Cost:
     x = inputs["x"]
     n_out = x.numel() // 2
     # Read gate and up, write the product.
     return Cost(flops=flops_per_element * n_out, bytes=3 * n_out * x.element_size())
-
-
-def _launcher(act_of):
-    def launches(shape: Shape, dtype: torch.dtype, config: ActConfig | None = None):
-        n_rows, d = shape.dims["rows"], shape.dims["d"]
-        if n_rows * d == 0:
-            return []
-        cfg = config or ActConfig.default_for(n_rows, d)
-        t = TL[dtype]
-        sig = {
-            "Out": f"*{t}",
-            "stride_out": "i32",
-            "X": f"*{t}",
-            "stride_x": "i32",
-            "n_rows": "i32",
-            "d": "i32",
-            "BLOCK_M": "constexpr",
-            "BLOCK_N": "constexpr",
-            "ACT": "constexpr",
-        }
-        ints = {
-            "stride_out": d,
-            "stride_x": 2 * d + shape.params.get("row_pad", 0),
-            "n_rows": n_rows,
-            "d": d,
-        }
-        div16, eq1 = specialised(ints, ("Out", "X"))
-        return [
-            Launch(
-                _act_and_mul_kernel,
-                sig,
-                {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "ACT": act_of(shape)},
-                cfg.num_warps,
-                cfg.num_stages,
-                (cdiv(n_rows, cfg.block_m), cdiv(d, cfg.block_n)),
-                divisible_16=div16,
-                equal_1=eq1,
-                config=cfg,
-            )
-        ]
-
-    return launches
-
-
-def _tuning(shape: Shape, dtype) -> list[ActConfig]:
-    return ActConfig.tuning_space(shape.dims["d"])
-
-
-SILU_AND_MUL = register(
-    Op(
-        "silu_and_mul",
-        description="SwiGLU: silu(gate) * up over [tokens, 2*d] -> [tokens, d]",
-        reference=silu_and_mul_ref,
-        make_inputs=_make_inputs,
-        shapes=_shape_sets(({},)),
-        cost=lambda inputs: _cost(inputs, 5),  # exp, add, divide, multiply by up (+ negate)
-        contract=Contract(),
-        kernels=(_act_and_mul_kernel,),
-        launches=_launcher(lambda shape: SILU),
-        tuning_space=_tuning,
-    )
-)
-SILU_AND_MUL.add_variant(
-    Variant("kernelab", silu_and_mul_triton, "triton", description="Triton, float32 math")
-)
-SILU_AND_MUL.add_torch(silu_and_mul_torch)
-
-GELU_AND_MUL = register(
-    Op(
-        "gelu_and_mul",
-        description="GeGLU: gelu(gate) * up, erf or tanh form, [tokens, 2*d] -> [tokens, d]",
-        reference=gelu_and_mul_ref,
-        make_inputs=_make_inputs,
-        shapes=_shape_sets(({"approximate": "none"}, {"approximate": "tanh"})),
-        cost=lambda inputs: _cost(inputs, 8),  # tanh form; the erf form is of the same order
-        contract=Contract(),
-        kernels=(_act_and_mul_kernel,),
-        launches=_launcher(lambda shape: _GELU[shape.params.get("approximate", "none")]),
-        tuning_space=_tuning,
-    )
-)
-GELU_AND_MUL.add_variant(
-    Variant("kernelab", gelu_and_mul_triton, "triton", description="Triton, float32 math")
-)
-GELU_AND_MUL.add_torch(gelu_and_mul_torch)

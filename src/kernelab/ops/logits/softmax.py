@@ -12,88 +12,14 @@ maximum grows), then the normalised write. The ladder: ``_softmax_kernel`` → `
 from __future__ import annotations
 
 import torch
-import triton.language as tl
 
-from kernelab.ops._model import Contract, Cost, Launch, Op, Shape, Variant, register
+from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
 from kernelab.ops._runtime import shapes as _shapes
-from kernelab.ops._runtime.launch import TL, RowConfig, cdiv, rows, specialised, write_back
-from kernelab.ops._runtime.triton import kernel, use_triton
-
-# --- the kernel -----------------------------------------------------------------------------
-
-
-@kernel
-def _softmax_kernel(
-    Out,
-    stride_out,
-    X,
-    stride_x,
-    Mask,
-    stride_mask,
-    n_rows,
-    n_cols,
-    scale,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    SINGLE_PASS: tl.constexpr,
-):
-    """BLOCK_M rows per program, float32 arithmetic.
-
-    Bytes: SINGLE_PASS reads x (and the mask) once and writes out once; longer rows read x (and
-    the mask) twice: once for the running max and sum, once for the write.
-    """
-    pid = tl.program_id(0).to(tl.int64)
-    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    row_ok = rows < n_rows
-    cols = tl.arange(0, BLOCK_N)
-    x_rows = X + rows[:, None] * stride_x
-    m_rows = Mask + rows[:, None] * stride_mask
-    o_rows = Out + rows[:, None] * stride_out
-    if SINGLE_PASS:
-        inb = row_ok[:, None] & (cols[None, :] < n_cols)
-        z = tl.load(x_rows + cols[None, :], mask=inb, other=0.0).to(tl.float32) * scale
-        if HAS_MASK:
-            z += tl.load(m_rows + cols[None, :], mask=inb, other=0.0).to(tl.float32)
-        z = tl.where(inb, z, float("-inf"))
-        m = tl.max(z, axis=1)
-        e = tl.exp(z - m[:, None])
-        s = tl.sum(e, axis=1)
-        tl.store(o_rows + cols[None, :], (e / s[:, None]).to(Out.dtype.element_ty), mask=inb)
-    else:
-        # Per-lane running maximum and sum of exp(z - maximum); lanes that have only seen -inf
-        # keep m = -inf and s = 0 (no exp(-inf - -inf) = NaN).
-        m_i = tl.full([BLOCK_M, BLOCK_N], float("-inf"), dtype=tl.float32)
-        s_i = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for start in range(0, n_cols, BLOCK_N):
-            c = start + cols
-            inb = row_ok[:, None] & (c[None, :] < n_cols)
-            z = tl.load(x_rows + c[None, :], mask=inb, other=0.0).to(tl.float32) * scale
-            if HAS_MASK:
-                z += tl.load(m_rows + c[None, :], mask=inb, other=0.0).to(tl.float32)
-            z = tl.where(inb, z, float("-inf"))
-            # A NaN must stay in the running maximum (the GPU's max drops it by default), so
-            # that its row comes out NaN as the reference's does.
-            m_new = tl.maximum(m_i, z, propagate_nan=tl.PropagateNan.ALL)
-            seen = m_new > float("-inf")
-            alpha = tl.where(seen, tl.exp(m_i - m_new), 0.0)
-            s_i = s_i * alpha + tl.where(seen, tl.exp(z - m_new), 0.0)
-            m_i = m_new
-        m = tl.max(m_i, axis=1)
-        s = tl.sum(tl.where(m_i > float("-inf"), s_i * tl.exp(m_i - m[:, None]), 0.0), axis=1)
-        row_nan = tl.sum((m_i != m_i).to(tl.int32), axis=1) > 0
-        s = tl.where(row_nan, float("nan"), s)
-        for start in range(0, n_cols, BLOCK_N):
-            c = start + cols
-            inb = row_ok[:, None] & (c[None, :] < n_cols)
-            z = tl.load(x_rows + c[None, :], mask=inb, other=0.0).to(tl.float32) * scale
-            if HAS_MASK:
-                z += tl.load(m_rows + c[None, :], mask=inb, other=0.0).to(tl.float32)
-            y = tl.exp(z - m[:, None]) / s[:, None]
-            tl.store(o_rows + c[None, :], y.to(Out.dtype.element_ty), mask=inb)
-
+from kernelab.ops._runtime.launch import KernelCall, LaunchPlan, RowConfig, cdiv, rows
+from kernelab.ops._runtime.triton import use_triton
+from kernelab.ops.logits._kernels import _softmax_kernel
 
 # --- launch heuristics as data ----------------------------------------------------------------
 
@@ -161,36 +87,46 @@ def _mask_rows(mask: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, int]:
     return m2, m2.stride(0)
 
 
-def softmax_triton(x, scale=1.0, mask=None, out=None, config=None):
-    """Launch the Triton kernel (natively on GPUs, through the interpreter on CPU tensors)."""
-    _validate(x, scale, mask, out)
+def _plan(x, scale=1.0, mask=None, out=None, config=None) -> LaunchPlan:
+    """The launch of ``_softmax_kernel`` (looked up at call time, so tests can replace it) for
+    these (validated) arguments; nothing is launched for empty ``x``."""
     result = torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
     if x.numel() == 0:
-        return result
+        return LaunchPlan(result=result)
     x2 = rows(x)
     n_rows, n_cols = x2.shape
     out2 = rows(result)
     m2, stride_mask = _mask_rows(mask, x) if mask is not None else (x2, 0)
     cfg = config or SoftmaxConfig.default_for(n_rows, n_cols, x.device)
-    _softmax_kernel[(cdiv(n_rows, cfg.block_m),)](
-        out2,
-        out2.stride(0),
-        x2,
-        x2.stride(0),
-        m2,
-        stride_mask,
-        n_rows,
-        n_cols,
-        float(scale),
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        HAS_MASK=mask is not None,
-        SINGLE_PASS=n_cols <= cfg.block_n,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+    call = KernelCall(
+        _softmax_kernel,
+        (cdiv(n_rows, cfg.block_m),),
+        dict(
+            Out=out2,
+            stride_out=out2.stride(0),
+            X=x2,
+            stride_x=x2.stride(0),
+            Mask=m2,
+            stride_mask=stride_mask,
+            n_rows=n_rows,
+            n_cols=n_cols,
+            scale=float(scale),
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            HAS_MASK=mask is not None,
+            SINGLE_PASS=n_cols <= cfg.block_n,
+        ),
+        cfg.num_warps,
+        cfg.num_stages,
+        config=cfg,
     )
-    write_back(out2, result)
-    return result
+    return LaunchPlan((call,), result, ((out2, result),))
+
+
+def softmax_triton(x, scale=1.0, mask=None, out=None, config=None):
+    """Launch the Triton kernel (natively on GPUs, through the interpreter on CPU tensors)."""
+    _validate(x, scale, mask, out)
+    return _plan(x, scale, mask, out, config).run()
 
 
 def softmax(
@@ -286,7 +222,7 @@ def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
             drop[..., 0] = False
             mask = mask.masked_fill(drop, float("-inf"))
     pad = shape.params.get("row_pad", 0)
-    if pad and device.type != "meta":
+    if pad:
         x = _inputs.strided_rows(x, pad)
         if mask is not None and mask.dim() == 2:
             mask = _inputs.strided_rows(mask, pad)
@@ -304,58 +240,6 @@ def _cost(inputs: dict) -> Cost:
     return Cost(flops=flops, bytes=nbytes)
 
 
-def _launches(shape: Shape, dtype: torch.dtype, config: SoftmaxConfig | None = None):
-    n_rows, n_cols = shape.dims["rows"], shape.dims["cols"]
-    if n_rows * n_cols == 0:
-        return []
-    cfg = config or SoftmaxConfig.default_for(n_rows, n_cols)
-    t = TL[dtype]
-    kind = shape.params.get("mask")
-    row_stride = n_cols + shape.params.get("row_pad", 0)
-    sig = {
-        "Out": f"*{t}",
-        "stride_out": "i32",
-        "X": f"*{t}",
-        "stride_x": "i32",
-        "Mask": f"*{t}",
-        "stride_mask": "i32",
-        "n_rows": "i32",
-        "n_cols": "i32",
-        "scale": "fp32",
-        "BLOCK_M": "constexpr",
-        "BLOCK_N": "constexpr",
-        "HAS_MASK": "constexpr",
-        "SINGLE_PASS": "constexpr",
-    }
-    ints = {
-        "stride_out": n_cols,
-        "stride_x": row_stride,
-        "stride_mask": row_stride if kind == "full" else 0,
-        "n_rows": n_rows,
-        "n_cols": n_cols,
-    }
-    div16, eq1 = specialised(ints, ("Out", "X", "Mask"))
-    constexprs = {
-        "BLOCK_M": cfg.block_m,
-        "BLOCK_N": cfg.block_n,
-        "HAS_MASK": kind is not None,
-        "SINGLE_PASS": n_cols <= cfg.block_n,
-    }
-    return [
-        Launch(
-            _softmax_kernel,
-            sig,
-            constexprs,
-            cfg.num_warps,
-            cfg.num_stages,
-            (cdiv(n_rows, cfg.block_m),),
-            divisible_16=div16,
-            equal_1=eq1,
-            config=cfg,
-        )
-    ]
-
-
 SOFTMAX = register(
     Op(
         "softmax",
@@ -366,7 +250,7 @@ SOFTMAX = register(
         cost=_cost,
         contract=Contract(),
         kernels=(_softmax_kernel,),
-        launches=_launches,
+        plan=_plan,
         tuning_space=lambda shape, dtype: SoftmaxConfig.tuning_space(shape.dims["cols"]),
     )
 )

@@ -15,109 +15,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton.language as tl
 
-from kernelab.ops._model import Contract, Cost, Launch, Op, Shape, Variant, register
+from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import fp8
 from kernelab.ops._runtime import inputs as _inputs
 from kernelab.ops._runtime import shapes as _shapes
 from kernelab.ops._runtime.fp8 import FP8_DTYPES, MIN_SCALE
-from kernelab.ops._runtime.launch import TL, RowConfig, cdiv, rows, shrink_to_fill, specialised
-from kernelab.ops._runtime.triton import kernel, next_pow2, use_triton
-
-#: The kernel's MODE: per-token scales; the global max|x| (first launch of per-tensor);
-#: quantize with the scale derived from that max (second launch); quantize with a given scale.
-PER_TOKEN, AMAX, PER_TENSOR, STATIC = 0, 1, 2, 3
-
-# --- the kernel -----------------------------------------------------------------------------
-
-
-@kernel
-def _fp8_quant_kernel(
-    Out,
-    stride_out,
-    Scale,
-    X,
-    stride_x,
-    Amax,
-    n_rows,
-    n_cols,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MODE: tl.constexpr,
-    SINGLE_PASS: tl.constexpr,
-    FP8_MAX: tl.constexpr,
-    MIN_SCALE: tl.constexpr,
-):
-    """A tile of BLOCK_M rows × BLOCK_N columns (PER_TOKEN: whole rows), float32 arithmetic.
-
-    Bytes: PER_TOKEN reads x once and writes values and one scale per row (rows longer than
-    BLOCK_N are read twice); per tensor, AMAX reads x and PER_TENSOR reads it again and writes
-    the values (the second read is the price of a scale that depends on the whole tensor).
-    """
-    pid_m = tl.program_id(0).to(tl.int64)
-    pid_n = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    row_ok = rows < n_rows
-    cols = tl.arange(0, BLOCK_N)
-    x_rows = X + rows[:, None] * stride_x
-    o_rows = Out + rows[:, None] * stride_out
-    # NaN propagates as in torch (a NaN makes the max, the scale and the values NaN): the GPU's
-    # max and min drop NaN operands, so NaN is counted apart and clamps propagate it.
-    if MODE == 0:
-        if SINGLE_PASS:
-            mask = row_ok[:, None] & (cols[None, :] < n_cols)
-            x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            nan = tl.sum((x != x).to(tl.int32), axis=1) > 0
-            amax = tl.where(nan, float("nan"), tl.max(tl.abs(x), axis=1))
-            scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), MIN_SCALE, tl.PropagateNan.ALL)
-            q = tl.math.div_rn(x, scale[:, None])
-            q = tl.maximum(q, -FP8_MAX, tl.PropagateNan.ALL)
-            q = tl.minimum(q, FP8_MAX, tl.PropagateNan.ALL)
-            tl.store(o_rows + cols[None, :], q.to(Out.dtype.element_ty), mask=mask)
-        else:
-            amax = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for start in range(0, n_cols, BLOCK_N):
-                c = start + cols
-                mask = row_ok[:, None] & (c[None, :] < n_cols)
-                x = tl.load(x_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
-                amax = tl.maximum(amax, tl.abs(x), tl.PropagateNan.ALL)
-            nan = tl.sum((amax != amax).to(tl.int32), axis=1) > 0
-            amax_row = tl.where(nan, float("nan"), tl.max(amax, axis=1))
-            scale = tl.maximum(tl.math.div_rn(amax_row, FP8_MAX), MIN_SCALE, tl.PropagateNan.ALL)
-            for start in range(0, n_cols, BLOCK_N):
-                c = start + cols
-                mask = row_ok[:, None] & (c[None, :] < n_cols)
-                x = tl.load(x_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
-                q = tl.math.div_rn(x, scale[:, None])
-                q = tl.maximum(q, -FP8_MAX, tl.PropagateNan.ALL)
-                q = tl.minimum(q, FP8_MAX, tl.PropagateNan.ALL)
-                tl.store(o_rows + c[None, :], q.to(Out.dtype.element_ty), mask=mask)
-        tl.store(Scale + rows, scale, mask=row_ok)
-    else:
-        c = pid_n * BLOCK_N + cols
-        mask = row_ok[:, None] & (c[None, :] < n_cols)
-        x = tl.load(x_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
-        if MODE == 1:
-            # max|x| as the bits of a non-negative float32 (ordered as integers, NaN above
-            # +inf), so that an integer atomic max keeps NaN on every device.
-            nan = tl.sum(tl.sum((x != x).to(tl.int32), axis=1), axis=0) > 0
-            tile = tl.where(nan, float("nan"), tl.max(tl.max(tl.abs(x), axis=1), axis=0))
-            tl.atomic_max(Amax, tile.to(tl.int32, bitcast=True))
-        else:
-            if MODE == 2:
-                amax = tl.load(Amax).to(tl.float32, bitcast=True)
-                scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), MIN_SCALE, tl.PropagateNan.ALL)
-                if (pid_m == 0) & (pid_n == 0):
-                    tl.store(Scale, scale)
-            else:
-                scale = tl.load(Scale)
-            q = tl.math.div_rn(x, scale)
-            q = tl.maximum(q, -FP8_MAX, tl.PropagateNan.ALL)
-            q = tl.minimum(q, FP8_MAX, tl.PropagateNan.ALL)
-            tl.store(o_rows + c[None, :], q.to(Out.dtype.element_ty), mask=mask)
-
+from kernelab.ops._runtime.launch import (
+    KernelCall,
+    LaunchPlan,
+    RowConfig,
+    cdiv,
+    rows,
+    shrink_to_fill,
+)
+from kernelab.ops._runtime.triton import next_pow2, use_triton
+from kernelab.ops.quant._kernels import AMAX, PER_TENSOR, PER_TOKEN, STATIC, _fp8_quant_kernel
 
 # --- launch heuristics as data ----------------------------------------------------------------
 
@@ -216,9 +130,39 @@ def _validate_quant(x, per_token, fp8_dtype, scale):
 # --- launchers and public functions -----------------------------------------------------------
 
 
-def fp8_quant_triton(x, per_token=False, fp8_dtype=FP8_DTYPES[0], scale=None, config=None):
-    """Launch the Triton kernel: one launch per token, two (max, then quantize) per tensor."""
-    _validate_quant(x, per_token, fp8_dtype, scale)
+def _call(x2, out2, scales, amax, mode, cfg, fp8_dtype) -> KernelCall:
+    """One launch of ``_fp8_quant_kernel`` (looked up at call time, so tests can replace it):
+    ``x2`` into ``out2``, per token over whole rows, else over tiles of the (rows, cols) grid."""
+    n_rows, n_cols = x2.shape
+    grid = (cdiv(n_rows, cfg.block_m), 1 if mode == PER_TOKEN else cdiv(n_cols, cfg.block_n))
+    return KernelCall(
+        _fp8_quant_kernel,
+        grid,
+        dict(
+            Out=out2,
+            stride_out=out2.stride(0),
+            Scale=scales,
+            X=x2,
+            stride_x=x2.stride(0),
+            Amax=amax,
+            n_rows=n_rows,
+            n_cols=n_cols,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            MODE=mode,
+            SINGLE_PASS=n_cols <= cfg.block_n,
+            FP8_MAX=float(torch.finfo(fp8_dtype).max),
+            MIN_SCALE=MIN_SCALE,
+        ),
+        cfg.num_warps,
+        cfg.num_stages,
+        config=cfg,
+    )
+
+
+def _plan(x, per_token=False, fp8_dtype=FP8_DTYPES[0], scale=None, config=None) -> LaunchPlan:
+    """The launches for these (validated) arguments: one per token; per tensor, the max into a
+    workspace and then the quantization (or the quantization alone with a given scale)."""
     values = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
     if per_token:
         scales = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
@@ -229,36 +173,26 @@ def fp8_quant_triton(x, per_token=False, fp8_dtype=FP8_DTYPES[0], scale=None, co
     if x.numel() == 0:
         if scale is None:
             scales.fill_(MIN_SCALE)  # the max of nothing is 0
-        return values, scales
+        return LaunchPlan(result=(values, scales))
     x2 = rows(x)
     n_rows, n_cols = x2.shape
     out2 = values.view(n_rows, n_cols)
     cfg = config or Fp8QuantConfig.default_for(n_rows, n_cols, per_token, x.device)
-    common = dict(
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        SINGLE_PASS=n_cols <= cfg.block_n,
-        FP8_MAX=float(torch.finfo(fp8_dtype).max),
-        MIN_SCALE=MIN_SCALE,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
-    args = (out2, out2.stride(0), scales, x2, x2.stride(0))
     if per_token:
-        grid = (cdiv(n_rows, cfg.block_m), 1)
-        _fp8_quant_kernel[grid](
-            *args, scales.view(torch.int32), n_rows, n_cols, MODE=PER_TOKEN, **common
-        )
-        return values, scales
-    grid = (cdiv(n_rows, cfg.block_m), cdiv(n_cols, cfg.block_n))
-    if scale is None:
+        modes, amax = (PER_TOKEN,), scales.view(torch.int32)  # Amax unused
+    elif scale is None:
+        modes = (AMAX, PER_TENSOR)
         amax = torch.zeros(1, dtype=torch.int32, device=x.device)  # float32 bits, see kernel
-        _fp8_quant_kernel[grid](*args, amax, n_rows, n_cols, MODE=AMAX, **common)
-        _fp8_quant_kernel[grid](*args, amax, n_rows, n_cols, MODE=PER_TENSOR, **common)
     else:
-        unused = scales.view(torch.int32)
-        _fp8_quant_kernel[grid](*args, unused, n_rows, n_cols, MODE=STATIC, **common)
-    return values, scales
+        modes, amax = (STATIC,), scales.view(torch.int32)  # Amax unused
+    calls = tuple(_call(x2, out2, scales, amax, mode, cfg, fp8_dtype) for mode in modes)
+    return LaunchPlan(calls, result=(values, scales))
+
+
+def fp8_quant_triton(x, per_token=False, fp8_dtype=FP8_DTYPES[0], scale=None, config=None):
+    """Launch the Triton kernel: one launch per token, two (max, then quantize) per tensor."""
+    _validate_quant(x, per_token, fp8_dtype, scale)
+    return _plan(x, per_token, fp8_dtype, scale, config).run()
 
 
 def fp8_quant(
@@ -334,7 +268,7 @@ def _quant_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
         spread = _inputs.randn((n_rows, 1), torch.float32, device, gen, "normal", scale=0.5)
         x = (x.float() * spread.exp()).to(dtype)
     pad = shape.params.get("row_pad", 0)
-    if pad and device.type != "meta":
+    if pad:
         x = _inputs.strided_rows(x, pad)
     fp8_dtype = fp8.of_shape(shape)
     scale = None
@@ -358,62 +292,6 @@ def _quant_cost(inputs: dict) -> Cost:
     return Cost(flops=4 * n, bytes=n * x.element_size() + n + 4 * n_scales)
 
 
-_QUANT_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "MODE", "SINGLE_PASS", "FP8_MAX", "MIN_SCALE")
-
-
-def _quant_launches(shape: Shape, dtype: torch.dtype, config: Fp8QuantConfig | None = None):
-    n_rows, n_cols = shape.dims["rows"], shape.dims["cols"]
-    if n_rows * n_cols == 0:
-        return []
-    per_token = bool(shape.params.get("per_token"))
-    fp8_dtype = fp8.of_shape(shape)
-    cfg = config or Fp8QuantConfig.default_for(n_rows, n_cols, per_token)
-    sig = {
-        "Out": f"*{TL[fp8_dtype]}",
-        "stride_out": "i32",
-        "Scale": "*fp32",
-        "X": f"*{TL[dtype]}",
-        "stride_x": "i32",
-        "Amax": "*i32",
-        "n_rows": "i32",
-        "n_cols": "i32",
-        **dict.fromkeys(_QUANT_CONSTEXPRS, "constexpr"),
-    }
-    ints = {
-        "stride_out": n_cols,
-        "stride_x": n_cols + shape.params.get("row_pad", 0),
-        "n_rows": n_rows,
-        "n_cols": n_cols,
-    }
-    div16, eq1 = specialised(ints, ("Out", "Scale", "X", "Amax"))
-    if per_token:
-        modes, grid = [PER_TOKEN], (cdiv(n_rows, cfg.block_m), 1)
-    else:
-        modes = [STATIC] if shape.params.get("static") else [AMAX, PER_TENSOR]
-        grid = (cdiv(n_rows, cfg.block_m), cdiv(n_cols, cfg.block_n))
-    return [
-        Launch(
-            _fp8_quant_kernel,
-            sig,
-            {
-                "BLOCK_M": cfg.block_m,
-                "BLOCK_N": cfg.block_n,
-                "MODE": mode,
-                "SINGLE_PASS": n_cols <= cfg.block_n,
-                "FP8_MAX": float(torch.finfo(fp8_dtype).max),
-                "MIN_SCALE": MIN_SCALE,
-            },
-            cfg.num_warps,
-            cfg.num_stages,
-            grid,
-            divisible_16=div16,
-            equal_1=eq1,
-            config=cfg,
-        )
-        for mode in modes
-    ]
-
-
 FP8_QUANT = register(
     Op(
         "fp8_quant",
@@ -430,7 +308,7 @@ FP8_QUANT = register(
         outputs=("values", "scales"),
         out_arg=None,
         kernels=(_fp8_quant_kernel,),
-        launches=_quant_launches,
+        plan=_plan,
         tuning_space=lambda shape, dtype: Fp8QuantConfig.tuning_space(
             shape.dims["cols"], bool(shape.params.get("per_token"))
         ),

@@ -16,83 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton.language as tl
 
-from kernelab.ops._model import Contract, Cost, Launch, Op, Shape, Variant, register
+from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
 from kernelab.ops._runtime import shapes as _shapes
-from kernelab.ops._runtime.launch import TL, cdiv, shrink_to_fill, specialised
-from kernelab.ops._runtime.triton import kernel, next_pow2, use_triton
-
-# --- the kernel -----------------------------------------------------------------------------
-
-
-@kernel
-def _rope_kernel(
-    Q,
-    stride_qt,
-    stride_qh,
-    K,
-    stride_kt,
-    stride_kh,
-    Pos,
-    Cache,
-    stride_cache,
-    n_tokens,
-    heads_q,
-    heads_k,
-    HALF: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    IS_NEOX: tl.constexpr,
-):
-    """BLOCK_T tokens × BLOCK_H heads of query and of key per program, float32 arithmetic.
-
-    Bytes: reads and writes the rotated part of each query and key head once; reads one cos/sin
-    row per token per program (shared by all its heads) and one position per token.
-    """
-    pid_t = tl.program_id(0).to(tl.int64)
-    pid_h = tl.program_id(1)
-    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
-    t_ok = t < n_tokens
-    pos = tl.load(Pos + t, mask=t_ok, other=0).to(tl.int64)
-    r = tl.arange(0, BLOCK_R)
-    cs_mask = t_ok[:, None] & (r < HALF)[None, :]
-    cs_rows = Cache + pos[:, None] * stride_cache + r[None, :]
-    cos = tl.load(cs_rows, mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]
-    sin = tl.load(cs_rows + HALF, mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]
-    h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    for which in tl.static_range(2):
-        if which == 0:
-            base = Q + t[:, None, None] * stride_qt + h[None, :, None] * stride_qh
-            h_ok = h < heads_q
-        else:
-            base = K + t[:, None, None] * stride_kt + h[None, :, None] * stride_kh
-            h_ok = h < heads_k
-        rows_ok = t_ok[:, None, None] & h_ok[None, :, None]
-        if IS_NEOX:
-            m = rows_ok & (r < HALF)[None, None, :]
-            p1 = base + r[None, None, :]
-            x1 = tl.load(p1, mask=m, other=0.0).to(tl.float32)
-            x2 = tl.load(p1 + HALF, mask=m, other=0.0).to(tl.float32)
-            o1 = x1 * cos - x2 * sin
-            o2 = x2 * cos + x1 * sin
-            tl.store(p1, o1.to(Q.dtype.element_ty), mask=m)
-            tl.store(p1 + HALF, o2.to(Q.dtype.element_ty), mask=m)
-        else:
-            # Load the pairs as one contiguous run (wide accesses), split them in registers.
-            e = tl.arange(0, 2 * BLOCK_R)
-            m = rows_ok & (e < 2 * HALF)[None, None, :]
-            pe = base + e[None, None, :]
-            x = tl.load(pe, mask=m, other=0.0).to(tl.float32)
-            x1, x2 = tl.split(tl.reshape(x, [BLOCK_T, BLOCK_H, BLOCK_R, 2]))
-            o1 = x1 * cos - x2 * sin
-            o2 = x2 * cos + x1 * sin
-            y = tl.reshape(tl.join(o1, o2), [BLOCK_T, BLOCK_H, 2 * BLOCK_R])
-            tl.store(pe, y.to(Q.dtype.element_ty), mask=m)
-
+from kernelab.ops._runtime.launch import KernelCall, LaunchPlan, cdiv, shrink_to_fill
+from kernelab.ops._runtime.triton import next_pow2, use_triton
+from kernelab.ops.rotary._kernels import _rope_kernel
 
 # --- launch heuristics as data ----------------------------------------------------------------
 
@@ -212,40 +143,50 @@ def _validate(positions, query, key, cos_sin_cache):
             raise ValueError(f"{name}: expected unit stride in the last dimension (in place)")
 
 
-def rope_triton(positions, query, key, cos_sin_cache, is_neox=True, config=None):
-    """Launch the Triton kernel (natively on GPUs, through the interpreter on CPU tensors)."""
-    _validate(positions, query, key, cos_sin_cache)
+def _plan(positions, query, key, cos_sin_cache, is_neox=True, config=None) -> LaunchPlan:
+    """The launch of ``_rope_kernel`` (looked up at call time, so tests can replace it) for
+    these (validated) arguments; nothing is launched without tokens or heads."""
     tokens, heads_q, _ = query.shape
     heads_k = key.shape[1]
     if tokens == 0 or heads_q + heads_k == 0:
-        return query, key
+        return LaunchPlan(result=(query, key))
     rot = cos_sin_cache.shape[1]
     cache = cos_sin_cache if cos_sin_cache.stride(-1) == 1 else cos_sin_cache.contiguous()
     heads = max(heads_q, heads_k)
     cfg = config or RopeConfig.default_for(tokens, heads, rot, query.device)
-    grid = (cdiv(tokens, cfg.block_t), cdiv(heads, cfg.block_h))
-    _rope_kernel[grid](
-        query,
-        query.stride(0),
-        query.stride(1),
-        key,
-        key.stride(0),
-        key.stride(1),
-        positions,
-        cache,
-        cache.stride(0),
-        tokens,
-        heads_q,
-        heads_k,
-        HALF=rot // 2,
-        BLOCK_T=cfg.block_t,
-        BLOCK_H=cfg.block_h,
-        BLOCK_R=next_pow2(rot // 2),
-        IS_NEOX=bool(is_neox),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+    call = KernelCall(
+        _rope_kernel,
+        (cdiv(tokens, cfg.block_t), cdiv(heads, cfg.block_h)),
+        dict(
+            Q=query,
+            stride_qt=query.stride(0),
+            stride_qh=query.stride(1),
+            K=key,
+            stride_kt=key.stride(0),
+            stride_kh=key.stride(1),
+            Pos=positions,
+            Cache=cache,
+            stride_cache=cache.stride(0),
+            n_tokens=tokens,
+            heads_q=heads_q,
+            heads_k=heads_k,
+            HALF=rot // 2,
+            BLOCK_T=cfg.block_t,
+            BLOCK_H=cfg.block_h,
+            BLOCK_R=next_pow2(rot // 2),
+            IS_NEOX=bool(is_neox),
+        ),
+        cfg.num_warps,
+        cfg.num_stages,
+        config=cfg,
     )
-    return query, key
+    return LaunchPlan((call,), result=(query, key))
+
+
+def rope_triton(positions, query, key, cos_sin_cache, is_neox=True, config=None):
+    """Launch the Triton kernel (natively on GPUs, through the interpreter on CPU tensors)."""
+    _validate(positions, query, key, cos_sin_cache)
+    return _plan(positions, query, key, cos_sin_cache, is_neox, config).run()
 
 
 def rope(
@@ -326,7 +267,7 @@ def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
     d = shape.dims
     tokens, hq, hk, hd = d["tokens"], d["heads_q"], d["heads_k"], d["head_dim"]
     positions = _inputs.randint((tokens,), 0, MAX_POSITION, device, gen)
-    if shape.params.get("fused") and device.type != "meta":
+    if shape.params.get("fused"):
         # Views into one (tokens, (hq + 2·hk)·head_dim) projection output, as servers pass them.
         qkv = _inputs.randn((tokens, (hq + 2 * hk) * hd), dtype, device, gen, dist)
         query = qkv[:, : hq * hd].view(tokens, hq, hd)
@@ -358,65 +299,6 @@ def _cost(inputs: dict) -> Cost:
     return Cost(flops=3 * rotated, bytes=nbytes)  # two multiplies and an add per element
 
 
-def _launches(shape: Shape, dtype: torch.dtype, config: RopeConfig | None = None):
-    d = shape.dims
-    tokens, hq, hk, hd, rot = d["tokens"], d["heads_q"], d["heads_k"], d["head_dim"], d["rot"]
-    if tokens == 0:
-        return []
-    heads = max(hq, hk)
-    cfg = config or RopeConfig.default_for(tokens, heads, rot)
-    t = TL[dtype]
-    row = (hq + 2 * hk) * hd if shape.params.get("fused") else None
-    sig = {
-        "Q": f"*{t}",
-        "stride_qt": "i32",
-        "stride_qh": "i32",
-        "K": f"*{t}",
-        "stride_kt": "i32",
-        "stride_kh": "i32",
-        "Pos": "*i64",
-        "Cache": f"*{t}",
-        "stride_cache": "i32",
-        "n_tokens": "i32",
-        "heads_q": "i32",
-        "heads_k": "i32",
-        **dict.fromkeys(("HALF", "BLOCK_T", "BLOCK_H", "BLOCK_R", "IS_NEOX"), "constexpr"),
-    }
-    ints = {
-        "stride_qt": row or hq * hd,
-        "stride_qh": hd,
-        "stride_kt": row or hk * hd,
-        "stride_kh": hd,
-        "stride_cache": rot,
-        "n_tokens": tokens,
-        "heads_q": hq,
-        "heads_k": hk,
-    }
-    k_aligned = (hq * hd * dtype.itemsize) % 16 == 0 if row else True
-    div16, eq1 = specialised(ints, ("Q", "Pos", "Cache") + (("K",) if k_aligned else ()))
-    constexprs = {
-        "HALF": rot // 2,
-        "BLOCK_T": cfg.block_t,
-        "BLOCK_H": cfg.block_h,
-        "BLOCK_R": next_pow2(rot // 2),
-        "IS_NEOX": bool(shape.params["is_neox"]),
-    }
-    grid = (cdiv(tokens, cfg.block_t), cdiv(heads, cfg.block_h))
-    return [
-        Launch(
-            _rope_kernel,
-            sig,
-            constexprs,
-            cfg.num_warps,
-            cfg.num_stages,
-            grid,
-            divisible_16=div16,
-            equal_1=eq1,
-            config=cfg,
-        )
-    ]
-
-
 ROPE = register(
     Op(
         "rope",
@@ -429,7 +311,7 @@ ROPE = register(
         outputs=("query", "key"),
         out_arg=None,
         kernels=(_rope_kernel,),
-        launches=_launches,
+        plan=_plan,
         tuning_space=lambda shape, dtype: RopeConfig.tuning_space(
             max(shape.dims["heads_q"], shape.dims["heads_k"]), shape.dims["rot"]
         ),
