@@ -22,6 +22,7 @@ from kernelab.ops._model.launch import Launch
 from kernelab.ops._model.shape import SHAPE_SETS, Shape, ShapeSets
 from kernelab.ops._model.variant import Variant, _compiled
 from kernelab.ops._runtime import inputs as _inputs
+from kernelab.ops._runtime import registry
 
 
 class Op:
@@ -184,16 +185,11 @@ _REGISTRY: dict[str, Op] = {}
 
 def register(op: Op) -> Op:
     """Add ``op`` to the registry; a second op with the same name is an error."""
-    if op.name in _REGISTRY:
-        raise ValueError(f"op: an op named {op.name!r} is already registered")
-    _REGISTRY[op.name] = op
-    return op
+    return registry.add(_REGISTRY, op.name, op, "an op")
 
 
 def get(name: str) -> Op:
-    if name not in _REGISTRY:
-        raise ValueError(f"op: expected one of {sorted(_REGISTRY)}, got {name!r}")
-    return _REGISTRY[name]
+    return registry.lookup(_REGISTRY, name, "op")
 
 
 def all_ops() -> list[Op]:

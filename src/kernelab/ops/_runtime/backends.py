@@ -23,6 +23,8 @@ import tempfile
 import warnings
 from typing import Any, Protocol, runtime_checkable
 
+from kernelab.ops._runtime import registry
+
 
 @runtime_checkable
 class Backend(Protocol):
@@ -206,16 +208,11 @@ def register_backend(backend: Backend) -> Backend:
     """Add ``backend``; a second backend with the same name is an error."""
     if not isinstance(backend, Backend):
         raise TypeError(f"backend: expected a Backend adapter, got {type(backend).__name__}")
-    if backend.name in _BACKENDS:
-        raise ValueError(f"backend: a backend named {backend.name!r} is already registered")
-    _BACKENDS[backend.name] = backend
-    return backend
+    return registry.add(_BACKENDS, backend.name, backend, "a backend")
 
 
 def get_backend(name: str) -> Backend:
-    if name not in _BACKENDS:
-        raise ValueError(f"kind: expected a backend, one of {sorted(_BACKENDS)}, got {name!r}")
-    return _BACKENDS[name]
+    return registry.lookup(_BACKENDS, name, "kind", "a backend, ")
 
 
 def backends() -> list[Backend]:
