@@ -13,7 +13,7 @@ from kernelab.ops.matmul._weight_only import WQConfig, w4a16_triton, w8a16_trito
 from tests.mutants import mutate
 
 qg = importlib.import_module("kernelab.ops.matmul._weight_only")
-common = importlib.import_module("kernelab.ops.matmul._common")
+kernels = importlib.import_module("kernelab.ops.matmul._kernels")
 
 OPS = {"w4a16": W4A16_GEMM, "w8a16": W8A16_GEMM}
 DTYPES = (torch.float16, torch.bfloat16)
@@ -199,7 +199,7 @@ MUTANTS = {
 def test_planted_defects_are_caught(monkeypatch, tmp_path, mutant_name):
     name, old, new = MUTANTS[mutant_name]
     mutant = mutate(qg._wq_gemm_kernel, old, new, tmp_path)
-    mutant.fn.__globals__["_tile_coords"] = common._tile_coords
+    mutant.fn.__globals__["_tile_coords"] = kernels._tile_coords
     monkeypatch.setattr(qg, "_wq_gemm_kernel", mutant)
     op = OPS[name]
     params = {"group_size": 64} if name == "w4a16" else {}

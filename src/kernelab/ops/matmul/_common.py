@@ -1,7 +1,8 @@
-"""Pieces shared by the GEMM family (gemm, w4a16_gemm, w8a16_gemm, fp8_gemm).
+"""Pieces shared by the GEMM family (gemm, w4a16_gemm, w8a16_gemm, fp8_gemm); the Triton
+kernels and helpers they share (``_tile_coords``, ``_epilogue``, ``_splitk_reduce_kernel``) are
+in ``_kernels``.
 
-- Triton helpers: grouped tile ordering (``_tile_coords``), the fused epilogue (``_epilogue``),
-  and the deterministic split-K reduction (``_splitk_reduce_kernel``).
+- The launch of the deterministic split-K reduction (``_splitk_reduce_kernel``).
 - The shape sets: projections of real models and edge cases, with the sizes the interpreter
   runs them at (``Shape.reduce_to``).
 - Architecture names for a device, and Triton signature strings for ``Launch`` objects.
@@ -10,13 +11,12 @@
 from __future__ import annotations
 
 import torch
-import triton.language as tl
 
 from kernelab.ops._model import Shape
 from kernelab.ops._runtime import shapes as _shapes
 from kernelab.ops._runtime.launch import TL
 from kernelab.ops._runtime.launch import cdiv as cdiv  # re-exported for the GEMM modules
-from kernelab.ops._runtime.triton import kernel
+from kernelab.ops.matmul._kernels import _splitk_reduce_kernel
 
 #: Activation codes understood by ``_epilogue`` (constexpr ACTIVATION).
 ACTIVATIONS = {"none": 0, "silu": 1, "gelu": 2}
@@ -30,98 +30,7 @@ GEMM_M = (1, 16, 128, 2048, 8192)
 INTERPRETER_DIMS = {"N": 160, "K": 256}
 
 
-# --- Triton helpers ---------------------------------------------------------------------------
-
-
-@kernel
-def _tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """Grouped ordering: GROUP_M row-tiles sweep the columns together, so the B tiles they
-    share are still in L2 when the next row-tile of the group needs them."""
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    width = GROUP_M * num_n
-    group = tile // width
-    first_m = group * GROUP_M
-    size_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (tile % width) % size_m
-    pid_n = (tile % width) // size_m
-    return pid_m, pid_n
-
-
-@kernel
-def _epilogue(
-    acc,
-    rm,
-    rn,
-    M,
-    N,
-    Bias,
-    Res,
-    stride_rm,
-    stride_rn,
-    HAS_BIAS: tl.constexpr,
-    ACTIVATION: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-):
-    """acc (float32) → activation(acc + bias) + residual, still in float32."""
-    if HAS_BIAS:
-        bias = tl.load(Bias + rn, mask=rn < N, other=0.0).to(tl.float32)
-        acc = acc + bias[None, :]
-    if ACTIVATION == 1:
-        acc = acc * tl.sigmoid(acc)
-    elif ACTIVATION == 2:
-        acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
-    if HAS_RESIDUAL:
-        mask = (rm[:, None] < M) & (rn[None, :] < N)
-        res_ptrs = Res + rm[:, None].to(tl.int64) * stride_rm + rn[None, :] * stride_rn
-        acc = acc + tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)
-    return acc
-
-
-@kernel
-def _splitk_reduce_kernel(
-    C,
-    stride_cm,
-    stride_cn,
-    Part,
-    stride_ps,
-    stride_pm,
-    Scale,
-    Bias,
-    Res,
-    stride_rm,
-    stride_rn,
-    M,
-    N,
-    SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    ACTIVATION: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-):
-    """C = epilogue(sum over s of Part[s] (× per-column Scale)), summed in a fixed order.
-
-    Bytes: reads SPLIT_K·M·N float32 partials (+ bias, residual), writes M·N outputs.
-    """
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rm[:, None] < M) & (rn[None, :] < N)
-    offs = rm[:, None].to(tl.int64) * stride_pm + rn[None, :]
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for s in range(SPLIT_K):
-        acc += tl.load(Part + s * stride_ps + offs, mask=mask, other=0.0)
-    if HAS_SCALE:
-        acc = acc * tl.load(Scale + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    acc = _epilogue(
-        acc, rm, rn, M, N, Bias, Res, stride_rm, stride_rn, HAS_BIAS, ACTIVATION, HAS_RESIDUAL
-    )
-    c_ptrs = C + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask)
-
+# --- the split-K reduction -------------------------------------------------------------------
 
 REDUCE_BLOCK = (32, 64)
 

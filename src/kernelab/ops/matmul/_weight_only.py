@@ -27,116 +27,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-import triton.language as tl
 
 from kernelab.ops._model import Contract, Cost, Launch, Op, Shape, Variant, register
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
-from kernelab.ops._runtime.triton import kernel, num_sms, use_triton
+from kernelab.ops._runtime.triton import num_sms, use_triton
 from kernelab.ops.matmul import _common as gc
 from kernelab.ops.matmul import _packing
-from kernelab.ops.matmul._common import _tile_coords
-
-# --- the kernel -------------------------------------------------------------------------------
-
-
-@kernel
-def _wq_gemm_kernel(
-    C,
-    stride_cs,
-    stride_cm,
-    stride_cn,
-    X,
-    stride_xm,
-    stride_xk,
-    Q,
-    stride_qk,
-    stride_qn,
-    S,
-    stride_sk,
-    Z,
-    stride_zk,
-    Bias,
-    M,
-    N,
-    K,
-    k_per_split,
-    BITS: tl.constexpr,
-    GROUP_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-):
-    """One output tile and one K slice per program (axes 0 and 1).
-
-    BITS == 4: Q is uint8 [K/2, N] (k = 2i low nibble, 2i + 1 high), S and Z are [K/G, N];
-    each BLOCK_K step lies in one group (GROUP_SIZE % BLOCK_K == 0). BITS == 8: Q is int8
-    [K, N], S is [N]. SPLIT_K == 1: C = x·W (+ bias) in C's dtype; SPLIT_K > 1: C is the
-    float32 workspace [SPLIT_K, M, N] of unscaled-by-column partial sums (int8 scale and bias
-    are applied by the reduction).
-
-    Bytes: the weight at its packed width (K·N/2 or K·N) plus scales and zeros, read once per
-    row-tile; x (M·K) re-read per column tile from L2; C written once.
-    """
-    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    pid_k = tl.program_id(1)
-    k_start = pid_k * k_per_split
-    k_stop = tl.minimum(K, k_start + k_per_split)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_ok = rm < M
-    n_ok = rn < N
-    x_rows = X + rm[:, None].to(tl.int64) * stride_xm
-    q_cols = Q + rn[None, :].to(tl.int64) * stride_qn
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if BITS == 4:
-        rh = tl.arange(0, BLOCK_K // 2)
-        for k0 in range(k_start, k_stop, BLOCK_K):
-            kq = k0 // 2 + rh
-            q = tl.load(
-                q_cols + kq[:, None].to(tl.int64) * stride_qk,
-                mask=(kq[:, None] < k_stop // 2) & n_ok[None, :],
-                other=0,
-            ).to(tl.int32)
-            g = k0 // GROUP_SIZE
-            s = tl.load(S + g * stride_sk + rn, mask=n_ok, other=0.0).to(tl.float32)
-            z = tl.load(Z + g * stride_zk + rn, mask=n_ok, other=0).to(tl.int32)
-            w_lo = ((q & 15) - z[None, :]).to(X.dtype.element_ty)
-            w_hi = ((q >> 4) - z[None, :]).to(X.dtype.element_ty)
-            kk = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(
-                x_rows + kk[None, :] * stride_xk,
-                mask=m_ok[:, None] & (kk[None, :] < k_stop),
-                other=0.0,
-            )
-            x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, BLOCK_K // 2, 2)))
-            part = tl.dot(x_even, w_lo) + tl.dot(x_odd, w_hi)
-            acc += part * s[None, :]
-    else:
-        rk = tl.arange(0, BLOCK_K)
-        for k0 in range(k_start, k_stop, BLOCK_K):
-            kk = k0 + rk
-            q = tl.load(
-                q_cols + kk[:, None].to(tl.int64) * stride_qk,
-                mask=(kk[:, None] < k_stop) & n_ok[None, :],
-                other=0,
-            )
-            x = tl.load(
-                x_rows + kk[None, :] * stride_xk,
-                mask=m_ok[:, None] & (kk[None, :] < k_stop),
-                other=0.0,
-            )
-            acc = tl.dot(x, q.to(X.dtype.element_ty), acc)
-        if SPLIT_K == 1:
-            acc = acc * tl.load(S + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    if HAS_BIAS:
-        acc = acc + tl.load(Bias + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    c_ptrs = C + pid_k * stride_cs + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-
+from kernelab.ops.matmul._kernels import _wq_gemm_kernel
 
 # --- launch heuristics as data ----------------------------------------------------------------
 

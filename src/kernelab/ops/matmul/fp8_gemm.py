@@ -18,84 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton.language as tl
 
 from kernelab.ops._model import Cost, Launch, Op, Shape, Variant, register
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
-from kernelab.ops._runtime.triton import kernel, use_triton
+from kernelab.ops._runtime.triton import use_triton
 from kernelab.ops.matmul import _common as gc
-from kernelab.ops.matmul._common import _tile_coords
-from kernelab.ops.matmul._kernels import _gemm_tile
+from kernelab.ops.matmul._kernels import _fp8_gemm_kernel
 
 E4M3 = tuple(
     getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, name)
 )
-
-
-@kernel
-def _fp8_gemm_kernel(
-    C,
-    stride_cm,
-    stride_cn,
-    A,
-    stride_am,
-    stride_ak,
-    B,
-    stride_bk,
-    stride_bn,
-    SA,
-    SB,
-    Bias,
-    M,
-    N,
-    K,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    ROW_SCALE_A: tl.constexpr,
-    COL_SCALE_B: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-):
-    """One output tile per program in grouped order; fp8 tiles multiplied on tensor cores
-    into float32, then scaled by scale_a[row] · scale_b[col] and rounded to C's dtype.
-
-    Bytes: M·K + K·N (one byte each), the scales, and 2·M·N for the bfloat16 output.
-    """
-    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    acc = _gemm_tile(
-        A,
-        stride_am,
-        stride_ak,
-        B,
-        stride_bk,
-        stride_bn,
-        M,
-        N,
-        0,
-        K,
-        pid_m,
-        pid_n,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_K,
-    )
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if ROW_SCALE_A:
-        sa = tl.load(SA + rm, mask=rm < M, other=0.0)
-    else:
-        sa = tl.load(SA + rm * 0)
-    if COL_SCALE_B:
-        sb = tl.load(SB + rn, mask=rn < N, other=0.0)
-    else:
-        sb = tl.load(SB + rn * 0)
-    acc = acc * sa[:, None] * sb[None, :]
-    if HAS_BIAS:
-        acc = acc + tl.load(Bias + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    c_ptrs = C + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
 # --- launch heuristics as data ----------------------------------------------------------------

@@ -3,7 +3,7 @@
     C = activation(A·B + bias) + residual        A: [M, K], B: [K, N] or an nn.Linear [N, K]
 
 fp16/bf16 inputs, float32 accumulation, one rounding at the end. Four kernels, in
-``_gemm_kernels``:
+``_kernels``:
 
 - ``_gemm_kernel``: one output tile per program, tiles in grouped order (L2 reuse); with
   SPLIT_K > 1 each program sums one slice of K into a float32 workspace and
