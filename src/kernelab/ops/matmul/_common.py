@@ -14,7 +14,7 @@ import torch
 
 from kernelab.ops._model import Shape
 from kernelab.ops._runtime import shapes as _shapes
-from kernelab.ops._runtime.launch import TL
+from kernelab.ops._runtime.launch import TL, KernelCall
 from kernelab.ops._runtime.launch import cdiv as cdiv  # re-exported for the GEMM modules
 from kernelab.ops.matmul._kernels import _splitk_reduce_kernel
 
@@ -35,35 +35,52 @@ INTERPRETER_DIMS = {"N": 160, "K": 256}
 REDUCE_BLOCK = (32, 64)
 
 
-def splitk_reduce(out, part, *, scale=None, bias=None, residual=None, activation=0):
-    """Launch ``_splitk_reduce_kernel``: ``out`` ← epilogue(Σ part[s]); ``part`` is [S, M, N]."""
+def k_slices(k: int, split_k: int, block_k: int) -> tuple[int, int]:
+    """(K per slice, slices) for ``split_k`` slices of whole ``block_k`` steps: the last slice
+    may be shorter, and fewer slices than asked remain when K is short."""
+    k_per_split = cdiv(cdiv(k, split_k), block_k) * block_k
+    return k_per_split, cdiv(k, k_per_split)
+
+
+def reduce_call(out, part, *, scale=None, bias=None, residual=None, activation=0, config=None):
+    """The launch of ``_splitk_reduce_kernel``: ``out`` ← epilogue(Σ part[s] (× scale)), with
+    ``part`` the float32 workspace [S, M, N]; ``config`` is the GEMM's, for the record."""
     split_k, m, n = part.shape
     res = residual if residual is not None else out
     bm, bn = REDUCE_BLOCK
-    grid = (cdiv(m, bm), cdiv(n, bn))
-    _splitk_reduce_kernel[grid](
-        out,
-        out.stride(0),
-        out.stride(1),
-        part,
-        part.stride(0),
-        part.stride(1),
-        scale if scale is not None else part,
-        bias if bias is not None else out,
-        res,
-        res.stride(0),
-        res.stride(1),
-        m,
-        n,
-        SPLIT_K=split_k,
-        BLOCK_M=bm,
-        BLOCK_N=bn,
-        HAS_SCALE=scale is not None,
-        HAS_BIAS=bias is not None,
-        ACTIVATION=activation,
-        HAS_RESIDUAL=residual is not None,
+    return KernelCall(
+        _splitk_reduce_kernel,
+        (cdiv(m, bm), cdiv(n, bn)),
+        dict(
+            C=out,
+            stride_cm=out.stride(0),
+            stride_cn=out.stride(1),
+            Part=part,
+            stride_ps=part.stride(0),
+            stride_pm=part.stride(1),
+            Scale=scale if scale is not None else part,
+            Bias=bias if bias is not None else out,
+            Res=res,
+            stride_rm=res.stride(0),
+            stride_rn=res.stride(1),
+            M=m,
+            N=n,
+            SPLIT_K=split_k,
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            HAS_SCALE=scale is not None,
+            HAS_BIAS=bias is not None,
+            ACTIVATION=activation,
+            HAS_RESIDUAL=residual is not None,
+        ),
         num_warps=4,
+        config=config,
     )
+
+
+def splitk_reduce(out, part, *, scale=None, bias=None, residual=None, activation=0):
+    """Launch ``_splitk_reduce_kernel`` now (``reduce_call``)."""
+    reduce_call(out, part, scale=scale, bias=bias, residual=residual, activation=activation).run()
     return out
 
 
