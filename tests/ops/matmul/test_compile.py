@@ -61,8 +61,6 @@ def _default_config(op, dims, arch):
 def _first_launch(op, shape, arch, config=None):
     """The first launch of the op's plan for ``shape`` as ``arch`` would run it: meta inputs
     (fp8 in the arch's e4m3 flavour), and the arch's default config unless one is given."""
-    if op.plan is None:  # hand-written launches (the weight-only GEMMs, for now)
-        return op.launches(shape, torch.bfloat16, config, device=arch)[0]
     inputs = op.inputs(shape, torch.bfloat16, "meta")
     if op is FP8_GEMM:
         f8 = e4m3_for(arch)

@@ -2,10 +2,10 @@
 kernels and helpers they share (``_tile_coords``, ``_epilogue``, ``_splitk_reduce_kernel``) are
 in ``_kernels``.
 
-- The launch of the deterministic split-K reduction (``_splitk_reduce_kernel``).
+- K slices, and the launch (``KernelCall``) of the deterministic split-K reduction.
 - The shape sets: projections of real models and edge cases, with the sizes the interpreter
   runs them at (``Shape.reduce_to``).
-- Architecture names for a device, and Triton signature strings for ``Launch`` objects.
+- Architecture names for a device, split-K factors, activation codes.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from kernelab.ops._model import Shape
 from kernelab.ops._runtime import shapes as _shapes
-from kernelab.ops._runtime.launch import TL, KernelCall
+from kernelab.ops._runtime.launch import KernelCall
 from kernelab.ops._runtime.launch import cdiv as cdiv  # re-exported for the GEMM modules
 from kernelab.ops.matmul._kernels import _splitk_reduce_kernel
 
@@ -78,41 +78,7 @@ def reduce_call(out, part, *, scale=None, bias=None, residual=None, activation=0
     )
 
 
-def splitk_reduce(out, part, *, scale=None, bias=None, residual=None, activation=0):
-    """Launch ``_splitk_reduce_kernel`` now (``reduce_call``)."""
-    reduce_call(out, part, scale=scale, bias=bias, residual=residual, activation=activation).run()
-    return out
-
-
-def reduce_signature(out_t: str, scale_t: str = "fp32") -> dict[str, str]:
-    return {
-        "C": f"*{out_t}",
-        "stride_cm": "i32",
-        "stride_cn": "i32",
-        "Part": "*fp32",
-        "stride_ps": "i32",
-        "stride_pm": "i32",
-        "Scale": f"*{scale_t}",
-        "Bias": f"*{out_t}",
-        "Res": f"*{out_t}",
-        "stride_rm": "i32",
-        "stride_rn": "i32",
-        "M": "i32",
-        "N": "i32",
-        "SPLIT_K": "constexpr",
-        "BLOCK_M": "constexpr",
-        "BLOCK_N": "constexpr",
-        "HAS_SCALE": "constexpr",
-        "HAS_BIAS": "constexpr",
-        "ACTIVATION": "constexpr",
-        "HAS_RESIDUAL": "constexpr",
-    }
-
-
 # --- small host helpers -----------------------------------------------------------------------
-
-
-TL_NAME = TL  # Triton's names for pointer element types (shared with the row-wise ops)
 
 
 def split_k_for(tiles: int, k_steps: int, sms: int, max_split: int = 16, min_steps: int = 4) -> int:

@@ -15,7 +15,7 @@ fp16/bf16 inputs, float32 accumulation, one rounding at the end. Four kernels, i
   descriptors; this is checked when the op is called, never at import; otherwise the tiled
   kernel runs.
 
-The ladder: kernels → ``gemm_triton`` (validate, allocate, launch) → ``gemm`` (public) with
+The ladder: kernels → ``gemm_triton`` (validate, then run ``_plan``) → ``gemm`` (public) with
 ``gemm_ref`` (float64-exact reference) and ``gemm_torch`` (eager PyTorch) beside it.
 """
 
