@@ -24,16 +24,10 @@ from kernelab.ops.activation.gelu_and_mul import GELU_AND_MUL, gelu_and_mul
 from kernelab.ops.activation.silu_and_mul import SILU_AND_MUL, silu_and_mul
 from kernelab.ops.logits.softmax import SOFTMAX, softmax, softmax_ref
 from kernelab.ops.matmul import _packing as packing  # int4/int8 layouts and converters
-from kernelab.ops.matmul._weight_only import (
-    W4A16_GEMM,
-    W8A16_GEMM,
-    w4a16_gemm,
-    w4a16_ref,
-    w8a16_gemm,
-    w8a16_ref,
-)
 from kernelab.ops.matmul.fp8_gemm import FP8_GEMM, fp8_gemm, fp8_gemm_ref
 from kernelab.ops.matmul.gemm import GEMM, gemm, gemm_ref
+from kernelab.ops.matmul.w4a16 import W4A16_GEMM, w4a16_gemm, w4a16_ref
+from kernelab.ops.matmul.w8a16 import W8A16_GEMM, w8a16_gemm, w8a16_ref
 from kernelab.ops.norm.layernorm import LAYERNORM, layernorm, layernorm_ref
 from kernelab.ops.norm.rmsnorm import RMSNORM, rmsnorm, rmsnorm_ref
 from kernelab.ops.norm.rmsnorm_fp8_quant import (

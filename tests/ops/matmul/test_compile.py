@@ -10,6 +10,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 from kernelab.ops import FP8_GEMM, GEMM, W4A16_GEMM, W8A16_GEMM
+from kernelab.ops.matmul._weight_only import WQConfig
+from kernelab.ops.matmul.fp8_gemm import Fp8Config, e4m3_for
 from kernelab.ops.matmul.gemm import GemmConfig
 
 TARGETS = {
@@ -46,6 +48,25 @@ CASES = [
     (FP8_GEMM, _prefill, "sm_90", "_fp8_gemm_kernel"),
     (FP8_GEMM, _prefill, "gfx942", "_fp8_gemm_kernel"),
 ]
+
+
+def _default_config(op, dims, arch):
+    if op is GEMM:
+        return GemmConfig.default_for(**dims, device=arch)
+    if op is FP8_GEMM:
+        return Fp8Config.default_for(**dims, device=arch)
+    return WQConfig.default_for(**dims, device=arch, bits=4 if op is W4A16_GEMM else 8)
+
+
+def _first_launch(op, shape, arch, config=None):
+    """The first launch of the op's plan for ``shape`` as ``arch`` would run it: meta inputs
+    (fp8 in the arch's e4m3 flavour), and the arch's default config unless one is given."""
+    inputs = op.inputs(shape, torch.bfloat16, "meta")
+    if op is FP8_GEMM:
+        f8 = e4m3_for(arch)
+        inputs.update(a=inputs["a"].to(f8), b=inputs["b"].to(f8))
+    config = config or _default_config(op, shape.dims, arch)
+    return op.plan(**inputs, config=config).describe()[0]
 
 
 def _compile(launch, target):
@@ -98,7 +119,7 @@ def test_default_launch_uses_tensor_cores_and_does_not_spill(op, pick, arch, ker
     config = None
     if kernel == "_gemm_persistent_kernel":
         config = GemmConfig.persistent_for(**pick(op).dims, device=arch)
-    launch = op.launches(pick(op), torch.bfloat16, config, device=arch)[0]
+    launch = _first_launch(op, pick(op), arch, config)
     assert launch.name == kernel
     compiled = _compile(launch, target)
     code = compiled.asm.get("ptx") or compiled.asm["amdgcn"]

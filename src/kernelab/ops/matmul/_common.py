@@ -1,22 +1,22 @@
-"""Pieces shared by the GEMM family (gemm, w4a16_gemm, w8a16_gemm, fp8_gemm).
+"""Pieces shared by the GEMM family (gemm, w4a16_gemm, w8a16_gemm, fp8_gemm); the Triton
+kernels and helpers they share (``_tile_coords``, ``_epilogue``, ``_splitk_reduce_kernel``) are
+in ``_kernels``.
 
-- Triton helpers: grouped tile ordering (``_tile_coords``), the fused epilogue (``_epilogue``),
-  and the deterministic split-K reduction (``_splitk_reduce_kernel``).
+- K slices, and the launch (``KernelCall``) of the deterministic split-K reduction.
 - The shape sets: projections of real models and edge cases, with the sizes the interpreter
   runs them at (``Shape.reduce_to``).
-- Architecture names for a device, and Triton signature strings for ``Launch`` objects.
+- Architecture names for a device, split-K factors, activation codes.
 """
 
 from __future__ import annotations
 
 import torch
-import triton.language as tl
 
 from kernelab.ops._model import Shape
 from kernelab.ops._runtime import shapes as _shapes
-from kernelab.ops._runtime.launch import TL
+from kernelab.ops._runtime.launch import KernelCall
 from kernelab.ops._runtime.launch import cdiv as cdiv  # re-exported for the GEMM modules
-from kernelab.ops._runtime.triton import kernel
+from kernelab.ops.matmul._kernels import _splitk_reduce_kernel
 
 #: Activation codes understood by ``_epilogue`` (constexpr ACTIVATION).
 ACTIVATIONS = {"none": 0, "silu": 1, "gelu": 2}
@@ -30,163 +30,55 @@ GEMM_M = (1, 16, 128, 2048, 8192)
 INTERPRETER_DIMS = {"N": 160, "K": 256}
 
 
-# --- Triton helpers ---------------------------------------------------------------------------
-
-
-@kernel
-def _tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """Grouped ordering: GROUP_M row-tiles sweep the columns together, so the B tiles they
-    share are still in L2 when the next row-tile of the group needs them."""
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    width = GROUP_M * num_n
-    group = tile // width
-    first_m = group * GROUP_M
-    size_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (tile % width) % size_m
-    pid_n = (tile % width) // size_m
-    return pid_m, pid_n
-
-
-@kernel
-def _epilogue(
-    acc,
-    rm,
-    rn,
-    M,
-    N,
-    Bias,
-    Res,
-    stride_rm,
-    stride_rn,
-    HAS_BIAS: tl.constexpr,
-    ACTIVATION: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-):
-    """acc (float32) → activation(acc + bias) + residual, still in float32."""
-    if HAS_BIAS:
-        bias = tl.load(Bias + rn, mask=rn < N, other=0.0).to(tl.float32)
-        acc = acc + bias[None, :]
-    if ACTIVATION == 1:
-        acc = acc * tl.sigmoid(acc)
-    elif ACTIVATION == 2:
-        acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
-    if HAS_RESIDUAL:
-        mask = (rm[:, None] < M) & (rn[None, :] < N)
-        res_ptrs = Res + rm[:, None].to(tl.int64) * stride_rm + rn[None, :] * stride_rn
-        acc = acc + tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)
-    return acc
-
-
-@kernel
-def _splitk_reduce_kernel(
-    C,
-    stride_cm,
-    stride_cn,
-    Part,
-    stride_ps,
-    stride_pm,
-    Scale,
-    Bias,
-    Res,
-    stride_rm,
-    stride_rn,
-    M,
-    N,
-    SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    ACTIVATION: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-):
-    """C = epilogue(sum over s of Part[s] (× per-column Scale)), summed in a fixed order.
-
-    Bytes: reads SPLIT_K·M·N float32 partials (+ bias, residual), writes M·N outputs.
-    """
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rm[:, None] < M) & (rn[None, :] < N)
-    offs = rm[:, None].to(tl.int64) * stride_pm + rn[None, :]
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for s in range(SPLIT_K):
-        acc += tl.load(Part + s * stride_ps + offs, mask=mask, other=0.0)
-    if HAS_SCALE:
-        acc = acc * tl.load(Scale + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    acc = _epilogue(
-        acc, rm, rn, M, N, Bias, Res, stride_rm, stride_rn, HAS_BIAS, ACTIVATION, HAS_RESIDUAL
-    )
-    c_ptrs = C + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask)
-
+# --- the split-K reduction -------------------------------------------------------------------
 
 REDUCE_BLOCK = (32, 64)
 
 
-def splitk_reduce(out, part, *, scale=None, bias=None, residual=None, activation=0):
-    """Launch ``_splitk_reduce_kernel``: ``out`` ← epilogue(Σ part[s]); ``part`` is [S, M, N]."""
+def k_slices(k: int, split_k: int, block_k: int) -> tuple[int, int]:
+    """(K per slice, slices) for ``split_k`` slices of whole ``block_k`` steps: the last slice
+    may be shorter, and fewer slices than asked remain when K is short."""
+    k_per_split = cdiv(cdiv(k, split_k), block_k) * block_k
+    return k_per_split, cdiv(k, k_per_split)
+
+
+def reduce_call(out, part, *, scale=None, bias=None, residual=None, activation=0, config=None):
+    """The launch of ``_splitk_reduce_kernel``: ``out`` ← epilogue(Σ part[s] (× scale)), with
+    ``part`` the float32 workspace [S, M, N]; ``config`` is the GEMM's, for the record."""
     split_k, m, n = part.shape
     res = residual if residual is not None else out
     bm, bn = REDUCE_BLOCK
-    grid = (cdiv(m, bm), cdiv(n, bn))
-    _splitk_reduce_kernel[grid](
-        out,
-        out.stride(0),
-        out.stride(1),
-        part,
-        part.stride(0),
-        part.stride(1),
-        scale if scale is not None else part,
-        bias if bias is not None else out,
-        res,
-        res.stride(0),
-        res.stride(1),
-        m,
-        n,
-        SPLIT_K=split_k,
-        BLOCK_M=bm,
-        BLOCK_N=bn,
-        HAS_SCALE=scale is not None,
-        HAS_BIAS=bias is not None,
-        ACTIVATION=activation,
-        HAS_RESIDUAL=residual is not None,
+    return KernelCall(
+        _splitk_reduce_kernel,
+        (cdiv(m, bm), cdiv(n, bn)),
+        dict(
+            C=out,
+            stride_cm=out.stride(0),
+            stride_cn=out.stride(1),
+            Part=part,
+            stride_ps=part.stride(0),
+            stride_pm=part.stride(1),
+            Scale=scale if scale is not None else part,
+            Bias=bias if bias is not None else out,
+            Res=res,
+            stride_rm=res.stride(0),
+            stride_rn=res.stride(1),
+            M=m,
+            N=n,
+            SPLIT_K=split_k,
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            HAS_SCALE=scale is not None,
+            HAS_BIAS=bias is not None,
+            ACTIVATION=activation,
+            HAS_RESIDUAL=residual is not None,
+        ),
         num_warps=4,
+        config=config,
     )
-    return out
-
-
-def reduce_signature(out_t: str, scale_t: str = "fp32") -> dict[str, str]:
-    return {
-        "C": f"*{out_t}",
-        "stride_cm": "i32",
-        "stride_cn": "i32",
-        "Part": "*fp32",
-        "stride_ps": "i32",
-        "stride_pm": "i32",
-        "Scale": f"*{scale_t}",
-        "Bias": f"*{out_t}",
-        "Res": f"*{out_t}",
-        "stride_rm": "i32",
-        "stride_rn": "i32",
-        "M": "i32",
-        "N": "i32",
-        "SPLIT_K": "constexpr",
-        "BLOCK_M": "constexpr",
-        "BLOCK_N": "constexpr",
-        "HAS_SCALE": "constexpr",
-        "HAS_BIAS": "constexpr",
-        "ACTIVATION": "constexpr",
-        "HAS_RESIDUAL": "constexpr",
-    }
 
 
 # --- small host helpers -----------------------------------------------------------------------
-
-
-TL_NAME = TL  # Triton's names for pointer element types (shared with the row-wise ops)
 
 
 def split_k_for(tiles: int, k_steps: int, sms: int, max_split: int = 16, min_steps: int = 4) -> int:

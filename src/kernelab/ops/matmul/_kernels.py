@@ -1,9 +1,21 @@
-"""The dense GEMM kernels (Triton only; launchers, heuristics and the op live in ``gemm``).
+"""The GEMM family's Triton kernels, and nothing else: launches, heuristics and the ops live in
+the op modules (``gemm``, ``fp8_gemm``, the weight-only GEMMs) and ``_common``.
 
-- ``_gemm_tile``: the K loop of one output tile, shared by every kernel below and by fp8_gemm.
+Helpers, called from the kernels below:
+
+- ``_tile_coords``: grouped tile ordering (L2 reuse of the B tiles a group of row-tiles shares).
+- ``_epilogue``: the fused activation(acc + bias) + residual, in float32.
+- ``_gemm_tile``: the K loop of one output tile (dense GEMM and fp8 GEMM).
+
+Kernels:
+
+- ``_splitk_reduce_kernel``: the deterministic split-K reduction (sum of the slices in a fixed
+  order, then the epilogue), shared by ``gemm`` and the weight-only GEMMs.
 - ``_gemm_kernel``: one tile per program in grouped order, optionally one K slice per program.
 - ``_gemm_persistent_kernel``: one program per SM walking the tiles.
 - ``_gemm_tma_kernel``: tiles fetched through TMA tensor descriptors (the Hopper path).
+- ``_fp8_gemm_kernel``: e4m3 inputs, per-tensor or per-row/per-column scales (``fp8_gemm``).
+- ``_wq_gemm_kernel``: int4/int8 weight-only GEMM, constexpr BITS (``w4a16``, ``w8a16``).
 """
 
 from __future__ import annotations
@@ -11,7 +23,53 @@ from __future__ import annotations
 import triton.language as tl
 
 from kernelab.ops._runtime.triton import kernel
-from kernelab.ops.matmul._common import _epilogue, _tile_coords
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+@kernel
+def _tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Grouped ordering: GROUP_M row-tiles sweep the columns together, so the B tiles they
+    share are still in L2 when the next row-tile of the group needs them."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * num_n
+    group = tile // width
+    first_m = group * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % width) % size_m
+    pid_n = (tile % width) // size_m
+    return pid_m, pid_n
+
+
+@kernel
+def _epilogue(
+    acc,
+    rm,
+    rn,
+    M,
+    N,
+    Bias,
+    Res,
+    stride_rm,
+    stride_rn,
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
+    """acc (float32) → activation(acc + bias) + residual, still in float32."""
+    if HAS_BIAS:
+        bias = tl.load(Bias + rn, mask=rn < N, other=0.0).to(tl.float32)
+        acc = acc + bias[None, :]
+    if ACTIVATION == 1:
+        acc = acc * tl.sigmoid(acc)
+    elif ACTIVATION == 2:
+        acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
+    if HAS_RESIDUAL:
+        mask = (rm[:, None] < M) & (rn[None, :] < N)
+        res_ptrs = Res + rm[:, None].to(tl.int64) * stride_rm + rn[None, :] * stride_rn
+        acc = acc + tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)
+    return acc
 
 
 @kernel
@@ -53,6 +111,54 @@ def _gemm_tile(
         )
         acc = tl.dot(a, b, acc)
     return acc
+
+
+# --- kernels ------------------------------------------------------------------------------------
+
+
+@kernel
+def _splitk_reduce_kernel(
+    C,
+    stride_cm,
+    stride_cn,
+    Part,
+    stride_ps,
+    stride_pm,
+    Scale,
+    Bias,
+    Res,
+    stride_rm,
+    stride_rn,
+    M,
+    N,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
+    """C = epilogue(sum over s of Part[s] (× per-column Scale)), summed in a fixed order.
+
+    Bytes: reads SPLIT_K·M·N float32 partials (+ bias, residual), writes M·N outputs.
+    """
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    offs = rm[:, None].to(tl.int64) * stride_pm + rn[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for s in range(SPLIT_K):
+        acc += tl.load(Part + s * stride_ps + offs, mask=mask, other=0.0)
+    if HAS_SCALE:
+        acc = acc * tl.load(Scale + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    acc = _epilogue(
+        acc, rm, rn, M, N, Bias, Res, stride_rm, stride_rn, HAS_BIAS, ACTIVATION, HAS_RESIDUAL
+    )
+    c_ptrs = C + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask)
 
 
 @kernel
@@ -227,3 +333,166 @@ def _gemm_tma_kernel(
     )
     c_ptrs = C + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@kernel
+def _fp8_gemm_kernel(
+    C,
+    stride_cm,
+    stride_cn,
+    A,
+    stride_am,
+    stride_ak,
+    B,
+    stride_bk,
+    stride_bn,
+    SA,
+    SB,
+    Bias,
+    M,
+    N,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    ROW_SCALE_A: tl.constexpr,
+    COL_SCALE_B: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    """One output tile per program in grouped order; fp8 tiles multiplied on tensor cores
+    into float32, then scaled by scale_a[row] · scale_b[col] and rounded to C's dtype.
+
+    Bytes: M·K + K·N (one byte each), the scales, and 2·M·N for the bfloat16 output.
+    """
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = _gemm_tile(
+        A,
+        stride_am,
+        stride_ak,
+        B,
+        stride_bk,
+        stride_bn,
+        M,
+        N,
+        0,
+        K,
+        pid_m,
+        pid_n,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+    )
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if ROW_SCALE_A:
+        sa = tl.load(SA + rm, mask=rm < M, other=0.0)
+    else:
+        sa = tl.load(SA + rm * 0)
+    if COL_SCALE_B:
+        sb = tl.load(SB + rn, mask=rn < N, other=0.0)
+    else:
+        sb = tl.load(SB + rn * 0)
+    acc = acc * sa[:, None] * sb[None, :]
+    if HAS_BIAS:
+        acc = acc + tl.load(Bias + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    c_ptrs = C + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@kernel
+def _wq_gemm_kernel(
+    C,
+    stride_cs,
+    stride_cm,
+    stride_cn,
+    X,
+    stride_xm,
+    stride_xk,
+    Q,
+    stride_qk,
+    stride_qn,
+    S,
+    stride_sk,
+    Z,
+    stride_zk,
+    Bias,
+    M,
+    N,
+    K,
+    k_per_split,
+    BITS: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    """One output tile and one K slice per program (axes 0 and 1).
+
+    BITS == 4: Q is uint8 [K/2, N] (k = 2i low nibble, 2i + 1 high), S and Z are [K/G, N];
+    each BLOCK_K step lies in one group (GROUP_SIZE % BLOCK_K == 0). BITS == 8: Q is int8
+    [K, N], S is [N]. SPLIT_K == 1: C = x·W (+ bias) in C's dtype; SPLIT_K > 1: C is the
+    float32 workspace [SPLIT_K, M, N] of unscaled-by-column partial sums (int8 scale and bias
+    are applied by the reduction).
+
+    Bytes: the weight at its packed width (K·N/2 or K·N) plus scales and zeros, read once per
+    row-tile; x (M·K) re-read per column tile from L2; C written once.
+    """
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(1)
+    k_start = pid_k * k_per_split
+    k_stop = tl.minimum(K, k_start + k_per_split)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = rm < M
+    n_ok = rn < N
+    x_rows = X + rm[:, None].to(tl.int64) * stride_xm
+    q_cols = Q + rn[None, :].to(tl.int64) * stride_qn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if BITS == 4:
+        rh = tl.arange(0, BLOCK_K // 2)
+        for k0 in range(k_start, k_stop, BLOCK_K):
+            kq = k0 // 2 + rh
+            q = tl.load(
+                q_cols + kq[:, None].to(tl.int64) * stride_qk,
+                mask=(kq[:, None] < k_stop // 2) & n_ok[None, :],
+                other=0,
+            ).to(tl.int32)
+            g = k0 // GROUP_SIZE
+            s = tl.load(S + g * stride_sk + rn, mask=n_ok, other=0.0).to(tl.float32)
+            z = tl.load(Z + g * stride_zk + rn, mask=n_ok, other=0).to(tl.int32)
+            w_lo = ((q & 15) - z[None, :]).to(X.dtype.element_ty)
+            w_hi = ((q >> 4) - z[None, :]).to(X.dtype.element_ty)
+            kk = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(
+                x_rows + kk[None, :] * stride_xk,
+                mask=m_ok[:, None] & (kk[None, :] < k_stop),
+                other=0.0,
+            )
+            x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, BLOCK_K // 2, 2)))
+            part = tl.dot(x_even, w_lo) + tl.dot(x_odd, w_hi)
+            acc += part * s[None, :]
+    else:
+        rk = tl.arange(0, BLOCK_K)
+        for k0 in range(k_start, k_stop, BLOCK_K):
+            kk = k0 + rk
+            q = tl.load(
+                q_cols + kk[:, None].to(tl.int64) * stride_qk,
+                mask=(kk[:, None] < k_stop) & n_ok[None, :],
+                other=0,
+            )
+            x = tl.load(
+                x_rows + kk[None, :] * stride_xk,
+                mask=m_ok[:, None] & (kk[None, :] < k_stop),
+                other=0.0,
+            )
+            acc = tl.dot(x, q.to(X.dtype.element_ty), acc)
+        if SPLIT_K == 1:
+            acc = acc * tl.load(S + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        acc = acc + tl.load(Bias + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    c_ptrs = C + pid_k * stride_cs + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])

@@ -1,4 +1,4 @@
-"""Weight-only quantized linear layers: int4 (w4a16_gemm) and int8 (w8a16_gemm).
+"""What the weight-only quantized GEMMs share: int4 (``w4a16``) and int8 (``w8a16``).
 
     out = x · W (+ bias),   W = (q − zero) · scale per group (int4)  or  q · scale[n] (int8)
 
@@ -20,6 +20,10 @@ For int4 the even and odd k of a K tile are multiplied as two half-depth product
 high nibbles of one byte), so the packed bytes are used as loaded, without an interleave; the
 activation tile is loaded contiguously (vector loads) and split into its even and odd columns
 in registers.
+
+Shared here: the launch config and its heuristics (``WQConfig``), argument checks, the launch
+plan of ``_kernels._wq_gemm_kernel`` (and the split-K reduction), inputs, cost and shapes. The
+op modules (w4a16, w8a16) declare the ops.
 """
 
 from __future__ import annotations
@@ -27,116 +31,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-import triton.language as tl
 
-from kernelab.ops._model import Contract, Cost, Launch, Op, Shape, Variant, register
+from kernelab.ops._model import Contract, Cost, Shape
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
-from kernelab.ops._runtime.triton import kernel, num_sms, use_triton
+from kernelab.ops._runtime.launch import KernelCall, LaunchPlan
+from kernelab.ops._runtime.triton import num_sms
 from kernelab.ops.matmul import _common as gc
 from kernelab.ops.matmul import _packing
-from kernelab.ops.matmul._common import _tile_coords
-
-# --- the kernel -------------------------------------------------------------------------------
-
-
-@kernel
-def _wq_gemm_kernel(
-    C,
-    stride_cs,
-    stride_cm,
-    stride_cn,
-    X,
-    stride_xm,
-    stride_xk,
-    Q,
-    stride_qk,
-    stride_qn,
-    S,
-    stride_sk,
-    Z,
-    stride_zk,
-    Bias,
-    M,
-    N,
-    K,
-    k_per_split,
-    BITS: tl.constexpr,
-    GROUP_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-):
-    """One output tile and one K slice per program (axes 0 and 1).
-
-    BITS == 4: Q is uint8 [K/2, N] (k = 2i low nibble, 2i + 1 high), S and Z are [K/G, N];
-    each BLOCK_K step lies in one group (GROUP_SIZE % BLOCK_K == 0). BITS == 8: Q is int8
-    [K, N], S is [N]. SPLIT_K == 1: C = x·W (+ bias) in C's dtype; SPLIT_K > 1: C is the
-    float32 workspace [SPLIT_K, M, N] of unscaled-by-column partial sums (int8 scale and bias
-    are applied by the reduction).
-
-    Bytes: the weight at its packed width (K·N/2 or K·N) plus scales and zeros, read once per
-    row-tile; x (M·K) re-read per column tile from L2; C written once.
-    """
-    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    pid_k = tl.program_id(1)
-    k_start = pid_k * k_per_split
-    k_stop = tl.minimum(K, k_start + k_per_split)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_ok = rm < M
-    n_ok = rn < N
-    x_rows = X + rm[:, None].to(tl.int64) * stride_xm
-    q_cols = Q + rn[None, :].to(tl.int64) * stride_qn
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if BITS == 4:
-        rh = tl.arange(0, BLOCK_K // 2)
-        for k0 in range(k_start, k_stop, BLOCK_K):
-            kq = k0 // 2 + rh
-            q = tl.load(
-                q_cols + kq[:, None].to(tl.int64) * stride_qk,
-                mask=(kq[:, None] < k_stop // 2) & n_ok[None, :],
-                other=0,
-            ).to(tl.int32)
-            g = k0 // GROUP_SIZE
-            s = tl.load(S + g * stride_sk + rn, mask=n_ok, other=0.0).to(tl.float32)
-            z = tl.load(Z + g * stride_zk + rn, mask=n_ok, other=0).to(tl.int32)
-            w_lo = ((q & 15) - z[None, :]).to(X.dtype.element_ty)
-            w_hi = ((q >> 4) - z[None, :]).to(X.dtype.element_ty)
-            kk = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(
-                x_rows + kk[None, :] * stride_xk,
-                mask=m_ok[:, None] & (kk[None, :] < k_stop),
-                other=0.0,
-            )
-            x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, BLOCK_K // 2, 2)))
-            part = tl.dot(x_even, w_lo) + tl.dot(x_odd, w_hi)
-            acc += part * s[None, :]
-    else:
-        rk = tl.arange(0, BLOCK_K)
-        for k0 in range(k_start, k_stop, BLOCK_K):
-            kk = k0 + rk
-            q = tl.load(
-                q_cols + kk[:, None].to(tl.int64) * stride_qk,
-                mask=(kk[:, None] < k_stop) & n_ok[None, :],
-                other=0,
-            )
-            x = tl.load(
-                x_rows + kk[None, :] * stride_xk,
-                mask=m_ok[:, None] & (kk[None, :] < k_stop),
-                other=0.0,
-            )
-            acc = tl.dot(x, q.to(X.dtype.element_ty), acc)
-        if SPLIT_K == 1:
-            acc = acc * tl.load(S + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    if HAS_BIAS:
-        acc = acc + tl.load(Bias + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    c_ptrs = C + pid_k * stride_cs + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-
 
 # --- launch heuristics as data ----------------------------------------------------------------
 
@@ -206,38 +108,11 @@ class WQConfig:
         return [c for c in space if keep(c)] or [WQConfig.default_for(M, N, K, dtype, device, bits)]
 
 
-# --- references, eager, launcher --------------------------------------------------------------
+# --- argument checks and the launch plan ------------------------------------------------------
 
 
-def w4a16_ref(x, qweight, scales, zeros, group_size, bias=None, out=None):
-    """x @ dequantized W (+ bias), in x's dtype (exact when given float64)."""
-    w = _packing.dequantize_int4(qweight, scales, zeros, group_size, x.dtype)
-    y = x @ w if bias is None else x @ w + bias
-    return y if out is None else out.copy_(y)
-
-
-def w8a16_ref(x, qweight, scales, bias=None, out=None):
-    w = _packing.dequantize_int8(qweight, scales, x.dtype)
-    y = x @ w if bias is None else x @ w + bias
-    return y if out is None else out.copy_(y)
-
-
-def w4a16_torch(x, qweight, scales, zeros, group_size, bias=None, out=None):
-    """Eager PyTorch: dequantize the weight to x's dtype, then a dense matmul."""
-    _validate(x, qweight, scales, zeros, group_size, bias, out, bits=4)
-    w = _packing.dequantize_int4(qweight, scales, zeros, group_size, x.dtype)
-    y = torch.addmm(bias, x, w) if bias is not None else x @ w
-    return y if out is None else out.copy_(y)
-
-
-def w8a16_torch(x, qweight, scales, bias=None, out=None):
-    _validate(x, qweight, scales, None, None, bias, out, bits=8)
-    w = _packing.dequantize_int8(qweight, scales, x.dtype)
-    y = torch.addmm(bias, x, w) if bias is not None else x @ w
-    return y if out is None else out.copy_(y)
-
-
-def _validate(x, qweight, scales, zeros, group_size, bias, out, bits):
+def validate(x, qweight, scales, zeros, group_size, bias, out, bits) -> int:
+    """Arguments of the weight-only GEMMs (``zeros``, ``group_size``: int4 only); returns N."""
     _check.tensor("x", x, dtypes=(torch.float16, torch.bfloat16), ndim=2)
     k = x.shape[1]
     if bits == 4:
@@ -270,12 +145,16 @@ def _validate(x, qweight, scales, zeros, group_size, bias, out, bits):
     return n
 
 
-def _launch(x, qweight, scales, zeros, group_size, bias, out, bits, config):
-    n = _validate(x, qweight, scales, zeros, group_size, bias, out, bits)
+def plan(kern, x, qweight, scales, zeros, group_size, bias, out, config, *, bits) -> LaunchPlan:
+    """The launches for these (validated) arguments with ``kern`` (``_wq_gemm_kernel``, or a
+    planted-defect copy of it): the kernel into ``out`` (allocated when None), or, when K is
+    split, into a float32 workspace and then the split-K reduction, which applies the int8
+    scale and the bias. Nothing is launched for an empty output."""
     m, k = x.shape
+    n = qweight.shape[1]
     c = out if out is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
-        return c
+        return LaunchPlan(result=c)
     cfg = config or WQConfig.default_for(m, n, k, x.dtype, x.device, bits)
     if bits == 4 and group_size % cfg.block_k:
         raise ValueError(
@@ -283,59 +162,76 @@ def _launch(x, qweight, scales, zeros, group_size, bias, out, bits, config):
         )
     qweight, scales = qweight.contiguous(), scales.contiguous()
     zeros = zeros.contiguous() if zeros is not None else scales
-    k_per_split = gc.cdiv(gc.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
-    split = gc.cdiv(k, k_per_split)
-    target = c if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    grid = (gc.cdiv(m, cfg.block_m) * gc.cdiv(n, cfg.block_n), split)
-    _wq_gemm_kernel[grid](
-        target, target.stride(0) if split > 1 else 0, target.stride(-2), target.stride(-1),
-        x, x.stride(0), x.stride(1), qweight, qweight.stride(0), qweight.stride(1),
-        scales, scales.stride(0) if bits == 4 else 0, zeros, zeros.stride(0) if bits == 4 else 0,
-        bias if bias is not None else c, m, n, k, k_per_split,
-        BITS=bits, GROUP_SIZE=group_size if bits == 4 else 1, BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=split,
-        HAS_BIAS=bias is not None and split == 1,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
-    if split > 1:
-        gc.splitk_reduce(c, target, scale=scales if bits == 8 else None, bias=bias)
-    return c
+    k_per_split, split = gc.k_slices(k, cfg.split_k, cfg.block_k)
+    opts = dict(group_size=group_size, bits=bits, k_per_split=k_per_split, cfg=cfg)
+    if split == 1:
+        return LaunchPlan((gemm_call(kern, c, c, x, qweight, scales, zeros, bias, **opts),), c)
+    part = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    calls = (
+        gemm_call(kern, part, c, x, qweight, scales, zeros, bias, **opts),
+        gc.reduce_call(c, part, scale=scales if bits == 8 else None, bias=bias, config=cfg),
+    )
+    return LaunchPlan(calls, c)
 
 
-def w4a16_triton(x, qweight, scales, zeros, group_size, bias=None, out=None, config=None):
-    return _launch(x, qweight, scales, zeros, group_size, bias, out, 4, config)
+def gemm_call(
+    kern, target, c, x, qweight, scales, zeros, bias, *, group_size, bits, k_per_split, cfg
+) -> KernelCall:
+    """``kern`` into ``target``: ``c`` itself, or the float32 workspace [S, M, N] of S K slices
+    (then the int8 scale and the bias are left to the reduction). int8 has no zero points
+    (``scales`` stands in for them) and no groups."""
+    m, k = x.shape
+    n = c.shape[1]
+    split = target.shape[0] if target.dim() == 3 else 1
+    return KernelCall(
+        kern,
+        (gc.cdiv(m, cfg.block_m) * gc.cdiv(n, cfg.block_n), split),
+        dict(
+            C=target,
+            stride_cs=target.stride(0) if split > 1 else 0,
+            stride_cm=target.stride(-2),
+            stride_cn=target.stride(-1),
+            X=x,
+            stride_xm=x.stride(0),
+            stride_xk=x.stride(1),
+            Q=qweight,
+            stride_qk=qweight.stride(0),
+            stride_qn=qweight.stride(1),
+            S=scales,
+            stride_sk=scales.stride(0) if bits == 4 else 0,
+            Z=zeros,
+            stride_zk=zeros.stride(0) if bits == 4 else 0,
+            Bias=bias if bias is not None else c,
+            M=m,
+            N=n,
+            K=k,
+            k_per_split=k_per_split,
+            BITS=bits,
+            GROUP_SIZE=group_size if bits == 4 else 1,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m,
+            SPLIT_K=split,
+            HAS_BIAS=bias is not None and split == 1,
+        ),
+        cfg.num_warps,
+        cfg.num_stages,
+        config=cfg,
+    )
 
 
-def w8a16_triton(x, qweight, scales, bias=None, out=None, config=None):
-    return _launch(x, qweight, scales, None, None, bias, out, 8, config)
-
-
-def w4a16_gemm(x, qweight, scales, zeros, group_size, bias=None, out=None):
-    """x [M, K] @ int4 weight (kernelab layout, see ``_packing``) (+ bias) → [M, N] in x's
-    dtype. Triton on CUDA/ROCm; torch on CPU (interpreter with KERNELAB_INTERPRET=1)."""
-    if isinstance(x, torch.Tensor) and use_triton(x):
-        return w4a16_triton(x, qweight, scales, zeros, group_size, bias, out)
-    return w4a16_torch(x, qweight, scales, zeros, group_size, bias, out)
-
-
-def w8a16_gemm(x, qweight, scales, bias=None, out=None):
-    """x [M, K] @ int8 weight [K, N] with per-column ``scales`` (+ bias) → [M, N]."""
-    if isinstance(x, torch.Tensor) and use_triton(x):
-        return w8a16_triton(x, qweight, scales, bias, out)
-    return w8a16_torch(x, qweight, scales, bias, out)
-
-
-# --- the declarations -------------------------------------------------------------------------
+# --- inputs, cost, shapes, contract -----------------------------------------------------------
 #
 # Contract: the default (2x eager torch's error, per-dtype floor). The reference is computed
 # from the very quantized weight the kernel reads, so quantization error is not compared.
 
+DTYPES = (torch.float16, torch.bfloat16)
+#: NaN and Inf go into the activations; scales and zero points are prepared data.
+CONTRACT = Contract(special_inputs=("x",))
 
-def _representative() -> list[Shape]:
-    return gc.representative(lambda proj, bias: {"group_size": 128})
 
-
-def _edge(bits: int = 4) -> list[Shape]:
+def edge(bits: int) -> list[Shape]:
     cases = [
         ("one row", 1, 33, 128, {"group_size": 64}),
         ("decode batch", 5, 100, 384, {"group_size": 128, "bias": True}),
@@ -353,50 +249,23 @@ def _edge(bits: int = 4) -> list[Shape]:
     return shapes
 
 
-def _weight(shape, device, gen):
+def weight(shape, device, gen):
+    """The float weight [K, N] to quantize, scaled by 1/sqrt(K) as trained layers are."""
     k, n = shape.dims["K"], shape.dims["N"]
     return _inputs.randn((k, n), torch.float32, device, gen, "normal") / max(1.0, k**0.5)
 
 
-def _x_and_bias(shape, dtype, device, gen, dist):
+def x_and_bias(shape, dtype, device, gen, dist):
+    """The activations (with the shape's row padding) and the bias the shape asks for."""
     m, k, n = shape.dims["M"], shape.dims["K"], shape.dims["N"]
     x = _inputs.randn((m, k), dtype, device, gen, dist)
-    if shape.params.get("x_pad") and device.type != "meta":
+    if shape.params.get("x_pad"):
         x = _inputs.strided_rows(x, shape.params["x_pad"])
     bias = _inputs.randn((n,), dtype, device, gen, "normal") if shape.params.get("bias") else None
     return x, bias
 
 
-def _w4_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
-    g = shape.params.get("group_size", 128)
-    if device.type == "meta":
-        k, n = shape.dims["K"], shape.dims["N"]
-        meta = {"dtype": torch.uint8, "device": device}
-        w = _packing.Int4Weight(
-            torch.empty((k // 2, n), **meta),
-            torch.empty((k // g, n), dtype=dtype, device=device),
-            torch.empty((k // g, n), **meta),
-            g,
-        )
-    else:
-        w = _packing.quantize_int4(_weight(shape, device, gen), g, dtype)
-    x, bias = _x_and_bias(shape, dtype, device, gen, dist)
-    return {"x": x, "qweight": w.qweight, "scales": w.scales, "zeros": w.zeros,
-            "group_size": g, "bias": bias}  # fmt: skip
-
-
-def _w8_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
-    k, n = shape.dims["K"], shape.dims["N"]
-    if device.type == "meta":
-        q = torch.empty((k, n), dtype=torch.int8, device=device)
-        s = torch.empty((n,), dtype=dtype, device=device)
-    else:
-        q, s = _packing.quantize_int8(_weight(shape, device, gen), dtype)
-    x, bias = _x_and_bias(shape, dtype, device, gen, dist)
-    return {"x": x, "qweight": q, "scales": s, "bias": bias}
-
-
-def _cost(inputs: dict) -> Cost:
+def cost(inputs: dict) -> Cost:
     """FLOPs 2·M·N·K; bytes: x, the weight at its packed width, scales, zeros, bias, out."""
     x, q = inputs["x"], inputs["qweight"]
     m, k = x.shape
@@ -411,140 +280,6 @@ def _cost(inputs: dict) -> Cost:
                 bytes=nbytes)  # fmt: skip
 
 
-def _launches_for(bits: int):
-    def launches(shape: Shape, dtype, config: WQConfig | None = None, device=None):
-        m, n, k = shape.dims["M"], shape.dims["N"], shape.dims["K"]
-        if m * n * k == 0:
-            return []
-        cfg = config or WQConfig.default_for(m, n, k, dtype, device, bits)
-        t = gc.TL_NAME[dtype]
-        k_per_split = gc.cdiv(gc.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
-        split = gc.cdiv(k, k_per_split)
-        has_bias = bool(shape.params.get("bias"))
-        const = {
-            "BITS": bits,
-            "GROUP_SIZE": shape.params.get("group_size", 128) if bits == 4 else 1,
-            "BLOCK_M": cfg.block_m,
-            "BLOCK_N": cfg.block_n,
-            "BLOCK_K": cfg.block_k,
-            "GROUP_M": cfg.group_m,
-            "SPLIT_K": split,
-            "HAS_BIAS": has_bias and split == 1,
-        }
-        ptrs = {
-            "C": "*fp32" if split > 1 else f"*{t}",
-            "X": f"*{t}",
-            "Q": "*u8" if bits == 4 else "*i8",
-            "S": f"*{t}",
-            "Z": "*u8" if bits == 4 else f"*{t}",
-            "Bias": f"*{t}",
-        }
-        ints = {
-            "stride_cs": m * n if split > 1 else 0,
-            "stride_cm": n,
-            "stride_cn": 1,
-            "stride_xm": k + shape.params.get("x_pad", 0),
-            "stride_xk": 1,
-            "stride_qk": n,
-            "stride_qn": 1,
-            "stride_sk": n if bits == 4 else 0,
-            "stride_zk": n if bits == 4 else 0,
-            "M": m,
-            "N": n,
-            "K": k,
-            "k_per_split": k_per_split,
-        }
-        kern = _wq_gemm_kernel
-        sig = {a: "constexpr" if a in const else ptrs.get(a, "i32") for a in kern.arg_names}
-        out = [
-            Launch(
-                kern,
-                sig,
-                const,
-                cfg.num_warps,
-                cfg.num_stages,
-                (gc.cdiv(m, cfg.block_m) * gc.cdiv(n, cfg.block_n), split),
-                divisible_16=(*ptrs, *(a for a, v in ints.items() if v % 16 == 0)),
-                equal_1=tuple(a for a, v in ints.items() if v == 1),
-                config=cfg,
-            )
-        ]
-        if split > 1:
-            bm, bn = gc.REDUCE_BLOCK
-            rconst = {"SPLIT_K": split, "BLOCK_M": bm, "BLOCK_N": bn, "HAS_SCALE": bits == 8,
-                      "HAS_BIAS": has_bias, "ACTIVATION": 0, "HAS_RESIDUAL": False}  # fmt: skip
-            rsig = gc.reduce_signature(t, t)
-            out.append(
-                Launch(gc._splitk_reduce_kernel, rsig, rconst, 4, 1,
-                       (gc.cdiv(m, bm), gc.cdiv(n, bn)),
-                       divisible_16=("C", "Part", "Scale", "Bias", "Res"), config=cfg)
-            )  # fmt: skip
-        return out
-
-    return launches
-
-
-def _space_for(bits: int):
-    def space(shape: Shape, dtype):
-        d = shape.dims
-        return WQConfig.tuning_space(d["M"], d["N"], d["K"], dtype, None, bits)
-
-    return space
-
-
-_DTYPES = (torch.float16, torch.bfloat16)
-
-W4A16_GEMM = register(
-    Op(
-        "w4a16_gemm",
-        description="x·W (+bias), W int4 two per byte with group-wise scales and zero points",
-        reference=w4a16_ref,
-        make_inputs=_w4_inputs,
-        shapes={"representative": _representative, "edge": _edge},
-        cost=_cost,
-        # NaN and Inf go into the activations; scales and zero points are prepared data.
-        contract=Contract(special_inputs=("x",)),
-        dtypes=_DTYPES,
-        kernels=(_wq_gemm_kernel,),
-        launches=_launches_for(4),
-        tuning_space=_space_for(4),
-    )
-)
-W4A16_GEMM.add_variant(
-    Variant(
-        "kernelab",
-        w4a16_triton,
-        "triton",
-        description="GEMV-shaped split-K path for M<=16, tiled above",
-    )
-)
-W4A16_GEMM.add_torch(w4a16_torch)
-
-W8A16_GEMM = register(
-    Op(
-        "w8a16_gemm",
-        description="x·W (+bias), W int8 with per-output-channel scales",
-        reference=w8a16_ref,
-        make_inputs=_w8_inputs,
-        shapes={
-            "representative": lambda: gc.representative(),
-            "edge": lambda: _edge(8),
-        },
-        cost=_cost,
-        # NaN and Inf go into the activations; scales and zero points are prepared data.
-        contract=Contract(special_inputs=("x",)),
-        dtypes=_DTYPES,
-        kernels=(_wq_gemm_kernel,),
-        launches=_launches_for(8),
-        tuning_space=_space_for(8),
-    )
-)
-W8A16_GEMM.add_variant(
-    Variant(
-        "kernelab",
-        w8a16_triton,
-        "triton",
-        description="GEMV-shaped split-K path for M<=16, tiled above",
-    )
-)
-W8A16_GEMM.add_torch(w8a16_torch)
+def tuning_space(shape: Shape, dtype, bits: int) -> list[WQConfig]:
+    d = shape.dims
+    return WQConfig.tuning_space(d["M"], d["N"], d["K"], dtype, None, bits)

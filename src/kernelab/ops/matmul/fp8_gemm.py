@@ -18,84 +18,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton.language as tl
 
-from kernelab.ops._model import Cost, Launch, Op, Shape, Variant, register
+from kernelab.ops._model import Cost, Op, Shape, Variant, register
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
-from kernelab.ops._runtime.triton import kernel, use_triton
+from kernelab.ops._runtime.launch import KernelCall, LaunchPlan
+from kernelab.ops._runtime.triton import use_triton
 from kernelab.ops.matmul import _common as gc
-from kernelab.ops.matmul._common import _tile_coords
-from kernelab.ops.matmul._kernels import _gemm_tile
+from kernelab.ops.matmul._kernels import _fp8_gemm_kernel
 
 E4M3 = tuple(
     getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, name)
 )
-
-
-@kernel
-def _fp8_gemm_kernel(
-    C,
-    stride_cm,
-    stride_cn,
-    A,
-    stride_am,
-    stride_ak,
-    B,
-    stride_bk,
-    stride_bn,
-    SA,
-    SB,
-    Bias,
-    M,
-    N,
-    K,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    ROW_SCALE_A: tl.constexpr,
-    COL_SCALE_B: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-):
-    """One output tile per program in grouped order; fp8 tiles multiplied on tensor cores
-    into float32, then scaled by scale_a[row] · scale_b[col] and rounded to C's dtype.
-
-    Bytes: M·K + K·N (one byte each), the scales, and 2·M·N for the bfloat16 output.
-    """
-    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    acc = _gemm_tile(
-        A,
-        stride_am,
-        stride_ak,
-        B,
-        stride_bk,
-        stride_bn,
-        M,
-        N,
-        0,
-        K,
-        pid_m,
-        pid_n,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_K,
-    )
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if ROW_SCALE_A:
-        sa = tl.load(SA + rm, mask=rm < M, other=0.0)
-    else:
-        sa = tl.load(SA + rm * 0)
-    if COL_SCALE_B:
-        sb = tl.load(SB + rn, mask=rn < N, other=0.0)
-    else:
-        sb = tl.load(SB + rn * 0)
-    acc = acc * sa[:, None] * sb[None, :]
-    if HAS_BIAS:
-        acc = acc + tl.load(Bias + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    c_ptrs = C + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
 # --- launch heuristics as data ----------------------------------------------------------------
@@ -227,26 +161,56 @@ def fp8_supported(device) -> bool:
 
 
 def fp8_gemm_triton(a, b, scale_a, scale_b, bias=None, b_layout="nk", out=None, config=None):
-    n = _validate(a, b, scale_a, scale_b, bias, b_layout, out)
+    _validate(a, b, scale_a, scale_b, bias, b_layout, out)
     if not fp8_supported(a.device):
         raise ValueError(
             f"a: fp8 GEMM needs an sm_89+ or gfx942 device, got {gc.arch_of(a.device)}"
         )
+    return _plan(a, b, scale_a, scale_b, bias, b_layout, out, config).run()
+
+
+def _plan(a, b, scale_a, scale_b, bias=None, b_layout="nk", out=None, config=None):
+    """The launch of ``_fp8_gemm_kernel`` for these (validated) arguments; nothing for an
+    empty output."""
     m, k = a.shape
+    n = b.shape[0] if b_layout == "nk" else b.shape[1]
     c = out if out is not None else torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
     if m == 0 or n == 0:
-        return c
+        return LaunchPlan(result=c)
     cfg = config or Fp8Config.default_for(m, n, k, torch.bfloat16, a.device)
     bk = _b_as_kn(b, b_layout)
-    grid = (gc.cdiv(m, cfg.block_m) * gc.cdiv(n, cfg.block_n),)
-    _fp8_gemm_kernel[grid](
-        c, c.stride(0), c.stride(1), a, a.stride(0), a.stride(1), bk, bk.stride(0),
-        bk.stride(1), scale_a, scale_b, bias if bias is not None else c, m, n, k,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        ROW_SCALE_A=scale_a.numel() > 1, COL_SCALE_B=scale_b.numel() > 1,
-        HAS_BIAS=bias is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
-    return c
+    call = KernelCall(
+        _fp8_gemm_kernel,
+        (gc.cdiv(m, cfg.block_m) * gc.cdiv(n, cfg.block_n),),
+        dict(
+            C=c,
+            stride_cm=c.stride(0),
+            stride_cn=c.stride(1),
+            A=a,
+            stride_am=a.stride(0),
+            stride_ak=a.stride(1),
+            B=bk,
+            stride_bk=bk.stride(0),
+            stride_bn=bk.stride(1),
+            SA=scale_a,
+            SB=scale_b,
+            Bias=bias if bias is not None else c,
+            M=m,
+            N=n,
+            K=k,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m,
+            ROW_SCALE_A=scale_a.numel() > 1,
+            COL_SCALE_B=scale_b.numel() > 1,
+            HAS_BIAS=bias is not None,
+        ),
+        cfg.num_warps,
+        cfg.num_stages,
+        config=cfg,
+    )
+    return LaunchPlan((call,), c)
 
 
 def fp8_gemm(a, b, scale_a, scale_b, bias=None, b_layout="nk", out=None):
@@ -314,46 +278,6 @@ def _cost(inputs: dict) -> Cost:
     return Cost(flops=2 * m * n * k, bytes=nbytes)
 
 
-def _launches(shape: Shape, dtype, config: Fp8Config | None = None, device=None):
-    m, n, k = shape.dims["M"], shape.dims["N"], shape.dims["K"]
-    if m * n * k == 0:
-        return []
-    cfg = config or Fp8Config.default_for(m, n, k, dtype, device)
-    arch = gc.arch_of(device) or ""
-    f8 = "fp8e4b8" if arch.startswith("gfx942") else "fp8e4nv"
-    p = shape.params
-    nk = p.get("layout", "nk") == "nk"
-    per_row = p.get("scaling", "row") == "row"
-    const = {
-        "BLOCK_M": cfg.block_m,
-        "BLOCK_N": cfg.block_n,
-        "BLOCK_K": cfg.block_k,
-        "GROUP_M": cfg.group_m,
-        "ROW_SCALE_A": per_row and m > 1,
-        "COL_SCALE_B": per_row,
-        "HAS_BIAS": bool(p.get("bias")),
-    }
-    ptrs = {"C": "*bf16", "A": f"*{f8}", "B": f"*{f8}", "SA": "*fp32", "SB": "*fp32"}
-    ptrs["Bias"] = "*bf16"
-    ints = {"stride_cm": n, "stride_cn": 1, "stride_am": k, "stride_ak": 1, "M": m, "N": n}
-    ints.update({"stride_bk": 1 if nk else n, "stride_bn": k if nk else 1, "K": k})
-    kern = _fp8_gemm_kernel
-    sig = {a: "constexpr" if a in const else ptrs.get(a, "i32") for a in kern.arg_names}
-    return [
-        Launch(
-            kern,
-            sig,
-            const,
-            cfg.num_warps,
-            cfg.num_stages,
-            (gc.cdiv(m, cfg.block_m) * gc.cdiv(n, cfg.block_n),),
-            divisible_16=(*ptrs, *(a for a, v in ints.items() if v % 16 == 0)),
-            equal_1=tuple(a for a, v in ints.items() if v == 1),
-            config=cfg,
-        )
-    ]
-
-
 def _tuning_space(shape: Shape, dtype):
     d = shape.dims
     return Fp8Config.tuning_space(d["M"], d["N"], d["K"], dtype)
@@ -369,7 +293,7 @@ FP8_GEMM = register(
         cost=_cost,
         dtypes=(torch.bfloat16,),
         kernels=(_fp8_gemm_kernel,),
-        launches=_launches,
+        plan=_plan,
         tuning_space=_tuning_space,
     )
 )

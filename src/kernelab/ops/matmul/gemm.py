@@ -3,7 +3,7 @@
     C = activation(A·B + bias) + residual        A: [M, K], B: [K, N] or an nn.Linear [N, K]
 
 fp16/bf16 inputs, float32 accumulation, one rounding at the end. Four kernels, in
-``_gemm_kernels``:
+``_kernels``:
 
 - ``_gemm_kernel``: one output tile per program, tiles in grouped order (L2 reuse); with
   SPLIT_K > 1 each program sums one slice of K into a float32 workspace and
@@ -15,7 +15,7 @@ fp16/bf16 inputs, float32 accumulation, one rounding at the end. Four kernels, i
   descriptors; this is checked when the op is called, never at import; otherwise the tiled
   kernel runs.
 
-The ladder: kernels → ``gemm_triton`` (validate, allocate, launch) → ``gemm`` (public) with
+The ladder: kernels → ``gemm_triton`` (validate, then run ``_plan``) → ``gemm`` (public) with
 ``gemm_ref`` (float64-exact reference) and ``gemm_torch`` (eager PyTorch) beside it.
 """
 
@@ -29,6 +29,7 @@ import torch
 from kernelab.ops._model import Cost, Launch, Op, Shape, Variant, register
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
+from kernelab.ops._runtime.launch import TL, KernelCall, LaunchPlan
 from kernelab.ops._runtime.triton import num_sms, use_triton
 from kernelab.ops.matmul import _common as gc
 from kernelab.ops.matmul._kernels import (
@@ -140,11 +141,16 @@ def tma_available(device=None) -> bool:
     descriptors in the installed Triton (looked up now, not at import)."""
     if gc.sm_version(gc.arch_of(device)) < 90:
         return False
+    return _tensor_descriptor() is not None
+
+
+def _tensor_descriptor():
+    """Triton's host-side ``TensorDescriptor`` class, or None when this Triton has none."""
     try:
         module = importlib.import_module("triton.tools.tensor_descriptor")
     except ImportError:
-        return False
-    return hasattr(module, "TensorDescriptor")
+        return None
+    return getattr(module, "TensorDescriptor", None)
 
 
 # --- reference, eager, launcher, public function ----------------------------------------------
@@ -209,67 +215,194 @@ def gemm_triton(
     a, b, bias=None, residual=None, activation="none", b_layout="kn", out=None, config=None
 ):
     """Launch the kernel ``config`` names (default: ``GemmConfig.default_for``)."""
-    n = _validate(a, b, bias, residual, activation, b_layout, out)
+    _validate(a, b, bias, residual, activation, b_layout, out)
+    if a.shape[1] == 0:  # an empty sum: no kernel, the epilogue of zeros in torch
+        c = gemm_torch(a, b, bias, residual, activation, b_layout)
+        return c if out is None else out.copy_(c)
+    return _plan(a, b, bias, residual, activation, b_layout, out, config).run()
+
+
+def _plan(a, b, bias=None, residual=None, activation="none", b_layout="kn", out=None, config=None):
+    """The launches of ``gemm_triton`` for these (validated) arguments: the kernel ``config``
+    names, and for split-K the reduction after it. Nothing is launched for an empty output, nor
+    for K = 0 (``gemm_triton`` computes that in torch)."""
     m, k = a.shape
+    n = b.shape[1] if b_layout == "kn" else b.shape[0]
     c = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=a.device)
-    if m == 0 or n == 0:
-        return c
-    if k == 0:
-        return c.copy_(gemm_torch(a, b, bias, residual, activation, b_layout))
+    if m == 0 or n == 0 or k == 0:
+        return LaunchPlan(result=c)
     cfg = config or GemmConfig.default_for(m, n, k, a.dtype, a.device)
+    act = gc.activation_code(activation)
+    if cfg.kind == "tma" and _tma_ok(a, b):
+        return LaunchPlan((_tma_call(c, a, b, bias, residual, act, b_layout, cfg),), c)
     bk = _b_as_kn(b, b_layout)
-    res = residual if residual is not None else c
-    flags = {
-        "HAS_BIAS": bias is not None,
-        "ACTIVATION": gc.activation_code(activation),
-        "HAS_RESIDUAL": residual is not None,
-    }
-    bias_arg = bias if bias is not None else c
-    tiles = gc.cdiv(m, cfg.block_m) * gc.cdiv(n, cfg.block_n)
-    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    blocks = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
-    if cfg.kind == "tma" and _tma_ok(a, b, c, cfg):
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
-        box = [cfg.block_n, cfg.block_k] if b_layout == "nk" else [cfg.block_k, cfg.block_n]
-        b_desc = TensorDescriptor.from_tensor(b, box)
-        _gemm_tma_kernel[(tiles,)](
-            c, c.stride(0), c.stride(1), a_desc, b_desc, bias_arg, res, res.stride(0),
-            res.stride(1), m, n, k, **blocks, GROUP_M=cfg.group_m, B_IS_NK=b_layout == "nk",
-            **flags, **opts,
-        )  # fmt: skip
-        return c
     if cfg.kind == "persistent":
-        programs = min(tiles, num_sms(a.device))
-        _gemm_persistent_kernel[(programs,)](
-            c, c.stride(0), c.stride(1), a, a.stride(0), a.stride(1), bk, bk.stride(0),
-            bk.stride(1), bias_arg, res, res.stride(0), res.stride(1), m, n, k, programs,
-            **blocks, GROUP_M=cfg.group_m, **flags, **opts,
-        )  # fmt: skip
-        return c
-    k_per_split = gc.cdiv(gc.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
-    split = gc.cdiv(k, k_per_split)
+        return LaunchPlan((_persistent_call(c, a, bk, bias, residual, act, cfg),), c)
+    k_per_split, split = gc.k_slices(k, cfg.split_k, cfg.block_k)
     if split == 1:
-        target, stride_s = c, 0
-    else:
-        target = torch.empty((split, m, n), dtype=torch.float32, device=a.device)
-        stride_s = target.stride(0)
-    _gemm_kernel[(tiles, split)](
-        target, stride_s, target.stride(-2), target.stride(-1), a, a.stride(0), a.stride(1),
-        bk, bk.stride(0), bk.stride(1), bias_arg, res, res.stride(0), res.stride(1), m, n, k,
-        k_per_split, **blocks, GROUP_M=cfg.group_m, SPLIT_K=split,
-        **(flags if split == 1 else {"HAS_BIAS": False, "ACTIVATION": 0, "HAS_RESIDUAL": False}),
-        **opts,
-    )  # fmt: skip
+        return LaunchPlan((_tiled_call(c, c, a, bk, bias, residual, act, k_per_split, cfg),), c)
+    # Each slice into a float32 workspace, no epilogue; the reduction adds them in order.
+    part = torch.empty((split, m, n), dtype=torch.float32, device=a.device)
+    calls = (
+        _tiled_call(part, c, a, bk, bias, residual, act, k_per_split, cfg),
+        gc.reduce_call(c, part, bias=bias, residual=residual, activation=act, config=cfg),
+    )
+    return LaunchPlan(calls, c)
+
+
+def _tiles(m: int, n: int, cfg: GemmConfig) -> int:
+    return gc.cdiv(m, cfg.block_m) * gc.cdiv(n, cfg.block_n)
+
+
+def _epilogue_args(c, bias, residual, activation) -> dict:
+    """The epilogue's arguments: the unused pointers stand in as ``c``."""
+    res = residual if residual is not None else c
+    return dict(
+        Bias=bias if bias is not None else c,
+        Res=res,
+        stride_rm=res.stride(0),
+        stride_rn=res.stride(1),
+        HAS_BIAS=bias is not None,
+        ACTIVATION=activation,
+        HAS_RESIDUAL=residual is not None,
+    )
+
+
+def _tiled_call(target, c, a, bk, bias, residual, activation, k_per_split, cfg) -> KernelCall:
+    """``_gemm_kernel`` into ``target``: ``c`` itself, or the float32 workspace [S, M, N] of
+    S K slices (then the epilogue is left to the reduction)."""
+    m, k = a.shape
+    n = c.shape[1]
+    split = target.shape[0] if target.dim() == 3 else 1
+    epilogue = _epilogue_args(c, bias, residual, activation)
     if split > 1:
-        gc.splitk_reduce(c, target, bias=bias, residual=residual, activation=flags["ACTIVATION"])
-    return c
+        epilogue.update(HAS_BIAS=False, ACTIVATION=0, HAS_RESIDUAL=False)
+    return KernelCall(
+        _gemm_kernel,
+        (_tiles(m, n, cfg), split),
+        dict(
+            C=target,
+            stride_cs=target.stride(0) if split > 1 else 0,
+            stride_cm=target.stride(-2),
+            stride_cn=target.stride(-1),
+            A=a,
+            stride_am=a.stride(0),
+            stride_ak=a.stride(1),
+            B=bk,
+            stride_bk=bk.stride(0),
+            stride_bn=bk.stride(1),
+            M=m,
+            N=n,
+            K=k,
+            k_per_split=k_per_split,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m,
+            SPLIT_K=split,
+            **epilogue,
+        ),
+        cfg.num_warps,
+        cfg.num_stages,
+        config=cfg,
+    )
 
 
-def _tma_ok(a, b, c, cfg) -> bool:
-    """TMA needs the device and Triton support, unit inner strides and 16-byte aligned rows."""
-    if not tma_available(a.device):
+def _persistent_call(c, a, bk, bias, residual, activation, cfg) -> KernelCall:
+    """``_gemm_persistent_kernel``: one program per SM (fewer when there are fewer tiles)."""
+    m, k = a.shape
+    n = c.shape[1]
+    programs = min(_tiles(m, n, cfg), num_sms(a.device))
+    return KernelCall(
+        _gemm_persistent_kernel,
+        (programs,),
+        dict(
+            C=c,
+            stride_cm=c.stride(0),
+            stride_cn=c.stride(1),
+            A=a,
+            stride_am=a.stride(0),
+            stride_ak=a.stride(1),
+            B=bk,
+            stride_bk=bk.stride(0),
+            stride_bn=bk.stride(1),
+            M=m,
+            N=n,
+            K=k,
+            num_programs=programs,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m,
+            **_epilogue_args(c, bias, residual, activation),
+        ),
+        cfg.num_warps,
+        cfg.num_stages,
+        config=cfg,
+    )
+
+
+def _tma_call(c, a, b, bias, residual, activation, b_layout, cfg) -> KernelCall:
+    """``_gemm_tma_kernel``: A in [BLOCK_M, BLOCK_K] boxes, B as given ([N, K] boxes of
+    [BLOCK_N, BLOCK_K], or [K, N] boxes of [BLOCK_K, BLOCK_N])."""
+    descriptor = _tensor_descriptor()
+    m, k = a.shape
+    n = c.shape[1]
+    box = [cfg.block_n, cfg.block_k] if b_layout == "nk" else [cfg.block_k, cfg.block_n]
+    return DescriptorCall(
+        _gemm_tma_kernel,
+        (_tiles(m, n, cfg),),
+        dict(
+            C=c,
+            stride_cm=c.stride(0),
+            stride_cn=c.stride(1),
+            a_desc=descriptor.from_tensor(a, [cfg.block_m, cfg.block_k]),
+            b_desc=descriptor.from_tensor(b, box),
+            M=m,
+            N=n,
+            K=k,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m,
+            B_IS_NK=b_layout == "nk",
+            **_epilogue_args(c, bias, residual, activation),
+        ),
+        cfg.num_warps,
+        cfg.num_stages,
+        config=cfg,
+    )
+
+
+class DescriptorCall(KernelCall):
+    """A ``KernelCall`` with TMA tensor-descriptor arguments, described as Triton's JIT
+    mangles them (``tensordesc<bf16[128, 64]>``); a descriptor is not a pointer, so it is
+    never specialised as 16-byte aligned."""
+
+    def describe(self) -> Launch:
+        descriptor = _tensor_descriptor()
+        descriptors = {n: v for n, v in self.args.items() if isinstance(v, descriptor)}
+        tensors = {n: v.base for n, v in descriptors.items()}
+        launch = KernelCall.describe(replace(self, args={**self.args, **tensors}))
+        types = {
+            n: f"tensordesc<{TL[v.base.dtype]}[{', '.join(map(str, v.block_shape))}]>"
+            for n, v in descriptors.items()
+        }
+        return replace(
+            launch,
+            signature={**launch.signature, **types},
+            divisible_16=tuple(a for a in launch.divisible_16 if a not in descriptors),
+        )
+
+
+def _tma_ok(a, b) -> bool:
+    """TMA needs the device and Triton support, unit inner strides and 16-byte aligned rows.
+    Meta tensors (static analysis) stand for whichever device a "tma" config was chosen for:
+    only the installed Triton and the layouts are checked."""
+    if a.device.type == "meta":
+        if _tensor_descriptor() is None:
+            return False
+    elif not tma_available(a.device):
         return False
     for t in (a, b):
         if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
@@ -343,7 +476,7 @@ def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
     b = b / max(1.0, k**0.5)
     bias = _inputs.randn((n,), dtype, device, gen, "normal") if p.get("bias") else None
     res = _inputs.randn((m, n), dtype, device, gen, dist)
-    if p.get("a_pad") and device.type != "meta":
+    if p.get("a_pad"):
         a = _inputs.strided_rows(a, p["a_pad"])
     return {
         "a": a,
@@ -370,101 +503,6 @@ def _cost(inputs: dict) -> Cost:
     return Cost(flops=flops, bytes=nbytes)
 
 
-def _launches(shape: Shape, dtype, config: GemmConfig | None = None, device=None):
-    m, n, k = shape.dims["M"], shape.dims["N"], shape.dims["K"]
-    if m * n * k == 0:
-        return []
-    cfg = config or GemmConfig.default_for(m, n, k, dtype, device)
-    p = shape.params
-    t = gc.TL_NAME[dtype]
-    nk = p.get("layout", "kn") == "nk"
-    lda = k + p.get("a_pad", 0)
-    flags = {
-        "HAS_BIAS": bool(p.get("bias")),
-        "ACTIVATION": gc.ACTIVATIONS[p.get("activation", "none")],
-        "HAS_RESIDUAL": bool(p.get("residual")),
-    }
-    blocks = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
-    tiles = gc.cdiv(m, cfg.block_m) * gc.cdiv(n, cfg.block_n)
-    ints = {
-        "stride_cm": n,
-        "stride_cn": 1,
-        "stride_am": lda,
-        "stride_ak": 1,
-        "stride_bk": 1 if nk else n,
-        "stride_bn": k if nk else 1,
-        "stride_rm": n,
-        "stride_rn": 1,
-        "M": m,
-        "N": n,
-        "K": k,
-    }
-    ptrs = {"C": f"*{t}", "A": f"*{t}", "B": f"*{t}", "Bias": f"*{t}", "Res": f"*{t}"}
-    if cfg.kind == "tma":
-        a_box = f"tensordesc<{t}[{cfg.block_m}, {cfg.block_k}]>"
-        b_box = f"[{cfg.block_n}, {cfg.block_k}]" if nk else f"[{cfg.block_k}, {cfg.block_n}]"
-        kern, grid = _gemm_tma_kernel, (tiles,)
-        const = {**blocks, "GROUP_M": cfg.group_m, "B_IS_NK": nk, **flags}
-        ptrs.update({"a_desc": a_box, "b_desc": f"tensordesc<{t}{b_box}>"})
-    elif cfg.kind == "persistent":
-        programs = min(tiles, num_sms(None))
-        kern, grid = _gemm_persistent_kernel, (programs,)
-        const = {**blocks, "GROUP_M": cfg.group_m, **flags}
-        ints["num_programs"] = programs
-    else:
-        k_per_split = gc.cdiv(gc.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
-        split = gc.cdiv(k, k_per_split)
-        kern, grid = _gemm_kernel, (tiles, split)
-        const = {**blocks, "GROUP_M": cfg.group_m, "SPLIT_K": split, **flags}
-        ints.update({"stride_cs": m * n if split > 1 else 0, "k_per_split": k_per_split})
-        if split > 1:
-            ptrs["C"] = "*fp32"
-            const.update({"HAS_BIAS": False, "ACTIVATION": 0, "HAS_RESIDUAL": False})
-    sig = {}
-    for name in kern.arg_names:
-        if name in const:
-            sig[name] = "constexpr"
-        elif name in ptrs:
-            sig[name] = ptrs[name]
-        else:
-            sig[name] = "i32"
-    launches = [
-        Launch(
-            kern,
-            sig,
-            const,
-            cfg.num_warps,
-            cfg.num_stages,
-            grid,
-            divisible_16=(
-                *(p_ for p_, t_ in ptrs.items() if t_.startswith("*")),
-                *(k_ for k_, v in ints.items() if v % 16 == 0 and k_ in sig),
-            ),
-            equal_1=tuple(k_ for k_, v in ints.items() if v == 1 and k_ in sig),
-            config=cfg,
-        )
-    ]
-    if cfg.kind == "tiled" and const["SPLIT_K"] > 1:
-        launches.append(_reduce_launch(shape, t, const["SPLIT_K"], flags, cfg))
-    return launches
-
-
-def _reduce_launch(shape: Shape, t: str, split: int, flags: dict, cfg) -> Launch:
-    m, n = shape.dims["M"], shape.dims["N"]
-    bm, bn = gc.REDUCE_BLOCK
-    const = {"SPLIT_K": split, "BLOCK_M": bm, "BLOCK_N": bn, "HAS_SCALE": False, **flags}
-    return Launch(
-        gc._splitk_reduce_kernel,
-        gc.reduce_signature(t),
-        const,
-        4,
-        1,
-        (gc.cdiv(m, bm), gc.cdiv(n, bn)),
-        divisible_16=("C", "Part", "Bias", "Res"),
-        config=cfg,
-    )
-
-
 def _tuning_space(shape: Shape, dtype):
     d = shape.dims
     return GemmConfig.tuning_space(d["M"], d["N"], d["K"], dtype)
@@ -480,7 +518,7 @@ GEMM = register(
         cost=_cost,
         dtypes=FLOATS16,
         kernels=(_gemm_kernel, _gemm_persistent_kernel, _gemm_tma_kernel),
-        launches=_launches,
+        plan=_plan,
         tuning_space=_tuning_space,
     )
 )

@@ -1,4 +1,4 @@
-"""Weight-only int4/int8 GEMMs through the interpreter, against the float64 reference computed
+"""W4A16 GEMM (int4 weights) through the interpreter, against the float64 reference computed
 from the same quantized weights."""
 
 import importlib
@@ -7,57 +7,34 @@ import pytest
 import torch
 
 from kernelab.numerics import error
-from kernelab.ops import W4A16_GEMM, W8A16_GEMM, Shape, w4a16_gemm, w4a16_ref
+from kernelab.ops import W4A16_GEMM, Shape, w4a16_gemm, w4a16_ref
 from kernelab.ops import packing as _packing
-from kernelab.ops.matmul._weight_only import WQConfig, w4a16_triton, w8a16_triton
+from kernelab.ops.matmul._weight_only import WQConfig
+from kernelab.ops.matmul.w4a16 import w4a16_triton
 from tests.mutants import mutate
+from tests.ops.matmul.weight_only_checks import check as _check
+from tests.ops.matmul.weight_only_checks import clone as _clone
+from tests.ops.matmul.weight_only_checks import decode_and_prefill
 
-qg = importlib.import_module("kernelab.ops.matmul._weight_only")
-common = importlib.import_module("kernelab.ops.matmul._common")
+w4 = importlib.import_module("kernelab.ops.matmul.w4a16")
+kernels = importlib.import_module("kernelab.ops.matmul._kernels")
 
-OPS = {"w4a16": W4A16_GEMM, "w8a16": W8A16_GEMM}
+OP = W4A16_GEMM
 DTYPES = (torch.float16, torch.bfloat16)
 
 
-def _clone(inputs):
-    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-
-
-def _check(op, inputs, fn, dtype):
-    (ref,), _ = op.run_reference(inputs)
-    base = op.variants["torch"](**_clone(inputs))
-    out = fn(**_clone(inputs))
-    assert type(out) is torch.Tensor and out.dtype == dtype and out.shape == ref.shape
-    tol, _ = op.contract.tolerance_for(dtype, error(base, ref).rel_l2)
-    err = error(out, ref)
-    assert torch.isfinite(out).all(), "non-finite output"
-    assert err.rel_l2 <= tol, f"rel L2 {err.rel_l2:.3e} > tolerance {tol:.3e} at {err}"
-
-
-def _cases(shape_set, pick=None):
-    return [
-        pytest.param(name, s, id=f"{name}-{s.label}")
-        for name, op in OPS.items()
-        for s in (pick(op.shapes(shape_set)) if pick else op.shapes(shape_set))
-    ]
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize(("name", "shape"), _cases("edge"))
-def test_kernel_matches_reference_on_edge_shapes(name, shape, dtype):
-    op = OPS[name]
-    _check(op, op.inputs(shape, dtype, "cpu", seed=21), op.variants["kernelab"], dtype)
+@pytest.mark.parametrize("shape", OP.shapes("edge"), ids=lambda s: s.label)
+def test_kernel_matches_reference_on_edge_shapes(shape, dtype):
+    _check(OP, OP.inputs(shape, dtype, "cpu", seed=21), OP.variants["kernelab"], dtype)
 
 
-def _decode_and_prefill(shapes):
-    return [shapes[0].reduced(1), shapes[2].reduced(8)]  # M = 1 (GEMV path) and M = 128
-
-
-@pytest.mark.parametrize(("name", "shape"), _cases("representative", _decode_and_prefill))
-def test_representative_shapes_at_interpreter_size(name, shape):
-    op = OPS[name]
-    inputs = op.inputs(shape, torch.bfloat16, "cpu", seed=6, dist="heavy")
-    _check(op, inputs, op.variants["kernelab"], torch.bfloat16)
+@pytest.mark.parametrize(
+    "shape", decode_and_prefill(OP.shapes("representative")), ids=lambda s: s.label
+)
+def test_representative_shapes_at_interpreter_size(shape):
+    inputs = OP.inputs(shape, torch.bfloat16, "cpu", seed=6, dist="heavy")
+    _check(OP, inputs, OP.variants["kernelab"], torch.bfloat16)
 
 
 @pytest.mark.parametrize(
@@ -69,15 +46,10 @@ def test_representative_shapes_at_interpreter_size(name, shape):
     ],
     ids=str,
 )
-@pytest.mark.parametrize("name", list(OPS))
-def test_configs(name, config):
-    op = OPS[name]
+def test_configs(config):
     shape = Shape("t", {"M": 21, "N": 40, "K": 320}, {"group_size": 64, "bias": True})
-    if name == "w8a16":
-        shape = Shape("t", shape.dims, {"bias": True})
-    fn = w4a16_triton if name == "w4a16" else w8a16_triton
-    inputs = op.inputs(shape, torch.float16, "cpu", seed=2)
-    _check(op, inputs, lambda **kw: fn(**kw, config=config), torch.float16)
+    inputs = OP.inputs(shape, torch.float16, "cpu", seed=2)
+    _check(OP, inputs, lambda **kw: w4a16_triton(**kw, config=config), torch.float16)
 
 
 def test_awq_checkpoint_runs_through_the_kernel(interpret):
@@ -98,24 +70,22 @@ def test_awq_checkpoint_runs_through_the_kernel(interpret):
 
 def test_cost_counts_the_weight_at_its_packed_width():
     shape = Shape("t", {"M": 2, "N": 64, "K": 256}, {"group_size": 128})
-    w4 = W4A16_GEMM.cost(W4A16_GEMM.inputs(shape, torch.bfloat16, "meta"))
-    w8 = W8A16_GEMM.cost(W8A16_GEMM.inputs(Shape("t", shape.dims), torch.bfloat16, "meta"))
+    w4 = OP.cost(OP.inputs(shape, torch.bfloat16, "meta"))
     act = 2 * (2 * 256 + 2 * 64)  # x and out in bf16
     assert w4.bytes == act + 256 * 64 // 2 + 2 * 64 * 2 + 2 * 64  # codes, scales, zeros
-    assert w8.bytes == act + 256 * 64 + 64 * 2
-    assert w4.flops == w8.flops == 2 * 2 * 64 * 256
+    assert w4.flops == 2 * 2 * 64 * 256
 
 
 def test_default_configs_and_launches():
     gemv = WQConfig.default_for(1, 4096, 4096)
     assert gemv.path == "gemv" and gemv.split_k > 1
     assert WQConfig.default_for(2048, 4096, 4096).path == "tiled"
-    shape = W4A16_GEMM.shapes("representative")[0]
-    launches = W4A16_GEMM.launches(shape, torch.bfloat16)
+    shape = OP.shapes("representative")[0]
+    launches = OP.launches(shape, torch.bfloat16)
     assert [x.name for x in launches] == ["_wq_gemm_kernel", "_splitk_reduce_kernel"]
     for launch in launches:
         assert set(launch.signature) == set(launch.kernel.arg_names)
-    space = W4A16_GEMM.tuning_space(shape, torch.bfloat16)
+    space = OP.tuning_space(shape, torch.bfloat16)
     assert space and all(64 % c.block_k == 0 for c in space)
 
 
@@ -145,28 +115,27 @@ def test_bad_arguments_raise_naming_the_argument(kwargs, exc, words):
 
 
 def test_int4_block_k_must_divide_the_group():
-    args = W4A16_GEMM.inputs(Shape("t", {"M": 2, "N": 8, "K": 128}, {"group_size": 64}),
-                             torch.float16, "cpu")  # fmt: skip
+    args = OP.inputs(Shape("t", {"M": 2, "N": 8, "K": 128}, {"group_size": 64}),
+                     torch.float16, "cpu")  # fmt: skip
     with pytest.raises(ValueError, match="block_k=128 must divide group_size=64"):
         w4a16_triton(**args, config=WQConfig(16, 32, 128))
 
 
 def test_trivial_candidates_fail_the_contract():
-    op = W4A16_GEMM
-    shape = op.shapes("representative")[2].reduced(16)
-    inputs = op.inputs(shape, torch.bfloat16, "cpu", seed=9)
-    (ref,), _ = op.run_reference(inputs)
+    shape = OP.shapes("representative")[2].reduced(16)
+    inputs = OP.inputs(shape, torch.bfloat16, "cpu", seed=9)
+    (ref,), _ = OP.run_reference(inputs)
     # the same layer with the weight's zero points off by one code
     shifted = {**_clone(inputs), "zeros": (inputs["zeros"] + 1).clamp(max=15)}
     candidates = {
         "zeros": torch.zeros_like(ref).bfloat16(),
         "one row dropped": torch.cat([ref[:-1], torch.zeros_like(ref[-1:])]).bfloat16(),
-        "zero points off by one": op.variants["torch"](**shifted),
+        "zero points off by one": OP.variants["torch"](**shifted),
     }
     caught = []
     for name, out in candidates.items():
         with pytest.raises(AssertionError, match="rel L2"):
-            _check(op, inputs, lambda out=out, **kw: out, torch.bfloat16)
+            _check(OP, inputs, lambda out=out, **kw: out, torch.bfloat16)
         caught.append(name)
     assert caught == list(candidates)
 
@@ -175,36 +144,22 @@ def test_trivial_candidates_fail_the_contract():
 
 MUTANTS = {
     # the group's scale looked up by packed row (k/2) instead of k
-    "group-scale-index": ("w4a16", "g = k0 // GROUP_SIZE", "g = (k0 // 2) // GROUP_SIZE"),
+    "group-scale-index": ("g = k0 // GROUP_SIZE", "g = (k0 // 2) // GROUP_SIZE"),
     # zero point added instead of subtracted
-    "zero-point-sign": (
-        "w4a16",
-        "w_lo = ((q & 15) - z[None, :])",
-        "w_lo = ((q & 15) + z[None, :])",
-    ),
+    "zero-point-sign": ("w_lo = ((q & 15) - z[None, :])", "w_lo = ((q & 15) + z[None, :])"),
     # low and high nibbles swapped: k = 2i read from the high nibble
-    "nibble-order": ("w4a16", "w_lo = ((q & 15) -", "w_lo = ((q >> 4) -"),
-    # the int8 K loop skips the tail tile
-    "int8-k-tail": (
-        "w8a16",
-        "for k0 in range(k_start, k_stop, BLOCK_K):\n            kk",
-        "for k0 in range(k_start, k_stop - BLOCK_K, BLOCK_K):\n            kk",
-    ),
-    # the per-channel scale applied by row instead of by column
-    "int8-scale-axis": ("w8a16", "tl.load(S + rn, mask=n_ok", "tl.load(S + rm, mask=m_ok"),
+    "nibble-order": ("w_lo = ((q & 15) -", "w_lo = ((q >> 4) -"),
 }
 
 
 @pytest.mark.parametrize("mutant_name", list(MUTANTS))
 def test_planted_defects_are_caught(monkeypatch, tmp_path, mutant_name):
-    name, old, new = MUTANTS[mutant_name]
-    mutant = mutate(qg._wq_gemm_kernel, old, new, tmp_path)
-    mutant.fn.__globals__["_tile_coords"] = common._tile_coords
-    monkeypatch.setattr(qg, "_wq_gemm_kernel", mutant)
-    op = OPS[name]
-    params = {"group_size": 64} if name == "w4a16" else {}
-    inputs = op.inputs(Shape("t", {"M": 20, "N": 40, "K": 192}, params), torch.float16, "cpu", 3)
-    fn = w4a16_triton if name == "w4a16" else w8a16_triton
+    old, new = MUTANTS[mutant_name]
+    mutant = mutate(w4._wq_gemm_kernel, old, new, tmp_path)
+    mutant.fn.__globals__["_tile_coords"] = kernels._tile_coords
+    monkeypatch.setattr(w4, "_wq_gemm_kernel", mutant)
+    shape = Shape("t", {"M": 20, "N": 40, "K": 192}, {"group_size": 64})
+    inputs = OP.inputs(shape, torch.float16, "cpu", 3)
     config = WQConfig(32, 32, 32, 2, 1, 4, 2)
     with pytest.raises(AssertionError, match=r"rel L2|non-finite"):
-        _check(op, inputs, lambda **kw: fn(**kw, config=config), torch.float16)
+        _check(OP, inputs, lambda **kw: w4a16_triton(**kw, config=config), torch.float16)
