@@ -1,4 +1,5 @@
-"""Small helpers shared by the launchers and launch declarations of the row-wise op families."""
+"""What every family's launchers share: shape helpers, the row-wise launch config, and
+:class:`KernelCall` / :class:`LaunchPlan`, through which a kernel's arguments are bound once."""
 
 from __future__ import annotations
 
@@ -67,15 +68,6 @@ def write_back(view: torch.Tensor, target: torch.Tensor) -> None:
     """Copy a 2-D working ``view`` into ``target`` when it had to be a copy of ``target``."""
     if view.data_ptr() != target.data_ptr():
         target.copy_(view.view(target.shape))
-
-
-def specialised(ints: dict[str, int], pointers: tuple[str, ...]) -> tuple[tuple, tuple]:
-    """(divisible_16, equal_1) as Triton specialises arguments at run time: 16-byte aligned
-    pointers (every allocation and every view here starts aligned) and integer arguments that
-    are multiples of 16 or equal to 1."""
-    div16 = (*pointers, *(k for k, v in ints.items() if v % 16 == 0))
-    eq1 = tuple(k for k, v in ints.items() if v == 1)
-    return div16, eq1
 
 
 @dataclass(frozen=True)
@@ -177,8 +169,8 @@ class KernelCall:
                 constexprs[name] = value
                 continue
             signature[name] = triton_type(name, value)
-            if name in unspecialised:
-                continue
+            if name in unspecialised or _descriptor(value):
+                continue  # a descriptor is not a pointer: never specialised as aligned
             if isinstance(value, torch.Tensor):
                 if value.data_ptr() % 16 == 0:
                     div16.append(name)
@@ -200,8 +192,17 @@ class KernelCall:
         )
 
 
+def _descriptor(value) -> bool:
+    """A TMA tensor descriptor (``triton.tools.tensor_descriptor.TensorDescriptor``)."""
+    return isinstance(getattr(value, "base", None), torch.Tensor) and hasattr(value, "block_shape")
+
+
 def triton_type(name: str, value) -> str:
-    """Triton's type for a runtime argument value, as its JIT mangles it."""
+    """Triton's type for a runtime argument value, as its JIT mangles it (a TMA descriptor as
+    ``tensordesc<bf16[128, 64]>``)."""
+    if _descriptor(value):
+        shape = ", ".join(map(str, value.block_shape))
+        return f"tensordesc<{triton_type(name, value.base).lstrip('*')}[{shape}]>"
     if isinstance(value, torch.Tensor):
         if value.dtype not in TL:
             raise TypeError(f"{name}: no Triton type for a tensor of {value.dtype}")

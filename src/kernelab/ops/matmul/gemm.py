@@ -26,10 +26,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kernelab.ops._model import Cost, Launch, Op, Shape, Variant, register
+from kernelab.ops._model import Cost, Op, Shape, Variant, register
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
-from kernelab.ops._runtime.launch import TL, KernelCall, LaunchPlan
+from kernelab.ops._runtime.launch import KernelCall, LaunchPlan
 from kernelab.ops._runtime.triton import num_sms, use_triton
 from kernelab.ops.matmul import _common as gc
 from kernelab.ops.matmul._kernels import (
@@ -349,7 +349,7 @@ def _tma_call(c, a, b, bias, residual, activation, b_layout, cfg) -> KernelCall:
     m, k = a.shape
     n = c.shape[1]
     box = [cfg.block_n, cfg.block_k] if b_layout == "nk" else [cfg.block_k, cfg.block_n]
-    return DescriptorCall(
+    return KernelCall(
         _gemm_tma_kernel,
         (_tiles(m, n, cfg),),
         dict(
@@ -372,27 +372,6 @@ def _tma_call(c, a, b, bias, residual, activation, b_layout, cfg) -> KernelCall:
         cfg.num_stages,
         config=cfg,
     )
-
-
-class DescriptorCall(KernelCall):
-    """A ``KernelCall`` with TMA tensor-descriptor arguments, described as Triton's JIT
-    mangles them (``tensordesc<bf16[128, 64]>``); a descriptor is not a pointer, so it is
-    never specialised as 16-byte aligned."""
-
-    def describe(self) -> Launch:
-        descriptor = _tensor_descriptor()
-        descriptors = {n: v for n, v in self.args.items() if isinstance(v, descriptor)}
-        tensors = {n: v.base for n, v in descriptors.items()}
-        launch = KernelCall.describe(replace(self, args={**self.args, **tensors}))
-        types = {
-            n: f"tensordesc<{TL[v.base.dtype]}[{', '.join(map(str, v.block_shape))}]>"
-            for n, v in descriptors.items()
-        }
-        return replace(
-            launch,
-            signature={**launch.signature, **types},
-            divisible_16=tuple(a for a in launch.divisible_16 if a not in descriptors),
-        )
 
 
 def _tma_ok(a, b) -> bool:
