@@ -10,6 +10,8 @@ in ``_kernels``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
 
 from kernelab.ops._model import Shape
@@ -40,6 +42,30 @@ def k_slices(k: int, split_k: int, block_k: int) -> tuple[int, int]:
     may be shorter, and fewer slices than asked remain when K is short."""
     k_per_split = cdiv(cdiv(k, split_k), block_k) * block_k
     return k_per_split, cdiv(k, k_per_split)
+
+
+def operand_args(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> dict:
+    """The argument group every A·B kernel of the family takes: C (the output, or a [S, M, N]
+    workspace: its last two strides), A [M, K], B as [K, N] (a view), their strides, M, N, K."""
+    return dict(
+        C=c,
+        stride_cm=c.stride(-2),
+        stride_cn=c.stride(-1),
+        A=a,
+        stride_am=a.stride(0),
+        stride_ak=a.stride(1),
+        B=b,
+        stride_bk=b.stride(0),
+        stride_bn=b.stride(1),
+        M=a.shape[0],
+        N=b.shape[1],
+        K=a.shape[1],
+    )
+
+
+def tile_args(cfg) -> dict:
+    """The tile constexprs of a tiled config (BLOCK_M/N/K, GROUP_M)."""
+    return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m)
 
 
 def reduce_call(out, part, *, scale=None, bias=None, residual=None, activation=0, config=None):
@@ -79,6 +105,38 @@ def reduce_call(out, part, *, scale=None, bias=None, residual=None, activation=0
 
 
 # --- small host helpers -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """The launch fields of the family's tiled, split-K capable kernels: a BLOCK_M × BLOCK_N
+    output tile stepping BLOCK_K, tiles grouped GROUP_M rows at a time, K in ``split_k``
+    slices (summed by the reduce kernel)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def with_split_k(cfg, n: int, k: int, sms: int, max_split: int, min_steps: int):
+    """``cfg`` with the K slices that make its N tiles times the slices cover the SMs twice."""
+    tiles, k_steps = cdiv(n, cfg.block_n), cdiv(k, cfg.block_k)
+    return replace(cfg, split_k=split_k_for(tiles, k_steps, sms, max_split, min_steps))
+
+
+def mnk_space(config_cls):
+    """An op's ``tuning_space(shape, dtype)`` from a config class's ``tuning_space(M, N, K,
+    dtype)``."""
+
+    def tuning_space(shape: Shape, dtype):
+        d = shape.dims
+        return config_cls.tuning_space(d["M"], d["N"], d["K"], dtype)
+
+    return tuning_space
 
 
 def split_k_for(tiles: int, k_steps: int, sms: int, max_split: int = 16, min_steps: int = 4) -> int:

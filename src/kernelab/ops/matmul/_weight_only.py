@@ -28,7 +28,7 @@ op modules (w4a16, w8a16) declare the ops.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -50,14 +50,8 @@ MAX_SPLIT_K = 16
 
 
 @dataclass(frozen=True)
-class WQConfig:
-    block_m: int
-    block_n: int
-    block_k: int
-    group_m: int = 8
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
+class WQConfig(gc.TileConfig):
+    """The weight-only kernel's tile; a BLOCK_M of 16 or less takes the GEMV-shaped path."""
 
     @property
     def path(self) -> str:
@@ -71,14 +65,7 @@ class WQConfig:
             # cover the SMs twice (a 4096-wide layer has only 64 column tiles for 132 SMs).
             cfg = WQConfig(16, 64, 64 if bits == 4 else 128, 1, 1, 4, 4)
             sms = num_sms(device if isinstance(device, torch.device) else None)
-            split = gc.split_k_for(
-                gc.cdiv(N, cfg.block_n),
-                gc.cdiv(K, cfg.block_k),
-                sms,
-                MAX_SPLIT_K,
-                MIN_K_STEPS_PER_SPLIT,
-            )
-            return replace(cfg, split_k=split)
+            return gc.with_split_k(cfg, N, K, sms, MAX_SPLIT_K, MIN_K_STEPS_PER_SPLIT)
         if M <= 64:
             return WQConfig(64, 64, 64, 8, 1, 4, 3)
         # 128x128x32 over 8 warps: no spills on sm_80, sm_90 or gfx942 (triton 3.9); with
@@ -208,10 +195,7 @@ def gemm_call(
             k_per_split=k_per_split,
             BITS=bits,
             GROUP_SIZE=group_size if bits == 4 else 1,
-            BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k,
-            GROUP_M=cfg.group_m,
+            **gc.tile_args(cfg),
             SPLIT_K=split,
             HAS_BIAS=bias is not None and split == 1,
         ),

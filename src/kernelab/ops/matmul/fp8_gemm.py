@@ -183,25 +183,11 @@ def _plan(a, b, scale_a, scale_b, bias=None, b_layout="nk", out=None, config=Non
         _fp8_gemm_kernel,
         (gc.cdiv(m, cfg.block_m) * gc.cdiv(n, cfg.block_n),),
         dict(
-            C=c,
-            stride_cm=c.stride(0),
-            stride_cn=c.stride(1),
-            A=a,
-            stride_am=a.stride(0),
-            stride_ak=a.stride(1),
-            B=bk,
-            stride_bk=bk.stride(0),
-            stride_bn=bk.stride(1),
+            **gc.operand_args(c, a, bk),
             SA=scale_a,
             SB=scale_b,
             Bias=bias if bias is not None else c,
-            M=m,
-            N=n,
-            K=k,
-            BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k,
-            GROUP_M=cfg.group_m,
+            **gc.tile_args(cfg),
             ROW_SCALE_A=scale_a.numel() > 1,
             COL_SCALE_B=scale_b.numel() > 1,
             HAS_BIAS=bias is not None,
@@ -278,11 +264,6 @@ def _cost(inputs: dict) -> Cost:
     return Cost(flops=2 * m * n * k, bytes=nbytes)
 
 
-def _tuning_space(shape: Shape, dtype):
-    d = shape.dims
-    return Fp8Config.tuning_space(d["M"], d["N"], d["K"], dtype)
-
-
 FP8_GEMM = register(
     Op(
         "fp8_gemm",
@@ -294,7 +275,7 @@ FP8_GEMM = register(
         dtypes=(torch.bfloat16,),
         kernels=(_fp8_gemm_kernel,),
         plan=_plan,
-        tuning_space=_tuning_space,
+        tuning_space=gc.mnk_space(Fp8Config),
     )
 )
 FP8_GEMM.add_variant(

@@ -49,19 +49,12 @@ MAX_SPLIT_K = 16
 
 
 @dataclass(frozen=True)
-class GemmConfig:
+class GemmConfig(gc.TileConfig):
     """Tile sizes, grouping, split-K and launch options for one GEMM launch.
 
     ``kind``: "tiled" (``_gemm_kernel``), "persistent" or "tma".
     """
 
-    block_m: int
-    block_n: int
-    block_k: int
-    group_m: int = 8
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
     kind: str = "tiled"
 
     @staticmethod
@@ -74,14 +67,7 @@ class GemmConfig:
             # Decode: a 16-row tile (the smallest tensor-core M) and enough K slices that
             # the N tiles times the slices cover the SMs twice.
             cfg = GemmConfig(16, 64, 128, group_m=1, num_warps=4, num_stages=4)
-            split = gc.split_k_for(
-                gc.cdiv(N, cfg.block_n),
-                gc.cdiv(K, cfg.block_k),
-                sms,
-                MAX_SPLIT_K,
-                MIN_K_STEPS_PER_SPLIT,
-            )
-            return replace(cfg, split_k=split)
+            return gc.with_split_k(cfg, N, K, sms, MAX_SPLIT_K, MIN_K_STEPS_PER_SPLIT)
         if M <= 64:
             return GemmConfig(64, 64, 64, group_m=8, num_warps=4, num_stages=4)
         if arch is not None and arch.startswith("gfx"):
@@ -271,8 +257,7 @@ def _epilogue_args(c, bias, residual, activation) -> dict:
 def _tiled_call(target, c, a, bk, bias, residual, activation, k_per_split, cfg) -> KernelCall:
     """``_gemm_kernel`` into ``target``: ``c`` itself, or the float32 workspace [S, M, N] of
     S K slices (then the epilogue is left to the reduction)."""
-    m, k = a.shape
-    n = c.shape[1]
+    m, n = a.shape[0], c.shape[1]
     split = target.shape[0] if target.dim() == 3 else 1
     epilogue = _epilogue_args(c, bias, residual, activation)
     if split > 1:
@@ -281,24 +266,10 @@ def _tiled_call(target, c, a, bk, bias, residual, activation, k_per_split, cfg) 
         _gemm_kernel,
         (_tiles(m, n, cfg), split),
         dict(
-            C=target,
+            **gc.operand_args(target, a, bk),
             stride_cs=target.stride(0) if split > 1 else 0,
-            stride_cm=target.stride(-2),
-            stride_cn=target.stride(-1),
-            A=a,
-            stride_am=a.stride(0),
-            stride_ak=a.stride(1),
-            B=bk,
-            stride_bk=bk.stride(0),
-            stride_bn=bk.stride(1),
-            M=m,
-            N=n,
-            K=k,
             k_per_split=k_per_split,
-            BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k,
-            GROUP_M=cfg.group_m,
+            **gc.tile_args(cfg),
             SPLIT_K=split,
             **epilogue,
         ),
@@ -310,30 +281,15 @@ def _tiled_call(target, c, a, bk, bias, residual, activation, k_per_split, cfg) 
 
 def _persistent_call(c, a, bk, bias, residual, activation, cfg) -> KernelCall:
     """``_gemm_persistent_kernel``: one program per SM (fewer when there are fewer tiles)."""
-    m, k = a.shape
-    n = c.shape[1]
+    m, n = a.shape[0], c.shape[1]
     programs = min(_tiles(m, n, cfg), num_sms(a.device))
     return KernelCall(
         _gemm_persistent_kernel,
         (programs,),
         dict(
-            C=c,
-            stride_cm=c.stride(0),
-            stride_cn=c.stride(1),
-            A=a,
-            stride_am=a.stride(0),
-            stride_ak=a.stride(1),
-            B=bk,
-            stride_bk=bk.stride(0),
-            stride_bn=bk.stride(1),
-            M=m,
-            N=n,
-            K=k,
+            **gc.operand_args(c, a, bk),
             num_programs=programs,
-            BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k,
-            GROUP_M=cfg.group_m,
+            **gc.tile_args(cfg),
             **_epilogue_args(c, bias, residual, activation),
         ),
         cfg.num_warps,
@@ -482,11 +438,6 @@ def _cost(inputs: dict) -> Cost:
     return Cost(flops=flops, bytes=nbytes)
 
 
-def _tuning_space(shape: Shape, dtype):
-    d = shape.dims
-    return GemmConfig.tuning_space(d["M"], d["N"], d["K"], dtype)
-
-
 GEMM = register(
     Op(
         "gemm",
@@ -498,7 +449,7 @@ GEMM = register(
         dtypes=FLOATS16,
         kernels=(_gemm_kernel, _gemm_persistent_kernel, _gemm_tma_kernel),
         plan=_plan,
-        tuning_space=_tuning_space,
+        tuning_space=gc.mnk_space(GemmConfig),
     )
 )
 
