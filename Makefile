@@ -9,7 +9,8 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 OUT ?= out
 
-.PHONY: setup run test lint format gpu-check clean inspect-check inspect-baseline bench-trace
+.PHONY: setup run test lint format gpu-check gpu-check-rehearsal test-triton36 clean \
+	inspect-check inspect-baseline bench-trace
 
 setup: $(VENV)/.installed
 
@@ -53,6 +54,31 @@ WHEELS ?=
 gpu-check:  ## ceilings, verify, bench and report on the GPU into $(OUT) (under 8 min on an H200)
 	PYTHONUNBUFFERED=1 PYTHONPATH=src $(GPU_PYTHON) benchmarks/gpu_check.py --out $(OUT) \
 		$(if $(WHEELS),--wheels $(WHEELS))
+
+# The same steps through the same harness and the same offline wheel install, on this CPU with
+# small budgets (torch variants only); exits non-zero if a step failed. CI runs it.
+gpu-check-rehearsal: setup  ## the GPU check's steps on the CPU into $(OUT)/gpu-check-rehearsal
+	PYTHONUNBUFFERED=1 PYTHONPATH=src $(BIN)/python benchmarks/gpu_check.py --rehearse \
+		--out $(OUT)/gpu-check-rehearsal
+
+# The GPU image's Triton (3.6) beside the CPU torch: a second virtual environment, in which the
+# interpreter fixes (tests/ops/_runtime) and one op family (tests/ops/norm) must pass. CI runs it.
+T36_VENV ?= build/venv-triton36
+T36_PINS ?= triton==3.6.0 torch==2.13.0
+T36_TESTS ?= tests/ops/_runtime tests/ops/norm
+$(T36_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(T36_VENV)
+	$(T36_VENV)/bin/python -m pip install -q $(T36_PINS)
+	$(T36_VENV)/bin/python -m pip install -q -e . pytest pytest-xdist $(T36_PINS)
+	touch $@
+
+test-triton36: $(T36_VENV)/.installed  ## the interpreter and norm tests under triton 3.6
+	$(T36_VENV)/bin/python -c "import torch, triton; print('triton', triton.__version__, \
+		'torch', torch.__version__); assert triton.__version__ == '3.6.0', triton.__version__"
+	@# pytest exits 5 when it collects no test: here that means the tests moved, a failure
+	@$(T36_VENV)/bin/python -m pytest -n 2 -q $(T36_TESTS); rc=$$?; \
+		if [ $$rc = 5 ]; then echo "test-triton36: no tests collected in $(T36_TESTS)"; fi; \
+		exit $$rc
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info src/*.egg-info

@@ -92,7 +92,7 @@ def test_tune_verifies_the_winner_and_falls_back_when_it_is_wrong(monkeypatch):
 
 def test_cache_round_trips_and_ignores_stale_entries(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELAB_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(_tuned, "_table", None)
+    monkeypatch.setattr(_tuned, "_table", None)  # another cache dir: read the files anew
     shape, winner = _shape(), RMSNormConfig(2, 128, 1)
 
     def measure(op, s, dtype, config, effort):
@@ -125,6 +125,7 @@ def test_cache_round_trips_and_ignores_stale_entries(tmp_path, monkeypatch):
     data = orjson.loads(path.read_bytes())
     data["entries"][0]["kernel_hash"] = "0" * 16
     path.write_bytes(orjson.dumps(data))
+    _tuned.reload()  # written behind the table's back
     assert (
         _tuned.lookup("rmsnorm", RMSNORM.kernels, {"rows": 5, "cols": 96}, "rows", "float32", key)
         is None
@@ -132,6 +133,7 @@ def test_cache_round_trips_and_ignores_stale_entries(tmp_path, monkeypatch):
     data["entries"][0]["kernel_hash"] = _tuned.kernel_hash(RMSNORM.kernels)
     data["entries"][0]["triton"] = "0.0.0"
     path.write_bytes(orjson.dumps(data))
+    _tuned.reload()  # written behind the table's back
     assert (
         _tuned.lookup("rmsnorm", RMSNORM.kernels, {"rows": 5, "cols": 96}, "rows", "float32", key)
         is None

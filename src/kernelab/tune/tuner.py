@@ -227,6 +227,7 @@ def store_winner(op: Op, db=None, path: Path | None = None):
             != same
         ]
         _tuned.write_file(path, [*entries, entry])
+        _tuned.reload()  # the ops read the tuned table once: let them see the new winner
 
     return store
 
@@ -239,4 +240,5 @@ def export(path: Path, device_key: str | None = None, source: Path | None = None
     if device_key is not None:
         entries = [e for e in entries if e.get("device") == device_key]
     _tuned.write_file(Path(path), entries)
+    _tuned.reload()  # the export may be a file the ops read (kernelab/data/tuned/)
     return len(entries)
