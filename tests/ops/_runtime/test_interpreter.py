@@ -524,6 +524,15 @@ def test_bf16_fma_rounds_once(sign):
     assert z.item() == (262 / 128 if sign > 0 else 260 / 128)
 
 
+def test_float64_to_bf16_rounds_once_as_the_gpu():
+    """1 + 2⁻⁸ + 2⁻⁴⁰ is just above a bf16 midpoint: rounded once (cvt.rn.bf16.f64 on sm_90) it
+    goes up; through float32 (torch's cast) it lands on the midpoint and ties to even."""
+    x = torch.tensor([1 + 2**-8 + 2**-40, -(1 + 2**-8 + 2**-40)], dtype=torch.float64)
+    z = torch.empty(2, dtype=BF16)
+    run(_cast, (1,), z, x, N=2)
+    assert z.tolist() == [1 + 2**-7, -(1 + 2**-7)] and x.to(BF16).tolist() == [1.0, -1.0]
+
+
 def _messages(exc) -> str:
     out = []
     while exc is not None:

@@ -98,8 +98,10 @@ def convert_bits(data, src_dtype, dst_dtype) -> np.ndarray:
 
 
 def make_cast_impl(original, m):
-    """Casts into bfloat16 or float8 from integers or float64 go through torch's rounding casts
-    (the interpreter's numpy ``astype`` writes the number itself into the storage integers)."""
+    """Casts into bfloat16 or float8 from integers or float64 round to nearest even (the
+    interpreter's numpy ``astype`` writes the number itself into the storage integers): float64
+    to bf16 rounded once, as the GPU does (torch rounds through float32, twice); the others
+    through torch's casts (integers through float32)."""
     TensorHandle, f32 = m.TensorHandle, m.tl.float32
 
     def cast_impl(self, src, dst_type):
@@ -108,7 +110,10 @@ def make_cast_impl(original, m):
         narrow = _TORCH_FLOAT.get(dst.name) is not None and dst.name not in ("fp64", "fp32", "fp16")
         if not narrow or (src_ty.is_floating() and src_ty.name != "fp64"):
             return original(self, src, dst_type)
-        if src_ty.name == "fp64":
+        if src_ty.name == "fp64" and dst.name == "bf16":  # rounded once, as cvt.rn.bf16.f64
+            wide = np.asarray(src.data, dtype=np.float64)
+            bits = narrow_bf16(_round_to_odd(wide, np.zeros_like(wide), np.float32, np.uint32))
+        elif src_ty.name == "fp64":
             bits = convert_bits(src.data, src_ty, dst)
         else:
             bits = convert_bits(np.asarray(src.data).astype(np.float32), f32, dst)
