@@ -694,3 +694,36 @@ def test_interpreted_on_cpu_keeps_the_signature():
     wrapped = interpreter.interpreted_on_cpu(launcher)
     assert list(inspect.signature(wrapped).parameters) == ["x", "y", "out"]
     assert wrapped(bf16(1.0, 2.0), bf16(0.5, 0.5)).tolist() == [1.5, 2.5]
+
+
+USER_SETS_TRITON_INTERPRET = """
+import torch, triton, triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+from kernelab.ops._runtime.interpreter import interpreting_user_kernels
+
+@triton.jit
+def add(Z, X, Y, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(Z + i, tl.load(X + i) + tl.load(Y + i))
+
+assert isinstance(add, InterpretedFunction)
+x = torch.tensor([1.0, -3.0, 0.5, 2.0], dtype=torch.bfloat16)
+y = torch.tensor([0.25, 1.0, -0.5, 1.0], dtype=torch.bfloat16)
+z = torch.empty_like(x)
+with interpreting_user_kernels() as watch:
+    add[(1,)](z, x, y, N=4)
+assert watch.launches == 1 and z.tolist() == [1.25, -2.0, 0.0, 3.0], (watch.launches, z)
+print("ok")
+"""
+
+
+def test_kernels_triton_itself_interprets_are_seen_and_fixed(tmp_path):
+    """With TRITON_INTERPRET=1 set by the user, @triton.jit makes Triton's InterpretedFunction:
+    inside the scope its launches are counted (bench must not time them) and get the fixes."""
+    script = tmp_path / "user.py"
+    script.write_text(USER_SETS_TRITON_INTERPRET)
+    env = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin", "TRITON_INTERPRET": "1"}
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
