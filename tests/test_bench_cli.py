@@ -11,6 +11,7 @@ from kernelab.bench.roofline import COPY, MATMUL
 from kernelab.cli import app
 from kernelab.hardware import detect
 from kernelab.ops import RMSNORM
+from tests.user_triton import write_candidate
 
 runner = CliRunner()
 QUICK = ["--device", "cpu", "--dtype", "float32", "--max-time", "0.2", "--min-samples", "5"]
@@ -70,6 +71,23 @@ def test_cheating_candidate_is_invalid_and_fails(db_path, tmp_path):
     assert cand and all(not c["metrics"]["valid"] for c in cand)
     assert all(any(f.startswith("results cached by pointer") for f in c["flags"]) for c in cand)
     assert all("speedup_vs_torch" not in c["metrics"] for c in cand)
+
+
+def test_an_interpreted_candidate_is_not_timed_and_torch_is(db_path, tmp_path, monkeypatch):
+    """A plain @triton.jit candidate runs on the CPU (through the interpreter, seen during its
+    first call) and is reported as not timed; the torch baseline is timed."""
+    for name in ("TRITON_INTERPRET", "KERNELAB_INTERPRET"):
+        monkeypatch.delenv(name, raising=False)
+    path = write_candidate(tmp_path)
+    args = ["bench", "--candidate", f"{path}:fused_add_rmsnorm", "--op", "rmsnorm", *QUICK]
+    result = runner.invoke(app, [*args, "--shape", "decode 1x4096", "--no-record", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert {c["variant"] for c in data["cases"]} == {"torch"}
+    assert all(c["metrics"]["valid"] for c in data["cases"])
+    untimed = [s for s in data["skipped"] if s.startswith("rmsnorm/candidate:fused_add_rmsnorm")]
+    assert len(untimed) == len(data["cases"]) == 2  # decode 1x4096, without and with residual
+    assert all("Triton interpreter" in s and "not timed" in s for s in untimed)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from kernelab.cli import app
 from kernelab.inspect import baseline as bl
 from kernelab.inspect.ops import plan
 from kernelab.inspect.targets import parse_targets
+from tests.user_triton import write_candidate
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +40,16 @@ def test_users_kernel_with_signature_as_json():
     assert "vectorisation" in {f["kind"] for f in rep["findings"]}
     table = runner.invoke(app, args)
     assert table.exit_code == 0 and "Findings" in table.output and "triton" in table.output
+
+
+def test_a_plain_triton_kernel_that_verify_interprets_still_compiles(tmp_path):
+    path = write_candidate(tmp_path)
+    sig = "*bf16:16,i64,*bf16:16,i64,*bf16:16,i64,*bf16:16,i32,fp32,HAS_RESIDUAL=True,BLOCK=4096"
+    args = ["inspect", "--kernel", f"{path}:fused_add_rmsnorm_kernel", "--signature", sig]
+    result = runner.invoke(app, [*args, "-t", "sm_90", "--json"])
+    assert result.exit_code == 0, result.output
+    (rep,) = json.loads(result.stdout)["reports"]
+    assert rep["kernel"] == "fused_add_rmsnorm_kernel" and rep["target"] == "sm_90"
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from kernelab.cli import app
+from tests.user_triton import write_candidate
 
 runner = CliRunner()
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -87,6 +88,43 @@ def test_a_flawed_candidate_fails_with_its_class_and_exit_1(user_file):
     result = runner.invoke(app, args)
     assert result.exit_code == 1
     assert "unwritten elements" in result.output and "FAILED" in result.output
+
+
+@pytest.fixture
+def no_interpret_flags(monkeypatch):
+    for name in ("TRITON_INTERPRET", "KERNELAB_INTERPRET"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_a_plain_triton_kernel_is_verified_on_cpu_without_flags(tmp_path, no_interpret_flags):
+    """The user's @triton.jit kernel runs through kernelab's interpreter: every shape and dtype
+    passes, and the residual, added in bf16, is bitwise eager torch's bf16 add."""
+    path = write_candidate(tmp_path)
+    args = ["verify", "--candidate", f"{path}:fused_add_rmsnorm", "--op", "rmsnorm"]
+    result = runner.invoke(app, [*args, "--device", "cpu", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["passed"] and {c["dtype"] for c in data["cases"]} == {
+        "float32",
+        "float16",
+        "bfloat16",
+    }
+    residual = [
+        m
+        for c in data["cases"]
+        if c["dtype"] == "bfloat16"
+        for m in c["measures"]
+        if m["target"] == "residual"
+    ]
+    assert residual and all(m["rel_l2"] == m["eager_error"] for m in residual)
+
+
+def test_a_plain_triton_kernel_with_a_planted_bug_fails(tmp_path, no_interpret_flags):
+    path = write_candidate(tmp_path, bug=True)
+    args = ["verify", "--candidate", f"{path}:fused_add_rmsnorm", "--op", "rmsnorm"]
+    result = runner.invoke(app, [*args, "--device", "cpu", "--shapes", "edge"])
+    assert result.exit_code == 1, result.output
+    assert "wrong values" in result.output and "FAILED" in result.output
 
 
 def test_reference_and_inputs_for_an_unknown_op(tmp_path):

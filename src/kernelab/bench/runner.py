@@ -145,8 +145,37 @@ class _Run:
         self.telemetry: list[dict] = []
 
 
-def bench_case(op, shape, dtype, subjects, info, timer, ceilings: Ceilings, cfg, telemetry=None):
-    """Time every subject on one (shape, dtype); return one case dict per subject."""
+def _first_call(run, op, shape, dtype, on_cpu: bool, skipped) -> bool:
+    """The first call of a subject, alone; False if it must not be timed.
+
+    On the CPU it runs with users' plain @triton.jit kernels interpreted (so that a candidate
+    that launches them runs at all), and any kernel launched through the interpreter, by
+    kernelab or by the candidate, is seen: such a subject is reported as not timed."""
+    if not on_cpu:
+        run.call()
+        return True
+    from kernelab.ops._runtime.interpreter import interpreting_user_kernels
+
+    with interpreting_user_kernels() as watch:
+        run.call()
+    if not watch.launches:
+        return True
+    if skipped is not None:
+        skipped.append(
+            f"{op.name}/{run.subject.name}: {INTERPRETED} (not timed: its first call on "
+            f"{shape.label} {dtype_name(dtype)} launched {watch.launches} Triton kernel(s) "
+            "through the interpreter)"
+        )
+    return False
+
+
+def bench_case(
+    op, shape, dtype, subjects, info, timer, ceilings: Ceilings, cfg, telemetry=None, skipped=None
+):
+    """Time every subject on one (shape, dtype); return one case dict per subject timed.
+
+    A subject whose first call on the CPU launches a Triton kernel through the interpreter is
+    not timed: a line saying so goes to ``skipped`` (a list), and it has no case."""
     telemetry = telemetry or NoTelemetry()
     device = "cpu" if info.type == "cpu" else f"cuda:{info.index}"
     rule = cfg.rule or (CPU_RULE if info.type == "cpu" else GPU_RULE)
@@ -186,9 +215,11 @@ def bench_case(op, shape, dtype, subjects, info, timer, ceilings: Ceilings, cfg,
         return before if (inplace or flush) else None
 
     # warm-up: first call alone (compilation, autotuning), then batches until stable
-    for run in runs:
+    for run in list(runs):
         t0 = time.perf_counter()
-        run.call()
+        if not _first_call(run, op, shape, dtype, info.type == "cpu", skipped):
+            runs.remove(run)
+            continue
         timer.sync()
         run.metrics["first_call_s"] = time.perf_counter() - t0
         prev, spent, batches = None, 0.0, 0
@@ -458,9 +489,10 @@ def run(
             break
         if progress:
             progress(f"bench {op.name} {shape.label} {dtype_name(dt)} ({i + 1}/{len(plan)})")
+        cfg_case = replace(cfg, rule=rule)
         result.cases.extend(
             bench_case(
-                op, shape, dt, subjects, info, timer, ceilings, replace(cfg, rule=rule), telemetry
+                op, shape, dt, subjects, info, timer, ceilings, cfg_case, telemetry, result.skipped
             )
         )
     result.seconds = time.perf_counter() - started

@@ -23,7 +23,7 @@ GPU_BUDGET_S = 120.0
 
 
 def _short(why: str) -> str:
-    if why == INTERPRETED:
+    if why.startswith(INTERPRETED):
         return "interpreter on CPU: not timed"
     if why.startswith("torch.compile on CPU"):
         return "not timed on CPU (bench --compile)"
@@ -91,8 +91,15 @@ def stage(ops, device, progress=None) -> StageReport:
                 if progress:
                     progress(f"bench {op.name} {shape.label}")
                 t0 = time.perf_counter()
-                cases = bench_case(op, shape, dt, subjects, device, timer, ceilings, cfg, telemetry)
+                untimed: list[str] = []
+                cases = bench_case(
+                    op, shape, dt, subjects, device, timer, ceilings, cfg, telemetry, untimed
+                )
                 spent += time.perf_counter() - t0
+                report.skipped.extend(untimed)
+                for line in untimed:
+                    name, why = line.split(": ", 1)
+                    report.cells[(op.name, name.split("/", 1)[1])] = Cell("skip", _short(why))
                 for c in cases:
                     by_variant.setdefault(c["variant"], []).append(c)
         for name, cases in by_variant.items():

@@ -22,6 +22,7 @@ from kernelab.verify._case import Subject
 from kernelab.verify._runner import (
     DEFAULT_TRIALS,
     _check_common,
+    candidate_on,
     default_device,
     new_seed,
     run_subject,
@@ -115,7 +116,7 @@ def verify_custom(
     run_subject(
         report,
         op,
-        Subject(name, fn),
+        Subject(name, candidate_on(fn, device)),
         ["representative"],
         op.dtypes,
         device,

@@ -144,6 +144,16 @@ def _run_subject(
                 dist_offset += trials
 
 
+def candidate_on(fn: Callable, device) -> Callable:
+    """A user's candidate as verify calls it: on the CPU, plain ``@triton.jit`` kernels it
+    launches run through kernelab's interpreter (no TRITON_INTERPRET needed)."""
+    if torch.device(device).type != "cpu":
+        return fn
+    from kernelab.ops._runtime.interpreter import interpreted_on_cpu
+
+    return interpreted_on_cpu(fn)
+
+
 def _check_common(trials: int, seed) -> None:
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise ValueError(f"trials: expected a positive integer, got {trials!r}")
@@ -247,6 +257,9 @@ def verify_candidate(
 ) -> Report:
     """Verify any callable with a registered op's signature (called as ``fn(**inputs)``).
 
+    On the CPU, plain ``@triton.jit`` kernels that ``fn`` launches run through kernelab's
+    interpreter, with its fixes (``kernelab.ops._runtime.interpreter``).
+
     ``shapes``: explicit ``Shape`` objects instead of the op's shape sets (labelled "given").
     """
     _check_common(trials, seed)
@@ -270,7 +283,7 @@ def verify_candidate(
     run_subject(
         report,
         op,
-        Subject(name, fn),
+        Subject(name, candidate_on(fn, device)),
         ["given"] if shapes is not None else _shape_sets(op, shape_sets),
         op_dtypes,
         device,
