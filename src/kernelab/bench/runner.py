@@ -22,6 +22,7 @@ from kernelab.bench.roofline import Ceilings, roofline
 from kernelab.bench.stats import StopRule, stable, summarize
 from kernelab.bench.telemetry import NoTelemetry, energy_per_call
 from kernelab.ops._model import Shape, dtype_name
+from kernelab.ops._runtime.backends import INTERPRETED
 
 #: Default stopping rules: the CPU is noisier and slower to sample than a GPU.
 CPU_RULE = StopRule(rel_ci=0.03, min_samples=10, min_time=0.05, max_time=0.5)
