@@ -2,8 +2,6 @@
 arithmetic as a GPU does it, laziness, and users' plain @triton.jit kernels on the CPU."""
 
 import gc
-import subprocess
-import sys
 import threading
 import weakref
 from pathlib import Path
@@ -18,8 +16,8 @@ from triton.runtime.jit import JITFunction
 from kernelab.ops._runtime import interpreter
 from kernelab.ops._runtime.interpreter import FIXES, InterpreterFixError, interpreting_user_kernels
 from kernelab.ops._runtime.triton import kernel
+from tests.ops._runtime.fresh import SRC, run_python
 
-SRC = Path(__file__).resolve().parents[3] / "src"
 VERSION = triton.__version__
 BF16 = torch.bfloat16
 
@@ -361,14 +359,7 @@ def test_import_touches_no_interpreter_private():
         "assert 'triton.runtime.interpreter' not in sys.modules\n"
         "print('imported')\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
-        timeout=120,
-        check=False,
-    )
+    out = run_python(code)
     assert out.returncode == 0 and "imported" in out.stdout, out.stderr
 
 
@@ -722,8 +713,5 @@ def test_kernels_triton_itself_interprets_are_seen_and_fixed(tmp_path):
     inside the scope its launches are counted (bench must not time them) and get the fixes."""
     script = tmp_path / "user.py"
     script.write_text(USER_SETS_TRITON_INTERPRET)
-    env = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin", "TRITON_INTERPRET": "1"}
-    out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120
-    )
+    out = run_python(script=script, TRITON_INTERPRET="1")
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr

@@ -1,9 +1,5 @@
 """``kernelab.kernel`` (``@kernel``): one JITFunction, compiled for GPUs, interpreted on CPU."""
 
-import subprocess
-import sys
-from pathlib import Path
-
 import torch
 import triton
 import triton.language as tl
@@ -13,8 +9,7 @@ from triton.runtime.jit import JITFunction
 
 import kernelab
 from kernelab.ops._runtime.triton import Kernel
-
-SRC = Path(__file__).resolve().parents[3] / "src"
+from tests.ops._runtime.fresh import run_python
 
 
 @kernelab.kernel
@@ -40,14 +35,7 @@ def test_import_kernelab_loads_neither_torch_nor_triton():
         "assert 'triton' in sys.modules and k.__module__ == 'kernelab.ops._runtime.triton'\n"
         "assert 'triton.runtime.interpreter' not in sys.modules\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
-        timeout=120,
-        check=False,
-    )
+    out = run_python(code)
     assert out.returncode == 0, out.stderr
 
 
