@@ -45,10 +45,10 @@ def _with(config):
 # --- the kernel against the reference -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", OP.shapes("edge"), ids=lambda s: s.label)
-def test_kernel_matches_reference_on_edge_shapes(shape, dtype):
-    check(OP, _inputs(shape, dtype, seed=7), attention_prefill_triton, dtype)
+def test_kernel_matches_reference_on_edge_shapes(shape):
+    # bfloat16 here; float16 on the small-tile cases below, which hold every feature.
+    check(OP, _inputs(shape, torch.bfloat16, seed=7), attention_prefill_triton, torch.bfloat16)
 
 
 SMALL_TILE_CASES = {
@@ -76,7 +76,7 @@ def test_hard_distributions(dist):
 
 
 def test_representative_shape_reduced_for_the_interpreter():
-    shape = next(s for s in OP.shapes("representative") if "gpt-oss" in s.label).reduced(4)
+    shape = next(s for s in OP.shapes("representative") if "mistral" in s.label).reduced(4)
     check(OP, _inputs(shape, torch.bfloat16, seed=1), attention_prefill_triton, torch.bfloat16)
 
 
@@ -325,6 +325,8 @@ def test_reduce_rule_scales_lengths_and_window_alike():
     assert _ragged.lengths(shape) == ([1024, 1024], [6144, 8192], 4095)
     ragged = next(s for s in OP.shapes("representative") if "qwen" in s.label).reduced(4)
     assert len(_ragged.lengths(ragged)[0]) == 4 and "seqs→4" in ragged.label
+    # 28 query heads over 4 KV heads become 14 over 2: the GQA group of 7 is kept
+    assert (ragged.dims["heads_q"], ragged.dims["heads_kv"]) == (14, 2)
 
 
 def test_default_configs_per_target_and_the_tuning_space():

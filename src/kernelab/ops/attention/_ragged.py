@@ -36,6 +36,9 @@ MASK_DTYPES = (torch.bool, torch.uint8, torch.int8)
 #: the window) is scaled by the same factor, so sequences keep their proportions and the window
 #: stays active where it was (the label lists the cut).
 INTERPRETER_CTX = 256
+#: KV heads kept through the interpreter; query heads are cut in proportion, so each query head
+#: still reads the KV head it would (the same GQA group), and each program does what it would.
+INTERPRETER_KV_HEADS = 2
 
 
 # --- target names -----------------------------------------------------------------------------
@@ -171,11 +174,19 @@ def visible_pairs(
 def ragged_shape(
     label, q_lens, k_lens, heads_q, heads_kv, head_dim, *, cut=INTERPRETER_CTX, **params
 ) -> Shape:
-    """A ragged batch: sequences of ``q_lens`` queries over ``k_lens`` keys. ``seqs`` (the batch
-    dimension) is cut by taking the first sequences; ``ctx`` (the longest key sequence) to
-    ``cut`` (None: never) by scaling every length and the window alike (:func:`lengths`)."""
+    """A ragged batch: sequences of ``q_lens`` queries over ``k_lens`` keys. For the
+    interpreter, ``seqs`` (the batch dimension) is cut by taking the first sequences, ``ctx``
+    (the longest key sequence) to ``cut`` by scaling every length and the window alike
+    (:func:`lengths`), and the heads to ``INTERPRETER_KV_HEADS`` KV heads with their query
+    heads; ``cut=None``: only the batch is cut."""
     q_lens, k_lens = tuple(q_lens), tuple(k_lens)
     ctx = max(k_lens, default=0)
+    cuts = {}
+    if cut is not None and ctx > cut:
+        cuts["ctx"] = cut
+    if cut is not None and heads_kv > INTERPRETER_KV_HEADS:
+        group = heads_q // heads_kv
+        cuts.update(heads_q=group * INTERPRETER_KV_HEADS, heads_kv=INTERPRETER_KV_HEADS)
     return Shape(
         label,
         {
@@ -187,7 +198,7 @@ def ragged_shape(
         },
         {"q_lens": q_lens, "k_lens": k_lens, **params},
         batch_dim="seqs",
-        reduce_to={"ctx": cut} if cut is not None and ctx > cut else {},
+        reduce_to=cuts,
     )
 
 

@@ -302,10 +302,10 @@ def _plan(
     total_q, hq, d = q.shape
     if out is None:
         o = torch.empty((total_q, hq, d), dtype=q.dtype, device=q.device)
-        lse = torch.empty((total_q, hq), dtype=torch.float32, device=q.device)
+        lse = torch.empty((total_q, hq), dtype=torch.float32, device=q.device) if return_lse else o
     else:
         outs = out if isinstance(out, tuple | list) else (out,)
-        o, lse = outs[0], outs[1] if return_lse else q
+        o, lse = outs[0], outs[1] if return_lse else outs[0]
     result = (o, lse) if return_lse else o
     batch = cu_seqlens_q.shape[0] - 1
     if total_q == 0 or batch == 0:
