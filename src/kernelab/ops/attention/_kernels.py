@@ -132,8 +132,9 @@ def _attention_prefill_kernel(
 
     Grid axis 0 has ⌊total_q / BLOCK_M⌋ + batch slots: sequence b owns slots from
     ⌊cu_q[b] / BLOCK_M⌋ + b on (a binary search over cu_q finds it), one more than its blocks
-    at most, and a slot past its rows exits at once. Slots run heaviest first (the last query
-    blocks of causal sequences see the most keys).
+    at most, and a slot past its rows exits at once. Slots run in reverse: the last sequence
+    first, each sequence's last query block first (under causal masking it sees the most keys),
+    so the longest programs do not start last.
 
     Key tiles wholly above the diagonal, left of the window or masked out by the block mask are
     never loaded, so FLOPs track the visible scores; tiles entirely visible to every row skip
