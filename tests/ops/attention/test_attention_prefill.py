@@ -89,6 +89,17 @@ def test_nan_and_inf_in_q_propagate_as_in_the_reference():
     assert not out[1:5].isnan().any()  # other rows are untouched
 
 
+def test_key_tiles_no_row_can_see_are_never_read():
+    # 16 queries at positions 184-199 with a window of 15 keys see keys 169-199: the tiles of
+    # keys 0-159 are outside every window. NaN there would reach the output through P·V
+    # (0 · NaN) if the kernel loaded them.
+    inputs = _inputs(_shape([16], [200], (2, 1, 64), window_left=15))
+    expected = attention_prefill_triton(**inputs, config=SMALL)
+    inputs["k"][:160], inputs["v"][:160] = float("nan"), float("nan")
+    out, lse = attention_prefill_triton(**inputs, config=SMALL)
+    assert torch.equal(out, expected[0]) and torch.equal(lse, expected[1])
+
+
 # --- rows that see no key -----------------------------------------------------------------------
 
 
@@ -355,6 +366,8 @@ STATIC = [
     ("llama3-8b prefill", "sm_80"),
     ("llama3-8b prefill", "gfx942"),
     ("mistral", "sm_90"),  # D 128 with a window: the most registers
+    ("mistral", "sm_80"),
+    ("mistral", "gfx942"),
     ("gemma2-9b softcap 50 window 4096 chunked", "sm_90"),  # D 256
     ("gpt-oss", "sm_90"),  # D 64, sinks
 ]
