@@ -180,7 +180,8 @@ def attention_prefill_torch(
     ``scaled_dot_product_attention`` (with an explicit mask where causal is not top-left
     aligned, or a window or block mask applies); with softcap or sinks, which SDPA cannot
     express, scores in the inputs' dtype and softmax in float32 (as Hugging Face's eager
-    attention). The log-sum-exp from float32 scores. Rows that see no key get zeros."""
+    attention). The log-sum-exp in float32 from those scores (as the matmul rounds them).
+    Rows that see no key get zeros."""
     _validate(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, window_left, softcap,
               sinks, block_mask, mask_block, return_lse, out, check)  # fmt: skip
     hq = q.shape[1]
