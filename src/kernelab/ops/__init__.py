@@ -22,6 +22,11 @@ from kernelab.ops._model import (
 # --- export lines: one per op module ---------------------------------------------------------
 from kernelab.ops.activation.gelu_and_mul import GELU_AND_MUL, gelu_and_mul
 from kernelab.ops.activation.silu_and_mul import SILU_AND_MUL, silu_and_mul
+from kernelab.ops.attention.attention_prefill import (
+    ATTENTION_PREFILL,
+    attention_prefill,
+    attention_prefill_ref,
+)
 from kernelab.ops.logits.softmax import SOFTMAX, softmax, softmax_ref
 from kernelab.ops.matmul import _packing as packing  # int4/int8 layouts and converters
 from kernelab.ops.matmul.fp8_gemm import FP8_GEMM, fp8_gemm, fp8_gemm_ref
