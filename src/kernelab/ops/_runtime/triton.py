@@ -65,3 +65,26 @@ def num_sms(device: torch.device | None) -> int:
     if device is not None and device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 132
+
+
+def arch_of(device) -> str | None:
+    """ "sm_90", "gfx942"... for a GPU device; a string is taken as already an arch; else None
+    (CPU, meta: a configuration that compiles within every target's limits)."""
+    if isinstance(device, str) and device.startswith(("sm_", "gfx")):
+        return device
+    if device is None or (isinstance(device, str) and not device.startswith("cuda")):
+        return None
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(device)
+    gcn = getattr(props, "gcnArchName", "")
+    return gcn.split(":")[0] if gcn else f"sm_{props.major}{props.minor}"
+
+
+def sm_version(arch: str | None) -> int:
+    """90 for "sm_90" (and "sm_90a"); 0 for AMD or unknown."""
+    if arch and arch.startswith("sm_"):
+        digits = "".join(ch for ch in arch[3:] if ch.isdigit())
+        return int(digits) if digits else 0
+    return 0

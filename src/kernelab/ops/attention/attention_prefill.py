@@ -32,7 +32,7 @@ from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
 from kernelab.ops._runtime.launch import KernelCall, LaunchPlan
-from kernelab.ops._runtime.triton import next_pow2, use_triton
+from kernelab.ops._runtime.triton import arch_of, next_pow2, sm_version, use_triton
 from kernelab.ops.attention import _ragged
 from kernelab.ops.attention._kernels import _attention_prefill_kernel
 
@@ -74,7 +74,7 @@ class PrefillConfig:
         """The default for ``head_dim`` on ``device`` (a torch device or an arch like "sm_90").
         The CPU (the interpreter) runs sm_90's tiles, so verify on the CPU executes the tiling
         an H100/H200 runs; meta tensors or no device get ``DEFAULTS[None]``."""
-        arch = _ragged.arch_of(device)
+        arch = arch_of(device)
         if arch is None and device is not None and torch.device(device).type == "cpu":
             arch = "sm_90"
         if arch is not None and arch.startswith("gfx"):
@@ -82,7 +82,7 @@ class PrefillConfig:
         elif arch is None:
             table = DEFAULTS[None]
         else:
-            table = DEFAULTS["sm_90" if _ragged.sm_version(arch) >= 90 else "sm_80"]
+            table = DEFAULTS["sm_90" if sm_version(arch) >= 90 else "sm_80"]
         width = next_pow2(head_dim)
         return PrefillConfig(*table[64 if width <= 64 else 128 if width <= 128 else 256])
 

@@ -18,6 +18,8 @@ from kernelab.ops._model import Shape
 from kernelab.ops._runtime import shapes as _shapes
 from kernelab.ops._runtime.launch import KernelCall
 from kernelab.ops._runtime.launch import cdiv as cdiv  # re-exported for the GEMM modules
+from kernelab.ops._runtime.triton import arch_of as arch_of  # re-exported, as cdiv
+from kernelab.ops._runtime.triton import sm_version as sm_version
 from kernelab.ops.matmul._kernels import _splitk_reduce_kernel
 
 #: Activation codes understood by ``_epilogue`` (constexpr ACTIVATION).
@@ -149,30 +151,6 @@ def split_k_for(tiles: int, k_steps: int, sms: int, max_split: int = 16, min_ste
     ):
         split *= 2
     return split
-
-
-def arch_of(device) -> str | None:
-    """ "sm_90", "gfx942"... for a GPU device; a string is taken as already an arch; else None."""
-    if isinstance(device, str) and (device.startswith("sm_") or device.startswith("gfx")):
-        return device
-    if device is None:
-        return None
-    device = torch.device(device)
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return None
-    props = torch.cuda.get_device_properties(device)
-    gcn = getattr(props, "gcnArchName", "")
-    if gcn:
-        return gcn.split(":")[0]
-    return f"sm_{props.major}{props.minor}"
-
-
-def sm_version(arch: str | None) -> int:
-    """90 for "sm_90" (and "sm_90a"); 0 for AMD or unknown."""
-    if arch and arch.startswith("sm_"):
-        digits = "".join(ch for ch in arch[3:] if ch.isdigit())
-        return int(digits) if digits else 0
-    return 0
 
 
 def activation_code(activation: str) -> int:
