@@ -1,5 +1,5 @@
-"""Ops, one folder per family (norm, matmul, quant, activation, rotary, logits), each op
-declared once through the op model (``_model``) in one module of its family; what families
+"""Ops, one folder per family (norm, matmul, quant, activation, rotary, logits, attention), each
+op declared once through the op model (``_model``) in one module of its family; what families
 share lives in ``_runtime``.
 
 Adding an op: one module in its family's folder, one test file, one export line below.
@@ -22,6 +22,7 @@ from kernelab.ops._model import (
 # --- export lines: one per op module ---------------------------------------------------------
 from kernelab.ops.activation.gelu_and_mul import GELU_AND_MUL, gelu_and_mul
 from kernelab.ops.activation.silu_and_mul import SILU_AND_MUL, silu_and_mul
+from kernelab.ops.attention.kv_cache_write import KV_CACHE_WRITE, kv_cache_write, kv_cache_write_ref
 from kernelab.ops.logits.softmax import SOFTMAX, softmax, softmax_ref
 from kernelab.ops.matmul import _packing as packing  # int4/int8 layouts and converters
 from kernelab.ops.matmul.fp8_gemm import FP8_GEMM, fp8_gemm, fp8_gemm_ref

@@ -1,0 +1,1 @@
+"""Attention: ragged prefill, paged decode, KV-cache writes and merging partial results."""

@@ -1,0 +1,154 @@
+"""What the paged-KV ops share (kv_cache_write, merge_attention_states, paged_attention): the
+cache layout and its checks, float8 scales, the models whose attention the shapes follow, and
+the generation of caches, block tables and slot mappings consistent with each other.
+
+The cache layout (vLLM's "flash" layout, FlashInfer's NHD):
+
+    k_cache, v_cache : [num_blocks, block_size, heads_kv, head_dim]
+    key j of sequence b : block block_tables[b, j // block_size], offset j % block_size
+    slot                : block × block_size + offset (negative: padding, nothing written)
+
+A float8 e4m3 cache holds ``fp8(clamp(x / scale, ±FP8_MAX))`` with one float32 scale per
+tensor (``k_scale``, ``v_scale``, shape (1,)); readers dequantize as ``value × scale``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernelab.ops._runtime import check as _check
+from kernelab.ops._runtime import inputs as _inputs
+from kernelab.ops._runtime.fp8 import FP8_DTYPES
+
+#: Float8 formats a cache may hold (e4m3: NVIDIA's OCP format, AMD gfx942's fnuz).
+CACHE_FP8 = FP8_DTYPES
+#: What a reference saturates float8 values to: float8_e4m3fn's largest finite value (the
+#: float64 reference no longer knows the cache's format; the shapes use e4m3fn).
+REF_FP8_MAX = 448.0
+#: Head dimensions the attention kernels take (96 runs in 128-wide tiles, masked).
+HEAD_DIMS = (64, 96, 128, 256)
+
+
+@dataclass(frozen=True)
+class AttentionModel:
+    """The attention of one model, from its published config.json."""
+
+    name: str
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    window: int | None = None
+    softcap: float | None = None
+    sinks: bool = False
+
+
+MODELS = {
+    m.name: m
+    for m in (
+        AttentionModel("llama3-8b", 32, 8, 128),
+        AttentionModel("llama3-70b", 64, 8, 128),
+        AttentionModel("qwen2.5-7b", 28, 4, 128),
+        AttentionModel("mistral-7b", 32, 8, 128, window=4096),
+        AttentionModel("gemma2-9b", 16, 8, 256, window=4096, softcap=50.0),
+        # gpt-oss-20b's sliding-window layers: 128-token window, a learned sink per head.
+        AttentionModel("gpt-oss-20b", 64, 8, 64, window=128, sinks=True),
+    )
+}
+
+
+# --- checks ----------------------------------------------------------------------------------
+
+
+def is_fp8(t: torch.Tensor) -> bool:
+    return t.dtype in CACHE_FP8
+
+
+def unit_last(name: str, t: torch.Tensor) -> None:
+    if t.numel() and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name}: expected unit stride in the last dimension (head_dim)")
+
+
+def validate_caches(k_cache, v_cache, value_dtype: torch.dtype, device) -> None:
+    """Both caches [num_blocks, block_size, heads_kv, head_dim] of one dtype: ``value_dtype``
+    or a float8 e4m3 format, on ``device``, unit stride within a head."""
+    allowed = (value_dtype, *CACHE_FP8)
+    _check.tensor("k_cache", k_cache, dtypes=allowed, ndim=4, device=device)
+    _check.tensor("v_cache", v_cache, dtypes=(k_cache.dtype,), ndim=4, device=device)
+    _check.same_shape("v_cache", v_cache, k_cache.shape, "the shape of k_cache")
+    unit_last("k_cache", k_cache)
+    unit_last("v_cache", v_cache)
+    if k_cache.shape[1] < 1:
+        raise ValueError(f"k_cache: expected a block size of at least 1, got {k_cache.shape[1]}")
+
+
+def validate_scales(k_cache, k_scale, v_scale) -> None:
+    """float32 per-tensor scales, shape (1,), exactly when the cache is float8."""
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if not is_fp8(k_cache):
+            if scale is not None:
+                raise ValueError(
+                    f"{name}: given for a {str(k_cache.dtype).removeprefix('torch.')} cache; "
+                    "scales apply to float8 caches only"
+                )
+            continue
+        if scale is None:
+            raise ValueError(f"{name}: required for a float8 cache (one float32 scale)")
+        _check.tensor(name, scale, dtypes=(torch.float32,), device=k_cache.device)
+        if scale.numel() != 1:
+            raise ValueError(
+                f"{name}: expected one per-tensor scale, got shape {tuple(scale.shape)}"
+            )
+
+
+# --- generated inputs ------------------------------------------------------------------------
+
+
+def caches(
+    num_blocks: int,
+    block_size: int,
+    heads_kv: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    fp8: bool,
+    device,
+    gen,
+    dist: str,
+) -> dict:
+    """Random k and v caches (every slot filled: stale entries of other sequences are never
+    zeros) and, for float8, the per-tensor scales they were quantized with."""
+    shape = (num_blocks, block_size, heads_kv, head_dim)
+    out = {}
+    for name in ("k", "v"):
+        x = _inputs.randn(shape, dtype, device, gen, dist)
+        if not fp8:
+            out[f"{name}_cache"], out[f"{name}_scale"] = x, None
+            continue
+        f8 = CACHE_FP8[0]
+        if torch.device(device).type == "meta":
+            scale = torch.empty(1, dtype=torch.float32, device=device)
+            out[f"{name}_cache"], out[f"{name}_scale"] = x.to(f8), scale
+            continue
+        amax = x.float().abs().amax() if x.numel() else torch.ones((), device=x.device)
+        scale = (amax.clamp_min(1e-30) / torch.finfo(f8).max).reshape(1).to(torch.float32)
+        out[f"{name}_cache"] = (x.float() / scale).clamp(-REF_FP8_MAX, REF_FP8_MAX).to(f8)
+        out[f"{name}_scale"] = scale
+    return out
+
+
+def fp8_scale(x: torch.Tensor, margin: float = 1.25) -> torch.Tensor:
+    """A per-tensor float32 scale for quantizing ``x`` to e4m3 with ``margin`` of headroom."""
+    if x.device.type == "meta":
+        return torch.empty(1, dtype=torch.float32, device=x.device)
+    amax = x.float().abs().amax() if x.numel() else torch.ones((), device=x.device)
+    return (amax.clamp_min(1e-30) * margin / REF_FP8_MAX).reshape(1).to(torch.float32)
+
+
+def slot_mask(cache_shape, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """Bool mask of a cache's shape: True at every element of the slots written (slot ≥ 0)."""
+    num_blocks, block_size = cache_shape[0], cache_shape[1]
+    slots = slot_mapping.detach().cpu().long()
+    flat = torch.zeros(num_blocks * block_size, dtype=torch.bool)
+    flat[slots[slots >= 0]] = True
+    return flat.view(num_blocks, block_size, 1, 1).expand(*cache_shape).contiguous()
