@@ -23,6 +23,11 @@ from kernelab.ops._model import (
 from kernelab.ops.activation.gelu_and_mul import GELU_AND_MUL, gelu_and_mul
 from kernelab.ops.activation.silu_and_mul import SILU_AND_MUL, silu_and_mul
 from kernelab.ops.attention.kv_cache_write import KV_CACHE_WRITE, kv_cache_write, kv_cache_write_ref
+from kernelab.ops.attention.merge_attention_states import (
+    MERGE_ATTENTION_STATES,
+    merge_attention_states,
+    merge_attention_states_ref,
+)
 from kernelab.ops.logits.softmax import SOFTMAX, softmax, softmax_ref
 from kernelab.ops.matmul import _packing as packing  # int4/int8 layouts and converters
 from kernelab.ops.matmul.fp8_gemm import FP8_GEMM, fp8_gemm, fp8_gemm_ref

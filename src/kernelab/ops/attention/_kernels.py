@@ -72,3 +72,68 @@ def _kv_cache_write_kernel(
     v_dst = VCache + block * stride_vc_b + offset * stride_vc_s + hd * stride_vc_h + d[None, :]
     tl.store(k_dst, k.to(KCache.dtype.element_ty), mask=mask)
     tl.store(v_dst, v.to(VCache.dtype.element_ty), mask=mask)
+
+
+@kernel
+def _merge_attention_states_kernel(
+    Out,
+    stride_o_t,
+    stride_o_h,
+    OutLse,
+    stride_ol_t,
+    stride_ol_h,
+    States,
+    stride_s_s,
+    stride_s_t,
+    stride_s_h,
+    Lse,
+    stride_l_s,
+    stride_l_t,
+    stride_l_h,
+    n_states,
+    heads,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
+    """One token × BLOCK_H heads per program, float32 arithmetic:
+
+        m = max_s lse_s;   w_s = exp(lse_s − m);   out = Σ w_s·o_s / Σ w_s;   lse = m + log Σ w_s
+
+    A part whose lse is −inf has weight 0 and contributes nothing, whatever its values; when
+    every part's is, out = 0 and lse = −inf. NaN in an lse propagates.
+
+    Bytes: reads the S log-sum-exps twice (max, then weights) and each state once; writes out
+    and its lse once.
+    """
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    h_ok = h < heads
+    hd = h.to(tl.int64)
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    for s in range(n_states):
+        lse = tl.load(Lse + s * stride_l_s + t * stride_l_t + hd * stride_l_h, mask=h_ok)
+        m = tl.maximum(m, lse.to(tl.float32), tl.PropagateNan.ALL)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    total = tl.zeros([BLOCK_H], tl.float32)
+    mask = h_ok[:, None] & (d < HEAD_DIM)[None, :]
+    for s in range(n_states):
+        lse = tl.load(Lse + s * stride_l_s + t * stride_l_t + hd * stride_l_h, mask=h_ok)
+        w = tl.exp(lse.to(tl.float32) - m_safe)
+        rows = States + s * stride_s_s + t * stride_s_t + hd[:, None] * stride_s_h
+        x = tl.load(rows + d[None, :], mask=mask & (w > 0)[:, None], other=0.0)
+        acc += w[:, None] * x.to(tl.float32)
+        total += w
+    some = total > 0
+    safe = tl.where(some, total, 1.0)
+    out = tl.where(some[:, None], acc / safe[:, None], 0.0)
+    out = tl.where((total != total)[:, None], float("nan"), out)
+    o_rows = Out + t * stride_o_t + hd[:, None] * stride_o_h
+    tl.store(o_rows + d[None, :], out.to(Out.dtype.element_ty), mask=mask)
+    if WRITE_LSE:
+        lse_out = tl.where(some, m + tl.log(safe), float("-inf"))
+        lse_out = tl.where(total != total, float("nan"), lse_out)
+        tl.store(OutLse + t * stride_ol_t + hd * stride_ol_h, lse_out, mask=h_ok)

@@ -21,6 +21,8 @@ import torch
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
 from kernelab.ops._runtime.fp8 import FP8_DTYPES
+from kernelab.ops._runtime.launch import KernelCall, cdiv
+from kernelab.ops._runtime.triton import next_pow2
 
 #: Float8 formats a cache may hold (e4m3: NVIDIA's OCP format, AMD gfx942's fnuz).
 CACHE_FP8 = FP8_DTYPES
@@ -152,3 +154,70 @@ def slot_mask(cache_shape, slot_mapping: torch.Tensor) -> torch.Tensor:
     flat = torch.zeros(num_blocks * block_size, dtype=torch.bool)
     flat[slots[slots >= 0]] = True
     return flat.view(num_blocks, block_size, 1, 1).expand(*cache_shape).contiguous()
+
+
+# --- merging partial attention states (merge_attention_states, paged_attention's reduce) ------
+
+
+@dataclass(frozen=True)
+class MergeConfig:
+    """``block_h`` heads of one token per program, ``num_warps`` warps."""
+
+    block_h: int
+    num_warps: int
+
+    #: Elements of one state a program holds: 8 float32 per thread over 8 warps at D = 128.
+    TILE_ELEMENTS = 2048
+
+    @classmethod
+    def default_for(cls, heads: int, head_dim: int) -> MergeConfig:
+        block_d = next_pow2(head_dim)
+        block_h = max(1, min(next_pow2(heads), cls.TILE_ELEMENTS // block_d))
+        return cls(block_h, max(1, min(8, block_h * block_d // 256)))
+
+    @classmethod
+    def tuning_space(cls, heads: int, head_dim: int) -> list[MergeConfig]:
+        block_d = next_pow2(head_dim)
+        space = [
+            cls(h, w) for h in (1, 2, 4, 8, 16, 32) if h <= next_pow2(heads) for w in (1, 2, 4, 8)
+        ]
+        return [c for c in space if 4 <= c.block_h * block_d // (32 * c.num_warps) <= 64] or [
+            cls.default_for(heads, head_dim)
+        ]
+
+
+def merge_call(kern, out, out_lse, states, lse, config: MergeConfig | None = None) -> KernelCall:
+    """The launch of the merge kernel ``kern`` (the family's, or a planted-defect copy): states
+    [S, T, H, D] with lse [S, T, H] into out [T, H, D] and, when ``out_lse`` is given, its lse
+    [T, H]. The one place the merge kernel's arguments are bound."""
+    n_states, tokens, heads, head_dim = states.shape
+    cfg = config or MergeConfig.default_for(heads, head_dim)
+    lse_out = out_lse if out_lse is not None else lse
+    return KernelCall(
+        kern,
+        (tokens, cdiv(heads, cfg.block_h)),
+        dict(
+            Out=out,
+            stride_o_t=out.stride(0),
+            stride_o_h=out.stride(1),
+            OutLse=lse_out,
+            stride_ol_t=lse_out.stride(-2),
+            stride_ol_h=lse_out.stride(-1),
+            States=states,
+            stride_s_s=states.stride(0),
+            stride_s_t=states.stride(1),
+            stride_s_h=states.stride(2),
+            Lse=lse,
+            stride_l_s=lse.stride(0),
+            stride_l_t=lse.stride(1),
+            stride_l_h=lse.stride(2),
+            n_states=n_states,
+            heads=heads,
+            HEAD_DIM=head_dim,
+            BLOCK_H=cfg.block_h,
+            BLOCK_D=next_pow2(head_dim),
+            WRITE_LSE=out_lse is not None,
+        ),
+        cfg.num_warps,
+        config=cfg,
+    )
