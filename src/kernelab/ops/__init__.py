@@ -28,6 +28,11 @@ from kernelab.ops.attention.merge_attention_states import (
     merge_attention_states,
     merge_attention_states_ref,
 )
+from kernelab.ops.attention.paged_attention import (
+    PAGED_ATTENTION,
+    paged_attention,
+    paged_attention_ref,
+)
 from kernelab.ops.logits.softmax import SOFTMAX, softmax, softmax_ref
 from kernelab.ops.matmul import _packing as packing  # int4/int8 layouts and converters
 from kernelab.ops.matmul.fp8_gemm import FP8_GEMM, fp8_gemm, fp8_gemm_ref

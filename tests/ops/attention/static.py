@@ -1,64 +1,34 @@
-"""Static checks of the attention family's compiled launches for sm_90, sm_80 and gfx942 (no GPU
-needed): tensor-core instructions, spills, the width of global loads."""
+"""Static checks of the attention family's launches for sm_80, sm_90, sm_100 and gfx942 (no GPU
+needed), read from what ``kernelab inspect`` sees — the inspect gate's own facts — plus the
+compiled code where a pattern matters (which loads are wide)."""
 
 from __future__ import annotations
 
-import re
-import subprocess
-
 from triton.backends.compiler import GPUTarget
+
+from kernelab.inspect import analyze
 
 TARGETS = {
     "sm_90": GPUTarget("cuda", 90, 32),
     "sm_80": GPUTarget("cuda", 80, 32),
     "gfx942": GPUTarget("hip", "gfx942", 64),
 }
-#: Tensor-core instructions: wgmma needs 64-row tiles per warpgroup; smaller M runs mma.sync.
-TENSOR_CORES = {
-    "sm_90": r"wgmma\.mma_async|mma\.sync\.aligned",
-    "sm_80": r"mma\.sync\.aligned",
-    "gfx942": r"v_mfma_",
-}
-#: 128-bit global loads.
-WIDE_LOADS = {
-    "sm_90": r"ld\.global(?:\.[A-Za-z0-9_:]+)*\.v4\.(?:b|u|f)32",
-    "sm_80": r"ld\.global(?:\.[A-Za-z0-9_:]+)*\.v4\.(?:b|u|f)32",
-    "gfx942": r"(?:global|buffer)_load_dwordx4",
-}
 
 
-def code(compiled, arch: str) -> str:
-    return compiled.asm["amdgcn"] if arch.startswith("gfx") else compiled.asm["ptx"]
+def facts(launch, arch: str) -> dict:
+    """inspect's facts of ``launch`` on ``arch``: registers, spill bytes and instructions,
+    load and store widths, tensor-core instruction counts (cached by kernel source)."""
+    report = analyze(launch, arch)
+    assert report.facts, f"{launch.name} did not compile for {arch}: {report.error}"
+    return report.facts
 
 
-def spills(compiled, arch: str, tmp_path) -> int:
-    """Bytes spilled: from ptxas -v on NVIDIA, from the code object's metadata on AMD."""
-    if arch.startswith("gfx"):
-        counts = re.findall(r"\.[sv]gpr_spill_count:\s*(\d+)", compiled.asm["amdgcn"])
-        assert counts, "no spill counts in the AMD code object metadata"
-        return sum(int(c) for c in counts)
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    ptx = tmp_path / "k.ptx"
-    ptx.write_text(compiled.asm["ptx"])
-    sm = "sm_90a" if arch == "sm_90" else arch
-    proc = subprocess.run(
-        [get_ptxas(int(arch[3:])).path, "-v", f"--gpu-name={sm}", str(ptx), "-o", "/dev/null"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    found = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr)
-    assert found, f"no spill report from ptxas: {proc.stderr[:300]}"
-    return sum(int(a) + int(b) for a, b in found)
-
-
-def assert_static(compiled, arch: str, tmp_path, tensor_cores: bool = False) -> str:
-    """No spills, 128-bit global loads, and (when asked) tensor-core instructions; returns the
-    target's code."""
-    text = code(compiled, arch)
-    assert spills(compiled, arch, tmp_path) == 0, f"spills on {arch}"
-    assert re.search(WIDE_LOADS[arch], text), f"no 128-bit global loads on {arch}"
+def assert_static(launch, arch: str, tensor_cores: bool = False) -> dict:
+    """No spills (bytes, or instructions: AMD spills scalar registers into vector lanes),
+    128-bit global loads, and (when asked) tensor-core instructions; returns the facts."""
+    f = facts(launch, arch)
+    assert f["spill_bytes"] == 0 and f["spill_instructions"] == 0, f"spills on {arch}: {f}"
+    assert "128" in f["loads"], f"no 128-bit global loads on {arch}: {f['loads']}"
     if tensor_cores:
-        assert re.search(TENSOR_CORES[arch], text), f"no tensor-core instructions on {arch}"
-    return text
+        assert f["tensor_cores"], f"no tensor-core instructions on {arch}"
+    return f

@@ -14,6 +14,7 @@ tensor (``k_scale``, ``v_scale``, shape (1,)); readers dequantize as ``value × 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -83,6 +84,12 @@ def validate_caches(k_cache, v_cache, value_dtype: torch.dtype, device) -> None:
     unit_last("v_cache", v_cache)
     if k_cache.shape[1] < 1:
         raise ValueError(f"k_cache: expected a block size of at least 1, got {k_cache.shape[1]}")
+
+
+def positive_int(name: str, value, what: str) -> None:
+    """None, or a positive int (not a bool)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name}: expected a positive int ({what}) or None, got {value!r}")
 
 
 def validate_scales(k_cache, k_scale, v_scale) -> None:
@@ -221,3 +228,163 @@ def merge_call(kern, out, out_lse, states, lse, config: MergeConfig | None = Non
         cfg.num_warps,
         config=cfg,
     )
+
+
+# --- batches of sequences: lengths, block tables, cumulative query counts ---------------------
+
+
+def lengths(shape) -> tuple[list[int], list[int]]:
+    """Queries and keys (cached, the new ones included) per sequence of a shape: its
+    ``q_lens``/``kv_lens`` parameters, or ``batch`` sequences of ``context`` keys with
+    ``queries`` queries each, the last one a prefill chunk of ``chunk`` queries when given."""
+    p, d = shape.params, shape.dims
+    if "kv_lens" in p:
+        kv = list(p["kv_lens"])
+        return list(p.get("q_lens", [1] * len(kv))), kv
+    batch, context = d["batch"], d["context"]
+    q = [d.get("queries", 1)] * batch
+    if d.get("chunk") and batch:
+        q[-1] = min(d["chunk"], context)
+    return q, [context] * batch
+
+
+def block_tables(kv_lens, block_size: int, order: str, device, gen) -> tuple[torch.Tensor, int]:
+    """An int32 table [batch, max_blocks] with one spare column, and the number of blocks of the
+    cache: each sequence's blocks distinct and in random order (``order`` "descending": each
+    row's blocks in decreasing order); spare entries point at other sequences' blocks, so a read
+    past a sequence's end gets real, wrong keys, never zeros."""
+    batch = len(kv_lens)
+    need = [-(-n // block_size) for n in kv_lens]
+    max_blocks = max(need, default=0) + 1
+    num_blocks = sum(need) + 2
+    if torch.device(device).type == "meta":
+        return torch.empty((batch, max_blocks), dtype=torch.int32, device=device), num_blocks
+    perm = torch.randperm(num_blocks, generator=gen, device=gen.device).cpu()
+    filler = torch.randint(0, num_blocks, (batch, max_blocks), generator=gen, device=gen.device)
+    table = filler.cpu().clone()
+    at = 0
+    for b, n in enumerate(need):
+        row = perm[at : at + n]
+        table[b, :n] = row.sort(descending=True).values if order == "descending" else row
+        at += n
+    return table.to(device=device, dtype=torch.int32), num_blocks
+
+
+def cumulative(counts, device) -> torch.Tensor:
+    """int32 [len + 1]: 0, then the running sums of ``counts``."""
+    out = torch.zeros(len(counts) + 1, dtype=torch.int32)
+    if counts:
+        out[1:] = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32)
+    return out.to(device) if torch.device(device).type != "meta" else out.to("meta")
+
+
+def visible_keys(q_len: int, kv_len: int, window: int | None) -> tuple[int, int, int]:
+    """For one sequence: scores left unmasked (Σ over queries of the keys each sees), and the
+    first and one-past-last key any query sees."""
+    total, lo, hi = 0, kv_len, 0
+    for i in range(q_len):
+        pos = kv_len - q_len + i
+        first = max(0, pos - window + 1) if window else 0
+        last = min(pos, kv_len - 1)
+        if last >= first:
+            total += last - first + 1
+            lo, hi = min(lo, first), max(hi, last + 1)
+    return total, lo, max(hi, lo)
+
+
+# --- the plain attention of each sequence (the references and eager variants) -----------------
+
+
+def gather(cache, table_row, kv_len, scale):
+    """A sequence's keys (or values) [kv_len, heads_kv, head_dim], through its table row."""
+    block_size = cache.shape[1]
+    pages = table_row[: cdiv(kv_len, block_size)].long()
+    x = cache[pages].reshape(-1, *cache.shape[2:])[:kv_len]
+    return x if scale is None else x.to(scale.dtype) * scale
+
+
+def visible_mask(q_len, kv_len, window, device):
+    pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
+    key = torch.arange(kv_len, device=device)[None, :]
+    visible = key <= pos
+    if window:
+        visible &= pos - key < window
+    return visible  # [q_len, kv_len]
+
+
+def softmax_attention(q, k, v, visible, scale, softcap, sinks, dtype):
+    """The plain formula in ``dtype``: out [q_len, Hq, D] and lse [Hq, q_len]."""
+    group = q.shape[1] // k.shape[1]
+    k = k.to(dtype).repeat_interleave(group, dim=1)
+    v = v.to(dtype).repeat_interleave(group, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q.to(dtype), k) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~visible, -math.inf)
+    m = s.amax(dim=-1) if s.shape[-1] else s.new_full(s.shape[:2], -math.inf)
+    if sinks is not None:
+        m = torch.maximum(m, sinks.to(dtype)[:, None])
+    m_safe = torch.where(m == -math.inf, torch.zeros_like(m), m)
+    p = torch.exp(s - m_safe[..., None])
+    total = p.sum(dim=-1)
+    if sinks is not None:
+        total = total + torch.exp(sinks.to(dtype)[:, None] - m_safe)
+    empty = total == 0
+    safe = torch.where(empty, torch.ones_like(total), total)
+    out = torch.einsum("hqk,khd->qhd", p, v) / safe.transpose(0, 1)[..., None]
+    out = torch.where(empty.transpose(0, 1)[..., None], torch.zeros_like(out), out)
+    lse = torch.where(empty, -math.inf, m + torch.log(safe))
+    return out, lse
+
+
+def per_sequence(
+    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, window, k_scale, v_scale, attend
+):
+    """Run ``attend(q_b, k_b, v_b, visible) -> (out_b, lse_b)`` per sequence; fill the rest."""
+    tokens, heads, _ = q.shape
+    outs, lses = [], []
+    cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
+    for b, kv_len in enumerate(lens):
+        q_b = q[cu[b] : cu[b + 1]]
+        if q_b.shape[0] == 0:
+            continue
+        k = gather(k_cache, block_tables[b], kv_len, k_scale)
+        v = gather(v_cache, block_tables[b], kv_len, v_scale)
+        o, l_ = attend(q_b, k, v, visible_mask(q_b.shape[0], kv_len, window, q.device))
+        outs.append(o)
+        lses.append(l_.transpose(0, 1))
+    if not outs:
+        return q.new_zeros(q.shape), q.new_full((tokens, heads), -math.inf, dtype=torch.float32)
+    return torch.cat(outs), torch.cat(lses)
+
+
+# --- content checks (behind check=True: they read device values) -------------------------------
+
+
+def check_batch(tokens, num_blocks, block_size, block_tables, seq_lens, cu_seqlens_q):
+    """cu_seqlens_q from 0 to num_tokens, non-decreasing; lengths within the block table; the
+    table entries a sequence uses within the cache."""
+    cu = cu_seqlens_q.cpu().long()
+    if cu.numel() and (cu[0] != 0 or cu[-1] != tokens):
+        raise ValueError(
+            f"cu_seqlens_q: expected to start at 0 and end at num_tokens = {tokens}, "
+            f"got {cu[0].item()} ... {cu[-1].item()}"
+        )
+    if bool((cu[1:] < cu[:-1]).any()):
+        raise ValueError("cu_seqlens_q: expected non-decreasing offsets")
+    lens = seq_lens.cpu().long()
+    top = block_tables.shape[1] * block_size
+    if bool((lens < 0).any()) or bool((lens > top).any()):
+        raise ValueError(
+            f"seq_lens: expected lengths in [0, max_blocks × block_size = {top}], "
+            f"got {lens.min().item()} ... {lens.max().item()}"
+        )
+    table = block_tables.cpu().long()
+    used = torch.arange(table.shape[1])[None, :] < ((lens + block_size - 1) // block_size)[:, None]
+    bad = used & ((table < 0) | (table >= num_blocks))
+    if bool(bad.any()):
+        b, j = (int(i) for i in torch.nonzero(bad)[0])
+        raise ValueError(
+            f"block_tables: entry [{b}, {j}] = {table[b, j].item()} is not a block of the cache "
+            f"(num_blocks = {num_blocks})"
+        )
