@@ -116,6 +116,88 @@ def test_in_place_argument_with_integer_input():
     assert {f.target for c in report.cases for f in c.failures} == {"pos"}
 
 
+# --- in-place regions: what a call may write in an in-place argument ---------------------------
+
+REGION = "wrote outside its in-place region"
+
+
+def _scatter_wrong_slot(rows, cache, slots):
+    """Each row one slot past its own (a slot computed off by one)."""
+    keep = slots >= 0
+    cache[(slots[keep].long() + 1) % cache.shape[0]] = rows[keep].to(cache.dtype)
+    return cache
+
+
+def _scatter_padding_too(rows, cache, slots):
+    """Right rows, and every padding row written to a free slot (as a dummy slot would be)."""
+    toy_ops.scatter_rows_ref(rows, cache, slots)
+    used = set(slots.tolist())
+    free = next(s for s in range(cache.shape[0]) if s not in used)
+    for i in torch.nonzero(slots < 0).flatten().tolist():
+        cache[free] = rows[i].to(cache.dtype)
+    return cache
+
+
+def _scatter_nudges_a_neighbour(rows, cache, slots):
+    """Right rows, and one element of an unwritten row changed by one unit in the last place."""
+    toy_ops.scatter_rows_ref(rows, cache, slots)
+    used = set(slots.tolist())
+    free = next(s for s in range(cache.shape[0]) if s not in used)
+    cache[free, 0] = torch.nextafter(cache[free, 0], torch.tensor(float("inf"), dtype=cache.dtype))
+    return cache
+
+
+def test_correct_in_place_region_write_passes():
+    report = verify(ops=[toy_ops.scatter_rows_op()], device="cpu", seed=SEED)
+    assert report.passed, [f.line() for c in report.cases for f in c.failures]
+    assert all(0.0 <= c.worst_ratio <= 1.0 for c in report.cases)
+
+
+@pytest.mark.parametrize(
+    "candidate", [_scatter_wrong_slot, _scatter_padding_too, _scatter_nudges_a_neighbour]
+)
+def test_write_outside_the_in_place_region_is_caught_with_its_class(candidate):
+    report = verify_candidate(candidate, toy_ops.scatter_rows_op(), device="cpu", seed=SEED)
+    assert not report.passed
+    assert all(c.failure_class == REGION for c in report.cases if not c.passed)
+    failure = next(f for c in report.cases for f in c.failures if f.cls == REGION)
+    assert failure.target == "cache" and failure.indices
+    # indices into the whole cache (rows, cols), not into the region's elements
+    assert all(len(i) == 2 for i in failure.indices), failure.indices
+
+
+def test_values_inside_the_region_are_judged_against_the_reference():
+    def rows_halved(rows, cache, slots):
+        return toy_ops.scatter_rows_ref(rows * 0.5, cache, slots)
+
+    report = verify_candidate(rows_halved, toy_ops.scatter_rows_op(), device="cpu", seed=SEED)
+    assert _classes(report) == {"wrong values"}
+    measure = report.cases[0].measures["cache"]
+    assert len(measure.worst_index) == 2  # an element of the whole cache
+
+
+def test_without_a_region_the_whole_argument_is_compared_as_before():
+    report = verify_candidate(
+        _scatter_wrong_slot, toy_ops.scatter_rows_op(region=False), device="cpu", seed=SEED
+    )
+    assert _classes(report) == {"wrong values"}
+    assert verify_candidate(
+        _scatter_nudges_a_neighbour, toy_ops.scatter_rows_op(region=False), device="cpu", seed=SEED
+    ).passed  # one ulp in a row nobody wrote: invisible without a region
+
+
+def test_a_region_must_name_an_in_place_argument():
+    from kernelab.ops import Contract
+
+    with pytest.raises(ValueError, match="regions"):
+        Contract(inplace=("cache",), regions={"rows": lambda inputs: None})
+
+
+def test_audit_rejects_nulls_of_a_region_argument():
+    report = audit([toy_ops.scatter_rows_op()], device="cpu", seed=SEED)
+    assert not report.broken_ops, [a.as_dict() for a in report.audit if not a.caught]
+
+
 def test_declared_nondeterminism_is_not_a_failure():
     from dataclasses import replace
 
@@ -228,6 +310,7 @@ def test_failure_classes_are_the_documented_ones():
         "contract",
         "out-of-bounds write",
         "mutated input",
+        "wrote outside its in-place region",
         "unwritten elements",
         "nondeterministic",
         "cached result",

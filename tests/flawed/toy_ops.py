@@ -131,3 +131,51 @@ def double_op(tolerance=None, compile_variant=False) -> Op:
     else:
         op.add_variant(Variant("torch", double_ref, "torch"))
     return op
+
+
+# --- in place within a region: rows scattered into a cache (as KV-cache writes do) -----------
+
+
+def scatter_rows_ref(rows, cache, slots):
+    keep = slots >= 0
+    cache[slots[keep].long()] = rows[keep].to(cache.dtype)
+    return cache
+
+
+def _scatter_region(inputs):
+    mask = torch.zeros(inputs["cache"].shape, dtype=torch.bool)
+    slots = inputs["slots"].cpu()
+    mask[slots[slots >= 0].long()] = True
+    return mask
+
+
+def scatter_rows_op(region: bool = True) -> Op:
+    """``cache[slots[i]] = rows[i]`` in place; a negative slot is padding and writes nothing.
+    ``region``: whether the contract declares the written rows as the in-place region."""
+
+    def make(s, d, dev, g, dist):
+        n, cols = s.dims["rows"], s.dims["cols"]
+        n_slots = 4 * n + 8
+        slots = torch.randperm(n_slots, generator=g)[:n].to(device=dev)
+        slots[::3] = -1  # padding tokens
+        return {
+            "rows": _x(s, d, dev, g, dist),
+            "cache": _inputs.randn((n_slots, cols), d, dev, g, dist),
+            "slots": slots,
+        }
+
+    regions = {"cache": _scatter_region} if region else {}
+    op = Op(
+        "toy_scatter_rows",
+        description="rows written into a cache at given slots, in place",
+        reference=scatter_rows_ref,
+        make_inputs=make,
+        shapes={"representative": _shapes((8, 16)), "edge": _shapes((3, 5))},
+        cost=lambda i: Cost(0, 0),
+        contract=Contract(inplace=("cache",), regions=regions, special_inputs=("rows",)),
+        dtypes=(torch.float32, torch.bfloat16),
+        outputs=("cache",),
+        out_arg=None,
+    )
+    op.add_variant(Variant("torch", scatter_rows_ref, "torch"))
+    return op

@@ -100,6 +100,17 @@ def test_shape_reduction_for_the_interpreter():
     assert Shape("x", {"n": 5}).reduced(1).dims == {"n": 5}
 
 
+def test_a_cut_shape_keeps_its_declared_sizes():
+    s = Shape(
+        "decode", {"batch": 64, "context": 8192}, batch_dim="batch", reduce_to={"context": 99}
+    )
+    cut = s.reduced(4)
+    assert cut.dims == {"batch": 4, "context": 99}
+    assert cut.full_dims == s.dims == s.full_dims and s.declared == {}
+    assert cut.reduced(2).full_dims == s.dims  # cut twice: still the declared sizes
+    assert cut.as_dict()["declared"] == {"batch": 64, "context": 8192}
+
+
 def test_representative_shapes_come_from_real_models():
     labels = " ".join(s.label for s in ops.RMSNORM.shapes("representative"))
     for model in ("llama3-8b", "llama3-70b", "qwen2.5-7b", "mistral-7b"):

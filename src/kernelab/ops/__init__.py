@@ -1,5 +1,5 @@
-"""Ops, one folder per family (norm, matmul, quant, activation, rotary, logits), each op
-declared once through the op model (``_model``) in one module of its family; what families
+"""Ops, one folder per family (norm, matmul, quant, activation, rotary, logits, attention), each
+op declared once through the op model (``_model``) in one module of its family; what families
 share lives in ``_runtime``.
 
 Adding an op: one module in its family's folder, one test file, one export line below.
@@ -26,6 +26,17 @@ from kernelab.ops.attention.attention_prefill import (
     ATTENTION_PREFILL,
     attention_prefill,
     attention_prefill_ref,
+)
+from kernelab.ops.attention.kv_cache_write import KV_CACHE_WRITE, kv_cache_write, kv_cache_write_ref
+from kernelab.ops.attention.merge_attention_states import (
+    MERGE_ATTENTION_STATES,
+    merge_attention_states,
+    merge_attention_states_ref,
+)
+from kernelab.ops.attention.paged_attention import (
+    PAGED_ATTENTION,
+    paged_attention,
+    paged_attention_ref,
 )
 from kernelab.ops.logits.softmax import SOFTMAX, softmax, softmax_ref
 from kernelab.ops.matmul import _packing as packing  # int4/int8 layouts and converters

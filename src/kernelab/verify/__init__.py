@@ -14,7 +14,8 @@ each seed derived from one run seed that is printed and can be given back with `
   a second call at the same addresses: unwritten elements and bitwise nondeterminism;
 - inputs copied into canary-guarded buffers (NaN canaries reveal out-of-bounds reads), and
   bitwise unchanged afterwards, except the contract's in-place arguments, which must match the
-  reference's in-place result;
+  reference's in-place result (only within the region the contract declares for one, every
+  element outside it bitwise unchanged);
 - NaN/Inf pattern equal to the reference's (as stored in the output's dtype);
 - the output contract: a plain ``torch.Tensor`` of the expected shape, dtype and device, the
   ``out=`` buffer when one was passed;
@@ -22,7 +23,8 @@ each seed derived from one run seed that is printed and can be given back with `
   is a cached result;
 - ``audit()``: null candidates that each op's checks must reject.
 
-Failure classes (``CLASSES``): contract, out-of-bounds write, mutated input, unwritten
+Failure classes (``CLASSES``): contract, out-of-bounds write, mutated input, wrote outside its
+in-place region (an in-place argument with a declared region changed outside it), unwritten
 elements, nondeterministic, cached result, NaN mismatch, wrong values. The JSON form of a
 ``Report`` (``Report.as_dict()``, ``kernelab verify --json``) is documented in docs/verify.md.
 

@@ -11,7 +11,8 @@ target (one output or one in-place argument) in one way:
 - ``row dropped``: the last row (index along the first dimension) set to zero.
 
 For every op, target, null and dtype, cases run over the op's shapes until one rejects the
-null by its values (out of tolerance; a NaN-pattern mismatch alone does not count). A null
+null by its values (out of tolerance, or, for an in-place argument with a declared region,
+changed outside it; a NaN-pattern mismatch alone does not count). A null
 that no case rejects means the op's tolerance or inputs cannot tell a trivial kernel from a
 correct one: the op definition is broken, and the audit says so.
 """
@@ -78,10 +79,12 @@ def _spoil(kind: str, value: torch.Tensor, inputs: dict) -> torch.Tensor | None:
     raise ValueError(f"kind: expected one of {NULLS}, got {kind!r}")
 
 
-#: The class that counts as rejecting a null candidate: its values are out of tolerance. Other
-#: classes alone do not count: a NaN-pattern mismatch (a null kernel that propagates NaN would
-#: pass), a cached result (a constant output within a loose tolerance is "right" once).
-_REJECTING = {"wrong values"}
+#: The classes that count as rejecting a null candidate: its values are out of tolerance, or it
+#: changed elements of an in-place argument outside the declared region (compared bitwise, so
+#: no tolerance can let a spoiled value through). Other classes alone do not count: a
+#: NaN-pattern mismatch (a null kernel that propagates NaN would pass), a cached result (a
+#: constant output within a loose tolerance is "right" once).
+_REJECTING = {"wrong values", "wrote outside its in-place region"}
 
 
 class NotApplicable(Exception):

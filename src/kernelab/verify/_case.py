@@ -6,7 +6,8 @@ Each trial draws fresh inputs from one distribution (the last trial also holds N
   guarded buffer passed as ``out=`` and poisoned with NaN (a sentinel for integers). The result
   must meet the output contract, match the float64 reference within tolerance and its NaN/Inf
   pattern, leave canaries and non-in-place inputs bitwise intact, and update in-place
-  arguments as the reference does.
+  arguments as the reference does (within the contract's region when it declares one, every
+  element outside it bitwise unchanged).
 - Trial 0, call 2: the same inputs restored at the same addresses, outputs poisoned with a
   different value: results must be bitwise identical (unless the op declares itself
   nondeterministic); an element holding the poison after both calls was never written.
@@ -103,6 +104,11 @@ def inject_specials(inputs: dict, seed: int, allowed=None) -> str | None:
 class _Expected:
     specs: list  # (name, shape, dtype, device) per output
     targets: list  # (name, ref, base, (tol, source), eager_error) per output and in-place arg
+    regions: dict  # in-place argument -> bool mask of the elements the call may write
+
+
+def _within(t: torch.Tensor, region: torch.Tensor | None) -> torch.Tensor:
+    return t if region is None else t.detach().cpu()[region]
 
 
 def expected(op, inputs: dict, baseline: Callable | None, dtype, device) -> _Expected:
@@ -134,12 +140,14 @@ def expected(op, inputs: dict, baseline: Callable | None, dtype, device) -> _Exp
     pairs += [(n, r, base_inplace.get(n)) for n, r in ref_inplace.items()]
     stored = {spec[0]: spec[2] for spec in specs}
     stored.update({n: inputs[n].dtype for n in ref_inplace if isinstance(inputs[n], torch.Tensor)})
+    regions = {n: r for n in ref_inplace if (r := op.contract.region(n, inputs)) is not None}
     for name, ref, base in pairs:
         usable = isinstance(base, torch.Tensor) and tuple(base.shape) == tuple(ref.shape)
-        eager = error(base, ref).rel_l2 if usable else None
+        region = regions.get(name)
+        eager = error(_within(base, region), _within(ref, region)).rel_l2 if usable else None
         tol = tolerance(op.contract, dtype, stored.get(name, dtype), eager)
         targets.append((name, ref, base if usable else None, tol, eager))
-    return _Expected(specs, targets)
+    return _Expected(specs, targets, regions)
 
 
 def tolerance(contract, dtype: torch.dtype, stored: torch.dtype, eager: float | None):
@@ -213,6 +221,8 @@ class _Trial:
         for k, g in self.guards.items():
             if k not in self.inplace:
                 failures += _checks.unchanged(k, g.view, self.inputs[k])
+            elif k in exp.regions:
+                failures += _checks.outside_region(k, g.view, self.inputs[k], exp.regions[k])
         self.fail(failures, label)
         if got is None:
             return None
@@ -235,7 +245,12 @@ class _Trial:
         for name, ref, base, tol, eager in exp.targets:
             if name not in results:
                 continue
-            m, failures = _checks.values(name, results[name], ref, base, tol, eager)
+            if name in exp.regions:
+                m, failures = _checks.region_values(
+                    name, results[name], ref, base, tol, eager, exp.regions[name]
+                )
+            else:
+                m, failures = _checks.values(name, results[name], ref, base, tol, eager)
             self.case.add_measure(m)
             if failures and previous is not None and _stale(name, results[name], *previous):
                 failures = [
@@ -257,9 +272,10 @@ def _stale(name: str, got: torch.Tensor, prev_exp: _Expected, prev_results: dict
     """Whether ``got`` is bitwise the previous call's result, which was right for its inputs."""
     if name not in prev_results or bool(_checks.differs(got, prev_results[name]).any()):
         return False
+    region = prev_exp.regions.get(name)
     for target, ref, _, (tol, _source), _ in prev_exp.targets:
         if target == name:
-            return error(prev_results[name], ref).rel_l2 <= tol
+            return error(_within(prev_results[name], region), _within(ref, region)).rel_l2 <= tol
     return False
 
 

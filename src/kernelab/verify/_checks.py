@@ -100,6 +100,58 @@ def unchanged(name: str, after: torch.Tensor, before: torch.Tensor) -> list[Fail
     ]
 
 
+def outside_region(
+    name: str, after: torch.Tensor, before: torch.Tensor, region: torch.Tensor
+) -> list[Failure]:
+    """An in-place argument with a declared region: every element outside it must be bitwise
+    what it was before the call."""
+    changed = (bits(after.detach().cpu()) != bits(before.detach().cpu())) & ~region
+    if not bool(changed.any()):
+        return []
+    indices, got, expected = first(changed, after, before)
+    return [
+        Failure(
+            "wrote outside its in-place region",
+            name,
+            f"{int(changed.sum())} element(s) outside the {int(region.sum())} the call may write "
+            f"changed (of {region.numel()}); shown: after the call, expected = before it",
+            indices,
+            got,
+            expected,
+        )
+    ]
+
+
+def region_values(
+    name: str,
+    got: torch.Tensor,
+    ref: torch.Tensor,
+    base: torch.Tensor | None,
+    tolerance: tuple[float, str],
+    eager_error: float | None,
+    region: torch.Tensor,
+) -> tuple[Measure, list[Failure]]:
+    """``values`` on the elements of ``region`` only; indices refer to the whole tensor."""
+    where = torch.nonzero(region)
+    m, failures = values(
+        name,
+        got.detach().cpu()[region],
+        ref.detach().cpu()[region],
+        None if base is None else base.detach().cpu()[region],
+        tolerance,
+        eager_error,
+    )
+
+    def whole(i):
+        return [int(k) for k in where[i[0]]] if where.numel() else list(i)
+
+    if m.worst_index is not None:
+        m.worst_index = whole(m.worst_index)
+    for f in failures:
+        f.indices = [whole(i) for i in f.indices]
+    return m, failures
+
+
 def values(
     name: str,
     got: torch.Tensor,

@@ -9,6 +9,7 @@ CLASSES = (
     "contract",
     "out-of-bounds write",
     "mutated input",
+    "wrote outside its in-place region",
     "unwritten elements",
     "nondeterministic",
     "cached result",

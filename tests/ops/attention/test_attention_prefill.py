@@ -263,7 +263,9 @@ BAD = [
 
 
 @pytest.mark.parametrize(("over", "exc", "words"), BAD, ids=[b[2][:40] for b in BAD])
-@pytest.mark.parametrize("fn", [attention_prefill_triton, attention_prefill_torch], ids=["kernelab", "torch"])
+@pytest.mark.parametrize(
+    "fn", [attention_prefill_triton, attention_prefill_torch], ids=["kernelab", "torch"]
+)
 def test_bad_arguments_raise_naming_the_argument(fn, over, exc, words):
     with pytest.raises(exc) as info:
         fn(**_args(**over))

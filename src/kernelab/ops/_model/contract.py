@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -45,6 +45,12 @@ class Contract:
 
     The tolerance on relative L2 error is ``max(k × eager-torch error, floor[dtype])`` unless
     ``tolerance`` fixes it per dtype. ``inplace`` lists arguments the op writes.
+
+    ``regions`` narrows what a call may write in an in-place argument: ``regions[name](inputs)``
+    returns a boolean mask of that argument's shape, computed from the call's inputs before the
+    call (the cache slots of this step, say). verify compares the masked elements against the
+    reference (relative L2 and the NaN/Inf pattern) and requires every other element to be
+    bitwise unchanged. An in-place argument without a region is compared whole.
     """
 
     k: float = 2.0
@@ -56,6 +62,31 @@ class Contract:
     #: floating-point input). Prepared parameters such as quantization scales are never
     #: infinite in use, and an infinite scale is not a case an op must reproduce.
     special_inputs: tuple[str, ...] | None = None
+    regions: Mapping[str, Callable[[dict], torch.Tensor]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        stray = [name for name in self.regions if name not in self.inplace]
+        if stray:
+            raise ValueError(
+                f"regions: {stray} are not in-place arguments (inplace={list(self.inplace)})"
+            )
+
+    def region(self, name: str, inputs: dict) -> torch.Tensor | None:
+        """The mask of elements of in-place argument ``name`` the call may write (a CPU bool
+        tensor of its shape), or None when the whole argument may change."""
+        fn = self.regions.get(name)
+        arg = inputs.get(name)
+        if fn is None or not isinstance(arg, torch.Tensor):
+            return None
+        mask = fn(inputs)
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            raise TypeError(f"regions[{name!r}]: expected a bool tensor, got {mask!r:.60}")
+        if tuple(mask.shape) != tuple(arg.shape):
+            raise ValueError(
+                f"regions[{name!r}]: expected a mask of shape {tuple(arg.shape)}, "
+                f"got {tuple(mask.shape)}"
+            )
+        return mask.detach().cpu()
 
     def floor(self, dtype: torch.dtype) -> float:
         return self.floors.get(dtype_name(dtype), 1e-6)

@@ -18,6 +18,11 @@ class Shape:
     through the interpreter, without changing what each program does. ``reduce_to`` names other
     sizes and the value each is cut to at the same time (a GEMM's N and K, whose full sizes
     would take minutes through the interpreter); empty for most ops.
+
+    ``declared`` holds the sizes before :meth:`reduced` cut them (empty for a shape as declared;
+    :attr:`full_dims` reads either). An op whose launch decisions depend on sizes that a cut
+    changes (how many parts split-KV attention splits a context into, say) takes them from the
+    declared sizes, so that each program does what it does at full size, over fewer tiles.
     """
 
     label: str
@@ -25,6 +30,12 @@ class Shape:
     params: Mapping[str, Any] = field(default_factory=dict)
     batch_dim: str | None = None
     reduce_to: Mapping[str, int] = field(default_factory=dict)
+    declared: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def full_dims(self) -> Mapping[str, int]:
+        """The sizes as declared, before any cut for the interpreter."""
+        return self.declared or self.dims
 
     def reduced(self, cap: int) -> Shape:
         """This shape with its batch size at most ``cap`` and the sizes in ``reduce_to`` at most
@@ -40,7 +51,12 @@ class Shape:
                 cuts.append(f"{name}→{size}")
         if not cuts:
             return self
-        return replace(self, dims=dims, label=f"{self.label} [{', '.join(cuts)}]")
+        return replace(
+            self,
+            dims=dims,
+            label=f"{self.label} [{', '.join(cuts)}]",
+            declared=dict(self.full_dims),
+        )
 
     @property
     def key(self) -> str:
@@ -56,6 +72,7 @@ class Shape:
             "params": dict(self.params),
             "batch_dim": self.batch_dim,
             "reduce_to": dict(self.reduce_to),
+            "declared": dict(self.declared),
         }
 
 
