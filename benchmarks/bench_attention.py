@@ -9,7 +9,7 @@ on an H200 at the datasheet bandwidth (4.8 TB/s) and at the copy bandwidth measu
 H200 (about 4.3 TB/s, HARDWARE.md), with the larger of the memory and compute terms. With a
 GPU it times each variant with device events, one call per sample, L2 flushed between samples
 outside the timed window (cold cache), and prints the median, the achieved bandwidth on the
-op's bytes and the share of the measured-copy floor, and the targets of issue 14 with a
+op's bytes and the share of the measured-copy floor, and the paged-decode targets with a
 verdict. FlashInfer's decode is planned once per shape outside the timed region (its
 ``plan`` is host work a server does once per step), so only its ``run`` is timed.
 """
@@ -33,7 +33,7 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 MEASURED_COPY_H200 = 4.3e12  # bytes read + written per second, HARDWARE.md (one run)
 
-#: Issue 14's targets: (shape label, what, share of the measured copy bandwidth on the KV bytes).
+#: The paged-decode targets: (shape label, what, share of the measured copy bandwidth on the KV bytes).
 TARGETS = (
     ("llama3-8b decode b64 ctx8192 bs16", "paged decode, batch 64, 8k, Llama-3-8B heads", 0.90),
     ("llama3-8b decode b1 ctx131072 bs16", "split-KV decode, batch 1, 128k", 0.80),
