@@ -53,3 +53,10 @@ def same_shape(name: str, t: torch.Tensor, shape, what: str) -> None:
 def positive(name: str, value, kind=float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{name}: expected a positive {kind.__name__}, got {value!r}")
+
+
+def boolean(name: str, value) -> bool:
+    """``value`` if it is a bool (not merely truthy: 1, "no" and None are refused)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+    return value
