@@ -16,6 +16,7 @@ from kernelab.ledger._sqlite import LedgerError, SQLiteBackend
 from kernelab.ledger.provenance import git_info, provenance
 from kernelab.ledger.schema import SCHEMA_VERSION
 from kernelab.ledger.store import Ledger, pack_samples, unpack_samples
+from kernelab.ledger.unrecorded import write_unrecorded
 
 
 def default_path() -> Path:
@@ -64,4 +65,5 @@ __all__ = [
     "pack_samples",
     "provenance",
     "unpack_samples",
+    "write_unrecorded",
 ]
