@@ -10,6 +10,7 @@ URL (``sqlite+pysqlite:///path``) works too and gives the same file as the built
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kernelab.ledger._base import LedgerError, check_version, now_iso
@@ -64,7 +65,11 @@ class _Conn:
 
 
 class ServerBackend:
-    def __init__(self, url: str):
+    """A ledger in a database server. ``readonly=True`` creates no schema (an empty database
+    is an error) and writes nothing; an SQLite URL to a missing file is an error too."""
+
+    def __init__(self, url: str, *, readonly: bool = False):
+        self.readonly = readonly
         scheme = url.split("://", 1)[0]
         try:
             import sqlalchemy
@@ -84,8 +89,19 @@ class ServerBackend:
         self._ddl = ddl_for(self.dialect)
         self._style = self.engine.dialect.paramstyle
         convert_params("", self._style)
+        nothing = "nothing was created: this command only reads"
+        if readonly and self.dialect == "sqlite":
+            db = self.engine.url.database
+            if db and db != ":memory:" and not Path(db).exists():
+                self.engine.dispose()
+                raise LedgerError(f"ledger {self.location}: no such ledger ({nothing})")
         try:
             if not self._check_version():
+                if readonly:
+                    raise LedgerError(
+                        f"ledger {self.location}: no such ledger, the database has no tables "
+                        f"({nothing})"
+                    )
                 self._create_schema()
         except sqlalchemy.exc.DBAPIError as exc:
             self.engine.dispose()
@@ -124,6 +140,8 @@ class ServerBackend:
 
     def write(self, fn: Callable[[_Conn], Any]) -> Any:
         """Run ``fn(conn)`` in one transaction; roll back on any exception."""
+        if self.readonly:
+            raise LedgerError(f"ledger {self.location}: opened read-only, nothing can be written")
         try:
             with self.engine.begin() as conn:
                 return fn(_Conn(conn, self._style))
