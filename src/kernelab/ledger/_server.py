@@ -1,20 +1,27 @@
 """Ledgers in a database server (``postgresql://user@host/db``), through SQLAlchemy.
 
 A team shares one ledger by pointing ``KERNELAB_LEDGER`` at a server database; this needs the
-optional extra ``pip install 'kernelab[server]'`` (SQLAlchemy) and a driver for the database
-(for PostgreSQL, ``psycopg2`` or ``psycopg``). The schema is the one of
-:mod:`kernelab.ledger.schema`, with column types spelled for the server. Any SQLAlchemy SQLite
-URL (``sqlite+pysqlite:///path``) works too and gives the same file as the built-in backend.
+optional extra ``pip install 'kernelab[server]'`` (SQLAlchemy and psycopg 3). The PostgreSQL
+driver: ``postgresql://`` (or ``postgres://``) uses psycopg (3) when it is importable, else
+psycopg2 (SQLAlchemy alone would take psycopg and fail where only psycopg2 is installed);
+``postgresql+psycopg2://`` or ``postgresql+psycopg://`` names one explicitly. The schema is the
+one of :mod:`kernelab.ledger.schema`, with column types spelled for the server. Any
+SQLAlchemy SQLite URL (``sqlite+pysqlite:///path``) works too and gives the same file as the
+built-in backend.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from kernelab.ledger._base import LedgerError, check_version, now_iso
 from kernelab.ledger.schema import APP, DDL, SCHEMA_VERSION
+
+#: The drivers a plain ``postgresql://`` URL may use, in order of preference.
+PG_DRIVERS = ("psycopg", "psycopg2")
 
 #: Dialects whose SQL the schema and the store's statements are written for.
 SUPPORTED = ("postgresql", "sqlite")
@@ -43,6 +50,31 @@ def ddl_for(dialect: str) -> list[str]:
             stmt = stmt.replace(old, new)
         out.append(stmt)
     return out
+
+
+def with_driver(url: str, importable=None) -> str:
+    """``url`` with its PostgreSQL driver named: ``postgresql://`` and ``postgres://`` get the
+    first of ``PG_DRIVERS`` that imports; any other URL (a driver named, another database)
+    stays as it is. Without any driver, a LedgerError saying what to install."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in ("postgresql", "postgres"):
+        return url
+    importable = importable or _importable
+    for driver in PG_DRIVERS:
+        if importable(driver):
+            return f"postgresql+{driver}://{rest}"
+    raise LedgerError(
+        f"ledger {scheme}://...: no PostgreSQL driver is installed; pip install "
+        "'kernelab[server]' (psycopg 3), or psycopg2-binary"
+    )
+
+
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:  # not installed, or psycopg without a libpq to use
+        return False
+    return True
 
 
 def convert_params(sql: str, paramstyle: str) -> str:
@@ -80,6 +112,7 @@ class ServerBackend:
                 "file path"
             ) from None
         self._sa = sqlalchemy
+        url = with_driver(url)
         try:
             self.engine = sqlalchemy.create_engine(url, pool_pre_ping=True)
         except (ImportError, sqlalchemy.exc.ArgumentError) as exc:
