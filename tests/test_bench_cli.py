@@ -1,5 +1,7 @@
 """``kernelab bench`` and ``kernelab ceilings`` on the CPU, and the bench stage of run."""
 
+import errno
+import importlib
 import json
 
 import pytest
@@ -10,10 +12,12 @@ from kernelab.bench import stage
 from kernelab.bench.roofline import COPY, MATMUL
 from kernelab.cli import app
 from kernelab.hardware import detect
+from kernelab.ledger._sqlite import SQLiteBackend
 from kernelab.ops import RMSNORM
 from tests.user_triton import write_candidate
 
 runner = CliRunner()
+runner_module = importlib.import_module("kernelab.bench.runner")
 QUICK = ["--device", "cpu", "--dtype", "float32", "--max-time", "0.2", "--min-samples", "5"]
 
 
@@ -148,3 +152,69 @@ def test_fresh_input_checks_derive_their_tolerance_on_the_fresh_inputs(db_path):
         assert result.exit_code == 0, result.output
         (case,) = json.loads(result.stdout)["cases"]
         assert not [f for f in case["flags"] if "cached" in f], case["flags"]
+
+
+def _full_disk(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _unrecorded(folder):
+    return sorted(folder.glob("*.unrecorded-*.json")) + sorted(folder.glob("run-*.json"))
+
+
+def test_a_failed_ledger_write_keeps_the_run_in_a_json_file_beside_it(db_path, monkeypatch):
+    monkeypatch.setattr(SQLiteBackend, "write", _full_disk)  # every write: a full disk
+    result = runner.invoke(app, ["bench", "rmsnorm", *QUICK, "--shape", "decode 1x4096", "--json"])
+    assert result.exit_code != 0, result.output
+    data = json.loads(result.stdout)
+    assert data["cases"] and data["run_id"] is None
+    (saved,) = _unrecorded(db_path.parent)
+    assert data["unrecorded"] == str(saved) and str(saved) in result.stderr
+    assert "No space left on device" in result.stderr
+    kept = json.loads(saved.read_bytes())
+    assert kept["ledger"] == str(db_path) and "No space left" in kept["error"]
+    run = kept["run"]
+    assert run["kind"] == "bench" and run["provenance"]["device"]["type"] == "cpu"
+    assert [c["samples"] for c in run["cases"]] == [c["samples"] for c in data["cases"]]
+    monkeypatch.undo()
+    with ledger.open(db_path) as db:  # nothing half-written; the file stores as it is
+        assert db.count_runs() == 0
+        rid = db.record_run(**run)
+        assert len(db.get_run(rid)["cases"]) == len(data["cases"])
+
+
+def test_the_cache_folder_takes_the_run_when_beside_the_ledger_fails(db_path, monkeypatch):
+    from kernelab.ledger import _server
+
+    url = f"sqlite+pysqlite:///{db_path}"  # a URL: there is no folder beside it
+    monkeypatch.setenv("KERNELAB_CACHE_DIR", str(db_path.parent / "cache"))
+    monkeypatch.setattr(_server.ServerBackend, "write", _full_disk)
+    args = ["bench", "rmsnorm", *QUICK, "--shape", "decode 1x4096", "--ledger", url]
+    result = runner.invoke(app, args)
+    assert result.exit_code != 0, result.output
+    (saved,) = _unrecorded(db_path.parent / "cache" / "unrecorded")
+    assert str(saved) in result.stderr.replace("\n", "")
+    assert json.loads(saved.read_bytes())["run"]["cases"]
+
+
+def test_an_interrupted_bench_stores_the_cases_it_finished(db_path, monkeypatch):
+    real, calls = runner_module.bench_case, []
+
+    def interrupted_after_one(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner_module, "bench_case", interrupted_after_one)
+    result = runner.invoke(app, ["bench", "rmsnorm", *QUICK, "--shape", "decode", "--json"])
+    assert result.exit_code == 130, result.output
+    data = json.loads(result.stdout)
+    assert len(calls) == 2 and data["run_id"] and data["interrupted"]
+    assert any(s.startswith("interrupted:") for s in data["skipped"])
+    with ledger.open(db_path) as db:
+        stored = db.get_run(data["run_id"])
+    first = data["cases"]
+    assert first and len(stored["cases"]) == len(first)  # the first case's variants only
+    assert {c["shape_key"] for c in stored["cases"]} == {first[0]["shape_key"]}
+    assert stored["provenance"]["bench"]["interrupted"] is True

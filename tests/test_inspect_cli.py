@@ -2,6 +2,8 @@
 
 import dataclasses
 import json
+import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from kernelab.cli import app
 from kernelab.inspect import baseline as bl
 from kernelab.inspect.ops import plan
 from kernelab.inspect.targets import parse_targets
+from tests import children
 from tests.user_triton import write_candidate
 
 runner = CliRunner()
@@ -138,3 +141,15 @@ def test_space_plans_every_config_of_the_tuning_space():
     configs = {j.spec.config_text() for j in space.jobs if shape.key in j.key}
     assert len(configs) == per_shape  # one job per config, the config in its key
     assert len({j.key for j in space.jobs}) == len(space.jobs)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signalled_inspect_ends_its_compiler_processes(tmp_path, sig):
+    # A cold cache, so that the pool has work; the signal goes to the command alone, as
+    # `kill` or a job scheduler sends it.
+    args = ["inspect", "rmsnorm", "layernorm", "-j", "2", "--no-cache"]
+    env = {"KERNELAB_CACHE_DIR": str(tmp_path / "cache")}
+    workers, proc = children.signal_when_workers_run(args, env, sig)
+    assert proc.returncode != 0
+    assert not children.outliving(workers), "compiler processes outlived kernelab inspect"

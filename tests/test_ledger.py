@@ -1,12 +1,13 @@
 """The ledger: round trips, lookups, and refusing files that are not kernelab ledgers."""
 
+import hashlib
 import sqlite3
 
 import numpy as np
 import pytest
 
 from kernelab import ledger
-from kernelab.ledger.schema import SCHEMA_VERSION
+from kernelab.ledger.schema import DDL, SCHEMA_VERSION
 
 PROV = {"device": {"name": "Test CPU", "key": "Test CPU|2|8GB", "type": "cpu"}, "seed": 7}
 
@@ -220,3 +221,118 @@ def test_provenance_has_versions_device_and_never_fails_outside_git(tmp_path):
     assert ledger.git_info(tmp_path) is None
     git = ledger.git_info()
     assert git is None or len(git["commit"]) == 40
+
+
+# --- what becomes a ledger, and what read-only commands never create ---------------------------
+
+
+def _digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _assert_refused_unchanged(path, match, readonly=False):
+    before = _digest(path)
+    with pytest.raises(ledger.LedgerError, match=match) as err:
+        ledger.open(path, readonly=readonly)
+    assert str(path) in str(err.value)
+    assert _digest(path) == before, "a refused file was changed"
+    left = sorted(p.name for p in path.parent.iterdir())
+    assert left == [path.name], f"refusing {path.name} left files behind: {left}"
+
+
+def _partial(path, tables):
+    con = sqlite3.connect(path)
+    for stmt in DDL:
+        name = stmt.split("EXISTS", 1)[1].split()[0] if "TABLE" in stmt else None
+        if name in tables:
+            con.execute(stmt)
+    if "schema_version" in tables:
+        con.execute("INSERT INTO schema_version VALUES ('kernelab', ?, 'x')", (SCHEMA_VERSION,))
+    con.commit()
+    con.close()
+    return path
+
+
+def _tableless(path):
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA user_version = 7")  # a valid SQLite header, not an empty file
+    con.commit()
+    con.close()
+    return path
+
+
+@pytest.mark.parametrize("readonly", [False, True], ids=["writer", "read-only"])
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda p: p.write_bytes(b"") and p, "an empty file"),
+        (_tableless, "an SQLite database without kernelab's tables"),
+        (lambda p: _partial(p, {"schema_version"}), r"a partial kernelab ledger \(missing"),
+        (
+            lambda p: _partial(p, {"schema_version", "runs", "cases"}),
+            r"missing tables: cache, ceilings",
+        ),
+    ],
+    ids=["0-byte", "table-less", "schema_version only", "no ceilings or cache"],
+)
+def test_only_a_missing_path_becomes_a_ledger_anything_else_is_refused_unchanged(
+    tmp_path, make, match, readonly
+):
+    path = tmp_path / "l.sqlite"
+    make(path)
+    if not path.exists():
+        path.write_bytes(b"")
+    _assert_refused_unchanged(path, match, readonly)
+
+
+def test_a_missing_path_becomes_a_whole_ledger_and_nothing_else_is_left(tmp_path):
+    path = tmp_path / "new" / "folder" / "l.sqlite"
+    with ledger.open(path) as db:
+        db.record_run("bench", [case()], PROV)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["l.sqlite"]
+    with ledger.open(path, readonly=True) as db:
+        assert db.count_runs() == 1 and db.check() == "ok"
+
+
+def test_read_only_opening_changes_nothing_and_refuses_writes(tmp_path):
+    path = tmp_path / "l.sqlite"
+    with ledger.open(path) as db:
+        db.record_run("bench", [case()], PROV, label="base")
+    before = _digest(path)
+    with ledger.open(path, readonly=True) as db:
+        assert db.get_run("base")["cases"][0]["op"] == "rmsnorm"
+        with pytest.raises(ledger.LedgerError, match="read-only"):
+            db.record_run("bench", [case()], PROV)
+    assert _digest(path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["l.sqlite"]  # no WAL side files left
+
+
+def test_read_only_opening_of_a_missing_path_creates_nothing(tmp_path):
+    path = tmp_path / "typo" / "l.sqlite"
+    with pytest.raises(ledger.LedgerError, match="no such ledger") as err:
+        ledger.open(path, readonly=True)
+    assert str(path) in str(err.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["history"], ["history", "rmsnorm"], ["compare"], ["compare", "a", "b"], ["report"]],
+    ids=lambda a: " ".join(a),
+)
+def test_read_only_commands_on_a_mistyped_path_create_nothing(tmp_path, args, monkeypatch):
+    from click.testing import CliRunner
+
+    from kernelab.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "typo" / "ledger.sqlite"
+    result = CliRunner().invoke(app, [*args, "--ledger", str(path)])
+    assert result.exit_code == 2, result.output
+    assert "no such ledger" in result.output and str(path) in result.output.replace("\n", "")
+    assert "Traceback" not in result.output
+    assert list(tmp_path.iterdir()) == [], "a read-only command created files"
+    # KERNELAB_LEDGER names it the same way
+    monkeypatch.setenv("KERNELAB_LEDGER", str(path))
+    assert CliRunner().invoke(app, args).exit_code == 2
+    assert list(tmp_path.iterdir()) == []

@@ -1,13 +1,19 @@
-"""The SQLAlchemy backend (server URLs), exercised through SQLAlchemy's own SQLite driver."""
+"""The SQLAlchemy backend (server URLs): through SQLAlchemy's own SQLite driver, and against a
+real PostgreSQL server started here (with each driver installed) when its binaries exist."""
 
+import importlib
 import sqlite3
+import sys
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 from kernelab import ledger
-from kernelab.ledger._server import convert_params, ddl_for
-from kernelab.ledger.schema import SCHEMA_VERSION
+from kernelab.ledger._server import convert_params, ddl_for, with_driver
+from kernelab.ledger.schema import SCHEMA_VERSION, TABLES
+from tests import pgserver
 
 pytest.importorskip("sqlalchemy")
 
@@ -78,3 +84,116 @@ def test_postgresql_spelling_of_the_schema():
     assert "AUTOINCREMENT" not in ddl and "BLOB" not in ddl and " REAL " not in ddl
     assert convert_params("a LIKE ? AND b = '5%'", "pyformat") == "a LIKE %s AND b = '5%%'"
     assert convert_params("x = ?", "qmark") == "x = ?"
+
+
+def test_a_plain_postgresql_url_gets_psycopg_then_psycopg2():
+    url = "postgresql://u:pw@db.example:5432/ledger"
+    assert with_driver(url, lambda m: True) == "postgresql+psycopg://u:pw@db.example:5432/ledger"
+    only2 = with_driver(url, lambda m: m == "psycopg2")
+    assert only2 == "postgresql+psycopg2://u:pw@db.example:5432/ledger"
+    assert (
+        with_driver("postgres://u@h/d", lambda m: m == "psycopg2") == "postgresql+psycopg2://u@h/d"
+    )
+    for explicit in ("postgresql+psycopg2://u@h/d", "postgresql+psycopg://u@h/d", "sqlite:///x"):
+        assert with_driver(explicit, lambda m: False) == explicit
+    with pytest.raises(ledger.LedgerError, match="no PostgreSQL driver") as err:
+        with_driver(url, lambda m: False)
+    assert "pw" not in str(err.value)
+
+
+# --- a real PostgreSQL server (skipped without pg_ctl/initdb or a driver) ----------------------
+
+DRIVERS = ("psycopg", "psycopg2")
+
+
+def _importable(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def pg():
+    if pgserver.binaries() is None:
+        pytest.skip("no PostgreSQL server here (pg_ctl and initdb; .ci/run installs them)")
+    if not any(_importable(d) for d in DRIVERS):
+        pytest.skip("no PostgreSQL driver installed (psycopg or psycopg2; the dev extra has both)")
+    with pgserver.running() as server:
+        yield server
+
+
+@pytest.fixture
+def database(pg):
+    """A new, empty database of its own on the server."""
+    return pg.createdb(f"t_{uuid.uuid4().hex[:12]}")
+
+
+def _round_trip(url: str) -> None:
+    with ledger.open(url) as db:
+        rid = db.record_run("bench", [CASE, {**CASE, "variant": "torch"}], PROV, label="x")
+        run = db.get_run("x")
+        assert run["id"] == rid and [c["variant"] for c in run["cases"]] == ["kernelab", "torch"]
+        assert np.array_equal(run["cases"][0]["samples"], CASE["samples"])
+        assert run["cases"][0]["metrics"]["note"] == "50% done"
+        assert db.resolve(rid[:5]) == rid
+        db.put_ceiling("cpu|2|8GB", "copy_bytes_per_s", 1e10, "B/s", "test")
+        db.put_ceiling("cpu|2|8GB", "copy_bytes_per_s", 2e10, "B/s", "again")
+        assert db.ceilings("cpu|2|8GB")["copy_bytes_per_s"]["value"] == 2e10
+        db.cache_put("tune", "k", {"BLOCK": 64})
+        assert db.cache_get("tune", "k") == {"BLOCK": 64}
+        assert len(db.history("rmsnorm")) == 2 and db.check() == "ok"
+    with ledger.open(url, readonly=True) as db:  # a second connection sees it all
+        assert db.count_runs() == 1
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_ledger_on_a_real_postgresql_server_with_each_driver(pg, database, driver):
+    if not _importable(driver):
+        pytest.skip(f"{driver} is not installed")
+    _round_trip(pg.url(database, driver))
+    assert set(pg.psql(database, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+               .split()) == set(TABLES)  # fmt: skip
+
+
+@pytest.mark.parametrize("installed", ["psycopg2 only", "psycopg only"])
+def test_a_plain_postgresql_url_uses_whichever_driver_is_installed(
+    pg, database, installed, monkeypatch
+):
+    # SQLAlchemy 2.1 maps postgresql:// to psycopg (3) alone: with only psycopg2 installed,
+    # the plain URL failed. kernelab picks psycopg, then psycopg2.
+    want, hidden = ("psycopg2", "psycopg") if installed == "psycopg2 only" else DRIVERS
+    if not _importable(want):
+        pytest.skip(f"{want} is not installed")
+    monkeypatch.setitem(sys.modules, hidden, None)  # as if it were not installed
+    url = pg.url(database)
+    assert url.startswith("postgresql://")
+    _round_trip(url)
+    with ledger.open(url) as db:
+        assert db.location.startswith(f"postgresql+{want}://")
+
+
+def test_a_server_ledger_is_created_once_by_concurrent_writers(pg, database):
+    url = pg.url(database)
+    with ThreadPoolExecutor(4) as pool:
+        dbs = list(pool.map(lambda _: ledger.open(url), range(4)))
+    for db in dbs:
+        db.record_run("bench", [CASE], PROV)
+        db.close()
+    assert pg.psql(database, "SELECT count(*) FROM schema_version").strip() == "1"
+    with ledger.open(url, readonly=True) as db:
+        assert db.count_runs() == 4
+
+
+def test_a_foreign_or_empty_server_database_is_refused_unchanged(pg, database):
+    pg.psql(database, "CREATE TABLE orders (id integer); INSERT INTO orders VALUES (7)")
+    with pytest.raises(ledger.LedgerError, match="a foreign database"):
+        ledger.open(pg.url(database))
+    tables = "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+    assert pg.psql(database, tables).split() == ["orders"]
+    empty = pg.createdb(database + "_empty")
+    with pytest.raises(ledger.LedgerError, match="no such ledger") as err:
+        ledger.open(pg.url(empty), readonly=True)  # history, compare, report
+    assert "nothing was created" in str(err.value)
+    assert pg.psql(empty, tables).split() == []

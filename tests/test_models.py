@@ -203,6 +203,7 @@ def test_generated_schemas_follow_the_declarations():
     ), schema
     rope = str(_library.custom_op("rope")._opoverload._schema)
     assert "Tensor(a1!) query" in rope and "Tensor(a2!) key" in rope and rope.endswith("-> ()")
+    assert "bool is_neox=True, bool check=True)" in rope, rope
     fp8 = str(_library.custom_op("fp8_quant")._opoverload._schema)
     assert fp8.endswith("-> (Tensor, Tensor)") and "ScalarType fp8_dtype" in fp8
 

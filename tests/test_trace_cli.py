@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import gzip
 import json
+import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import orjson
+import pytest
 from click.testing import CliRunner
 
 from kernelab.cli import app
+from tests import children
 from tests.kineto_builder import TraceBuilder
 from tests.test_trace import fusible, scenario
 
@@ -203,3 +206,30 @@ def test_profile_bad_target_is_one_line(tmp_path):
     result = runner.invoke(app, ["profile", "no_such_module_xyz:step", "--device", "cpu"])
     assert result.exit_code == 2
     assert "Traceback" not in result.output and "target" in result.output
+
+
+def _long_trace(path: Path, repeats: int = 200_000) -> Path:
+    """A valid trace of 8 million events that gzip keeps small (one block of ten launches
+    repeated): seconds of decoding for every worker."""
+    b = TraceBuilder()
+    for i in range(10):
+        b.launch(f"k{i % 7}", 10 * i, 3, 10 * i + 5, 4)
+    doc = b.document()
+    block = b",\n".join(orjson.dumps(e) for e in doc.pop("traceEvents"))
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        f.write(orjson.dumps(doc)[:-1] + b', "traceEvents": [\n')
+        for r in range(repeats):
+            f.write(block + (b",\n" if r < repeats - 1 else b"\n"))
+        f.write(b"]}\n")
+    return path
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signalled_trace_summary_ends_its_decoding_processes(tmp_path, sig):
+    path = _long_trace(tmp_path / "long.json.gz")
+    args = ["trace", "summary", str(path), "--json"]
+    workers, proc = children.signal_when_workers_run(args, {"KERNELAB_TRACE_WORKERS": "3"}, sig)
+    assert proc.returncode != 0
+    # Without the fix they decode on for seconds (minutes for a real trace) after it ended.
+    assert not children.outliving(workers, grace=1.0), "decoders outlived kernelab trace"

@@ -10,12 +10,13 @@ Modules: :mod:`~kernelab.bench.timers` (host timer; device events and graphs),
 
 from kernelab.bench.api import bench, candidate, ceilings_for, floors, open_ledger
 from kernelab.bench.roofline import Ceilings
-from kernelab.bench.runner import BenchConfig, BenchResult, Subject
+from kernelab.bench.runner import BenchConfig, BenchInterrupted, BenchResult, Subject
 from kernelab.bench.stage import stage
 from kernelab.bench.stats import StopRule, Summary, summarize
 
 __all__ = [
     "BenchConfig",
+    "BenchInterrupted",
     "BenchResult",
     "Ceilings",
     "StopRule",

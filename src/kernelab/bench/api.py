@@ -6,7 +6,7 @@ import torch
 
 from kernelab.bench import roofline
 from kernelab.bench.cache import cache_bytes
-from kernelab.bench.runner import BenchConfig, BenchResult, Subject, run
+from kernelab.bench.runner import BenchConfig, BenchInterrupted, BenchResult, Subject, run
 from kernelab.bench.telemetry import open_telemetry
 from kernelab.bench.timers import timer_for
 
@@ -45,20 +45,26 @@ def ceilings_for(info, db=None, measure_if_missing: bool = True, progress=None):
         )
     best = dict(stored)
     raised = []
+    unstored = None
     for r in roofline.measure(info, cache_bytes(info)[0], progress):
         old = stored.get(r["name"])
         if old is None or r["value"] > old["value"]:
             best[r["name"]] = {**r, "measured": "now"}
             raised.append(r["name"])
-            if db is not None:
-                db.put_ceiling(info.key, r["name"], r["value"], r["unit"], r["source"])
+            if db is not None and unstored is None:
+                try:
+                    db.put_ceiling(info.key, r["name"], r["value"], r["unit"], r["source"])
+                except Exception as exc:  # a full disk: bench on with them, unstored
+                    unstored = f"{type(exc).__name__}: {exc}"
     if not stored:
         note = f"no ceilings stored for {info.key}: measured them now"
-        note += " and stored them" if db is not None else ""
+        note += " and stored them" if db is not None and unstored is None else ""
     elif raised:
         note = f"ceilings of {info.key} measured now, higher than stored: {', '.join(raised)}"
     else:
         note = ""
+    if unstored:
+        note += f" (the ledger could not store them: {unstored})"
     return roofline.resolve(info, best), note
 
 
@@ -95,16 +101,21 @@ def bench(
     dev = "cpu" if info.type == "cpu" else f"cuda:{info.index}"
     timer = timer_for(dev, threads=torch.get_num_threads())
     telemetry = open_telemetry(info)
-    result = run(
-        ops,
-        info,
-        cfg,
-        ceilings,
-        timer=timer,
-        telemetry=telemetry,
-        candidate=candidate,
-        progress=progress,
-    )
+    try:
+        result = run(
+            ops,
+            info,
+            cfg,
+            ceilings,
+            timer=timer,
+            telemetry=telemetry,
+            candidate=candidate,
+            progress=progress,
+        )
+    except BenchInterrupted as exc:  # the finished cases travel with it
+        if note:
+            exc.result.skipped.insert(0, note)
+        raise
     if note:
         result.skipped.insert(0, note)
     if info.type != "cpu" and not telemetry.available:

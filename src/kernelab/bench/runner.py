@@ -83,6 +83,16 @@ class BenchResult:
     cases: list[dict] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    interrupted: bool = False  # by a KeyboardInterrupt: ``cases`` are the finished ones
+
+
+class BenchInterrupted(KeyboardInterrupt):
+    """A KeyboardInterrupt during a bench, carrying the cases finished before it
+    (``result``, a :class:`BenchResult` with ``interrupted`` set)."""
+
+    def __init__(self, result: BenchResult):
+        super().__init__("bench interrupted")
+        self.result = result
 
 
 def subjects_for(op, device_type: str, cfg: BenchConfig, candidate=None):
@@ -485,19 +495,29 @@ def run(
         for shape in _select_shapes(op, cfg, max_rows):
             for dt in (d for d in dtypes if d in op.dtypes):
                 plan.append((op, shape, dt, subjects))
-    for i, (op, shape, dt, subjects) in enumerate(plan):
-        if cfg.budget_s is not None and time.perf_counter() - started > cfg.budget_s:
-            result.skipped.append(
-                f"time budget of {cfg.budget_s:.0f} s spent: {len(plan) - i} case(s) not run"
+    done = 0
+    try:
+        for op, shape, dt, subjects in plan:
+            if cfg.budget_s is not None and time.perf_counter() - started > cfg.budget_s:
+                result.skipped.append(
+                    f"time budget of {cfg.budget_s:.0f} s spent: {len(plan) - done} case(s) not run"
+                )
+                break
+            if progress:
+                name = f"{op.name} {shape.label} {dtype_name(dt)}"
+                progress(f"bench {name} ({done + 1}/{len(plan)})")
+            case = replace(cfg, rule=rule)
+            skipped = result.skipped
+            result.cases.extend(
+                bench_case(op, shape, dt, subjects, info, timer, ceilings, case, telemetry, skipped)
             )
-            break
-        if progress:
-            progress(f"bench {op.name} {shape.label} {dtype_name(dt)} ({i + 1}/{len(plan)})")
-        cfg_case = replace(cfg, rule=rule)
-        result.cases.extend(
-            bench_case(
-                op, shape, dt, subjects, info, timer, ceilings, cfg_case, telemetry, result.skipped
-            )
+            done += 1
+    except KeyboardInterrupt as exc:
+        result.seconds = time.perf_counter() - started
+        result.interrupted = True
+        result.skipped.append(
+            f"interrupted: {done} of {len(plan)} case(s) finished, the rest not run"
         )
+        raise BenchInterrupted(result) from exc
     result.seconds = time.perf_counter() - started
     return result

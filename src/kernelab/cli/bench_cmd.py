@@ -138,28 +138,28 @@ def register(app: click.Group) -> None:
         )
         subject = bench.candidate(candidate, selected[0]) if candidate else None
         db = bench.open_ledger(ledger_url) if record else None
-        with spinner() as say:
-            result = bench.bench(
-                selected,
-                device,
-                cfg,
-                candidate=subject,
-                db=db,
-                progress=say,
-            )
-        run_id = None
+        try:
+            with spinner() as say:
+                result = bench.bench(
+                    selected,
+                    device,
+                    cfg,
+                    candidate=subject,
+                    db=db,
+                    progress=say,
+                )
+        except bench.BenchInterrupted as exc:  # Ctrl-C: keep what was measured
+            result = exc.result
+        run_id, unrecorded, failure = None, None, None
         if db is not None and result.cases:
-            from kernelab import ledger
-
-            prov = ledger.provenance(
-                info, bench={"config": result.config, "ceilings": result.ceilings}
-            )
-            run_id = db.record_run(kind="bench", cases=result.cases, provenance=prov, label=label)
+            run_id, unrecorded, failure = _record(db, info, result, label)
         invalid = [c for c in result.cases if not c["metrics"]["valid"]]
         if json:
             emit_json(
                 {
                     "run_id": run_id,
+                    "unrecorded": None if unrecorded is None else str(unrecorded),
+                    "interrupted": result.interrupted,
                     "device": result.device,
                     "ceilings": result.ceilings,
                     "config": result.config,
@@ -170,8 +170,41 @@ def register(app: click.Group) -> None:
             )
         else:
             _print_table(result, run_id)
-        if invalid:
+        if failure:
+            click.echo(failure, err=True)
+        if result.interrupted:
+            raise click.exceptions.Exit(130)
+        if invalid or failure:
             raise click.exceptions.Exit(1)
+
+
+def _record(db, info, result, label):
+    """Store the run in the ledger: (run id, None, None). When the ledger cannot (a full disk,
+    a lost server), the run goes to a JSON file beside it or in the cache folder: (None, that
+    file, the error line to print), or, when no file takes it, (None, None, the error line
+    followed by the run as JSON)."""
+    import orjson
+
+    from kernelab import ledger
+
+    about = {"config": result.config, "ceilings": result.ceilings}
+    if result.interrupted:
+        about["interrupted"] = True
+    prov = ledger.provenance(info, bench=about)
+    try:
+        run_id = db.record_run(kind="bench", cases=result.cases, provenance=prov, label=label)
+        return run_id, None, None
+    except Exception as exc:  # whatever the ledger's failure, the measurements are kept
+        error = f"{type(exc).__name__}: {exc}"
+    run = {"kind": "bench", "label": label, "provenance": prov, "cases": result.cases}
+    where = f"error: the ledger {db.location} could not store the run ({error})"
+    try:
+        path = ledger.write_unrecorded(db.location, run, error)
+    except OSError as exc:
+        opts = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+        text = orjson.dumps(run, option=opts, default=str).decode()
+        return None, None, f"{where}; {exc}; the run as JSON:\n{text}"
+    return None, path, f"{where}; the run is kept in {path} ('run': record_run's arguments)"
 
 
 def _print_table(result, run_id) -> None:

@@ -117,7 +117,7 @@ def register(app: click.Group) -> None:
 
         if json and csv:
             raise ValueError("--json, --csv: choose one output format")
-        with ledger.open(ledger_url) as db:
+        with ledger.open(ledger_url, readonly=True) as db:
             a_id, b_id = pick_runs(db, list(runs or []), baseline, kind)
             result = compare_runs(db.get_run(a_id), db.get_run(b_id), threshold, confidence, noise)
         if json:

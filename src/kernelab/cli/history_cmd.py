@@ -133,11 +133,11 @@ def register(app: click.Group) -> None:
         if limit < 1:
             raise ValueError(f"--limit: expected at least 1, got {limit}")
         if op is None:
-            with ledger.open(ledger_url) as db:
+            with ledger.open(ledger_url, readonly=True) as db:
                 runs = db.list_runs(kind=None, limit=limit)
             _show_runs(runs, json, csv)
             return
-        with ledger.open(ledger_url) as db:
+        with ledger.open(ledger_url, readonly=True) as db:
             rows = history_rows(
                 db,
                 op,

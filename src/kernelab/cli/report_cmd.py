@@ -35,6 +35,6 @@ def register(app: click.Group) -> None:
         from kernelab.cli._common import console
         from kernelab.report.html import write
 
-        with ledger.open(ledger_url) as db:
+        with ledger.open(ledger_url, readonly=True) as db:
             path = write(db, list(runs or []), out, baseline, kind, baseline_variant, title)
         console.print(f"wrote {path}", highlight=False, markup=False)

@@ -5,11 +5,14 @@ The cache holds the parsed facts (small JSON, never code) of each compilation un
 the kernel and every helper it calls), the compile identity (signature, constexprs,
 specialisations, warps, stages), the target, the triton version and this parser's version.
 Worker processes are forked, so they see every kernel the parent has loaded (a user's file, a
-kernel built at run time) without pickling it.
+kernel built at run time) without pickling it. They end with the run: on an exception
+(Ctrl-C included) or SIGTERM they are killed, never left waiting for work
+(:mod:`kernelab._workers`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import multiprocessing
 import os
@@ -19,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import orjson
 
-from kernelab import _flags
+from kernelab import _flags, _workers
 from kernelab.inspect import parse
 from kernelab.inspect.compile import backend_version, compile_artifacts
 from kernelab.inspect.spec import Spec
@@ -99,6 +102,18 @@ def _work(index: int) -> dict:
     return compile_one(spec, target)
 
 
+def _kill(pool: ProcessPoolExecutor) -> None:
+    """End the pool's workers now (a compile holds nothing that needs cleaning up; results
+    are written by this process). Safe in a signal handler: takes none of the pool's locks."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    for p in procs:
+        with contextlib.suppress(OSError, ValueError):
+            p.kill()
+    for p in procs:
+        with contextlib.suppress(OSError, ValueError, AssertionError):
+            p.join(2)
+
+
 def default_jobs() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
@@ -129,17 +144,31 @@ def run(
     fork_ok = "fork" in multiprocessing.get_all_start_methods()
     if jobs > 1 and len(todo) > 1 and fork_ok:
         _JOBS = [pairs[i] for i in todo.values()]
+        pool = ProcessPoolExecutor(
+            max_workers=min(jobs, len(todo)),
+            mp_context=multiprocessing.get_context("fork"),
+            initializer=_workers.in_worker,
+        )
         try:
-            ctx = multiprocessing.get_context("fork")
-            with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
-                for key, data in zip(todo, pool.map(_work, range(len(_JOBS))), strict=True):
+            with _workers.ending_with(lambda: _kill(pool)) as guard:
+                # Futures of our own (not pool.map, which cancels them on an exception: a
+                # cancelled future then breaks the pool's own clean-up on Python 3.11). The
+                # first submit forks the workers.
+                with guard.starting():
+                    futures = [pool.submit(_work, i) for i in range(len(_JOBS))]
+                for key, future in zip(todo, futures, strict=True):
+                    data = future.result()
                     _write(key, data)
                     results[key] = {**data, "cached": False}
                     done += 1
                     if progress:
                         progress(done, len(todo))
+        except BaseException:
+            pool.shutdown(wait=True)  # the workers are gone: quick
+            raise
         finally:
             _JOBS = []
+        pool.shutdown()
     else:
         for key, i in todo.items():
             data = compile_one(*pairs[i])

@@ -16,6 +16,7 @@ from kernelab.ledger._sqlite import LedgerError, SQLiteBackend
 from kernelab.ledger.provenance import git_info, provenance
 from kernelab.ledger.schema import SCHEMA_VERSION
 from kernelab.ledger.store import Ledger, pack_samples, unpack_samples
+from kernelab.ledger.unrecorded import write_unrecorded
 
 
 def default_path() -> Path:
@@ -38,8 +39,11 @@ def _sqlite_path(url: str) -> str | None:
     return str(Path(url).expanduser())
 
 
-def open(url: str | Path | None = None) -> Ledger:
-    """Open (creating if needed) the ledger at ``url``; see the module docstring."""
+def open(url: str | Path | None = None, *, readonly: bool = False) -> Ledger:
+    """Open the ledger at ``url`` (see the module docstring): a path that does not exist
+    becomes a new ledger; any other file must already be a kernelab ledger (an empty,
+    foreign or partial file is refused, unchanged). ``readonly=True`` never creates a file,
+    folder or schema and never writes: a missing ledger is a :class:`LedgerError`."""
     if url is None:
         url = _flags.ledger_url() or str(default_path())
     if isinstance(url, Path):
@@ -50,8 +54,8 @@ def open(url: str | Path | None = None) -> Ledger:
     if path is None:
         from kernelab.ledger._server import ServerBackend
 
-        return Ledger(ServerBackend(url))
-    return Ledger(SQLiteBackend(path))
+        return Ledger(ServerBackend(url, readonly=readonly))
+    return Ledger(SQLiteBackend(path, readonly=readonly))
 
 
 __all__ = [
@@ -64,4 +68,5 @@ __all__ = [
     "pack_samples",
     "provenance",
     "unpack_samples",
+    "write_unrecorded",
 ]

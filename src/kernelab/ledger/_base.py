@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from kernelab.ledger.schema import APP, SCHEMA_VERSION
+from kernelab.ledger.schema import APP, SCHEMA_VERSION, TABLES
 
 
 class LedgerError(ValueError):
@@ -19,8 +19,8 @@ def check_version(location: str, tables: set[str], rows: list[tuple] | None) -> 
     """True when the database holds a usable kernelab schema, False when it is empty.
 
     ``tables``: its table names; ``rows``: the (app, version) rows of ``schema_version`` when
-    that table exists. Anything else (a foreign database, another app's, a newer schema) is a
-    :class:`LedgerError` naming ``location``.
+    that table exists. Anything else (a foreign database, another app's, a newer schema, a
+    partial ledger missing some of its tables) is a :class:`LedgerError` naming ``location``.
     """
     tables = set(tables) - {"sqlite_sequence"}
     if "schema_version" in tables:
@@ -39,6 +39,12 @@ def check_version(location: str, tables: set[str], rows: list[tuple] | None) -> 
             raise LedgerError(
                 f"ledger {location}: schema version {version} is newer than this kernelab "
                 f"understands ({SCHEMA_VERSION}); upgrade kernelab to read it"
+            )
+        missing = sorted(set(TABLES) - tables)
+        if missing and version == SCHEMA_VERSION:
+            raise LedgerError(
+                f"ledger {location}: a partial kernelab ledger (missing tables: "
+                f"{', '.join(missing)}); refusing to use or change it"
             )
         return True
     if tables:

@@ -1,19 +1,27 @@
 """Ledgers in a database server (``postgresql://user@host/db``), through SQLAlchemy.
 
 A team shares one ledger by pointing ``KERNELAB_LEDGER`` at a server database; this needs the
-optional extra ``pip install 'kernelab[server]'`` (SQLAlchemy) and a driver for the database
-(for PostgreSQL, ``psycopg2`` or ``psycopg``). The schema is the one of
-:mod:`kernelab.ledger.schema`, with column types spelled for the server. Any SQLAlchemy SQLite
-URL (``sqlite+pysqlite:///path``) works too and gives the same file as the built-in backend.
+optional extra ``pip install 'kernelab[server]'`` (SQLAlchemy and psycopg 3). The PostgreSQL
+driver: ``postgresql://`` (or ``postgres://``) uses psycopg (3) when it is importable, else
+psycopg2 (SQLAlchemy alone would take psycopg and fail where only psycopg2 is installed);
+``postgresql+psycopg2://`` or ``postgresql+psycopg://`` names one explicitly. The schema is the
+one of :mod:`kernelab.ledger.schema`, with column types spelled for the server. Any
+SQLAlchemy SQLite URL (``sqlite+pysqlite:///path``) works too and gives the same file as the
+built-in backend.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kernelab.ledger._base import LedgerError, check_version, now_iso
 from kernelab.ledger.schema import APP, DDL, SCHEMA_VERSION
+
+#: The drivers a plain ``postgresql://`` URL may use, in order of preference.
+PG_DRIVERS = ("psycopg", "psycopg2")
 
 #: Dialects whose SQL the schema and the store's statements are written for.
 SUPPORTED = ("postgresql", "sqlite")
@@ -44,6 +52,31 @@ def ddl_for(dialect: str) -> list[str]:
     return out
 
 
+def with_driver(url: str, importable=None) -> str:
+    """``url`` with its PostgreSQL driver named: ``postgresql://`` and ``postgres://`` get the
+    first of ``PG_DRIVERS`` that imports; any other URL (a driver named, another database)
+    stays as it is. Without any driver, a LedgerError saying what to install."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in ("postgresql", "postgres"):
+        return url
+    importable = importable or _importable
+    for driver in PG_DRIVERS:
+        if importable(driver):
+            return f"postgresql+{driver}://{rest}"
+    raise LedgerError(
+        f"ledger {scheme}://...: no PostgreSQL driver is installed; pip install "
+        "'kernelab[server]' (psycopg 3), or psycopg2-binary"
+    )
+
+
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:  # not installed, or psycopg without a libpq to use
+        return False
+    return True
+
+
 def convert_params(sql: str, paramstyle: str) -> str:
     """The store's ``?`` placeholders in the driver's style."""
     if paramstyle == "qmark":
@@ -64,7 +97,11 @@ class _Conn:
 
 
 class ServerBackend:
-    def __init__(self, url: str):
+    """A ledger in a database server. ``readonly=True`` creates no schema (an empty database
+    is an error) and writes nothing; an SQLite URL to a missing file is an error too."""
+
+    def __init__(self, url: str, *, readonly: bool = False):
+        self.readonly = readonly
         scheme = url.split("://", 1)[0]
         try:
             import sqlalchemy
@@ -75,6 +112,7 @@ class ServerBackend:
                 "file path"
             ) from None
         self._sa = sqlalchemy
+        url = with_driver(url)
         try:
             self.engine = sqlalchemy.create_engine(url, pool_pre_ping=True)
         except (ImportError, sqlalchemy.exc.ArgumentError) as exc:
@@ -84,8 +122,19 @@ class ServerBackend:
         self._ddl = ddl_for(self.dialect)
         self._style = self.engine.dialect.paramstyle
         convert_params("", self._style)
+        nothing = "nothing was created: this command only reads"
+        if readonly and self.dialect == "sqlite":
+            db = self.engine.url.database
+            if db and db != ":memory:" and not Path(db).exists():
+                self.engine.dispose()
+                raise LedgerError(f"ledger {self.location}: no such ledger ({nothing})")
         try:
             if not self._check_version():
+                if readonly:
+                    raise LedgerError(
+                        f"ledger {self.location}: no such ledger, the database has no tables "
+                        f"({nothing})"
+                    )
                 self._create_schema()
         except sqlalchemy.exc.DBAPIError as exc:
             self.engine.dispose()
@@ -124,6 +173,8 @@ class ServerBackend:
 
     def write(self, fn: Callable[[_Conn], Any]) -> Any:
         """Run ``fn(conn)`` in one transaction; roll back on any exception."""
+        if self.readonly:
+            raise LedgerError(f"ledger {self.location}: opened read-only, nothing can be written")
         try:
             with self.engine.begin() as conn:
                 return fn(_Conn(conn, self._style))

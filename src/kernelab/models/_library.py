@@ -138,7 +138,12 @@ def rmsnorm(x, weight, eps, residual=None):
 
 
 def rope(positions, query, key, cos_sin_cache):
-    call("rope", positions, query, key, cos_sin_cache)
+    # The patch passes positions 0..rows-1 of a cache made beside them: on a device, checking
+    # them would synchronise at every layer for nothing.
+    if positions.device.type == "cpu":
+        call("rope", positions, query, key, cos_sin_cache)
+    else:
+        call("rope", positions, query, key, cos_sin_cache, check=False)
 
 
 def silu_and_mul(x):

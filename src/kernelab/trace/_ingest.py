@@ -12,6 +12,7 @@ Times are kept as int64 nanoseconds (Kineto writes microseconds, sometimes with 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import re
@@ -24,6 +25,7 @@ from pathlib import Path
 import orjson
 
 from kernelab import _flags
+from kernelab._workers import ending_with, in_worker
 from kernelab.trace._columns import _Columns
 from kernelab.trace._events import (  # noqa: F401 - re-exported for the analyses
     ANNOTATION,
@@ -292,15 +294,38 @@ def _load_parallel(p: Path, cols: _Columns, workers: int) -> tuple[dict, list[in
     """Decode the chunks in ``workers`` processes: this one and forked ones, each reading the
     whole stream and decoding every ``workers``-th chunk. The others send their columns back
     through a pipe as raw arrays and a JSON header (never pickled). Returns the top-level
-    fields and the other processes' peak memory."""
-    children: list[tuple[int, int]] = []
+    fields and the other processes' peak memory. The others end with this one: on an error,
+    Ctrl-C or SIGTERM they are killed and reaped."""
+    children: list[tuple[int, int]] = []  # (pid, read end of its pipe, or -1 once closed)
+
+    def stop() -> None:
+        while children:
+            pid, r = children.pop()
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
+            if r >= 0:
+                os.close(r)
+
     try:
-        for rank in range(1, workers):
+        with ending_with(stop) as guard:
+            return _fork_and_decode(p, cols, workers, children, guard)
+    finally:
+        stop()  # only on an error: nothing is left once the workers have been read
+
+
+def _fork_and_decode(p: Path, cols: _Columns, workers: int, children: list, guard) -> tuple:
+    """``_load_parallel``'s work; each forked worker is in ``children`` from its start until
+    it has been read and reaped (signals wait while it starts: ``guard.starting``)."""
+    for rank in range(1, workers):
+        with guard.starting():
             r, w = os.pipe()
             pid = os.fork()
             if pid == 0:  # the forked worker: decode, send, exit without cleanup
                 code = 1
                 try:
+                    in_worker()
                     os.close(r)
                     mine = _Columns()
                     _load_streaming(p, mine, rank, workers)
@@ -312,29 +337,22 @@ def _load_parallel(p: Path, cols: _Columns, workers: int) -> tuple[dict, list[in
                     os._exit(code)
             os.close(w)
             children.append((pid, r))
-        meta = _load_streaming(p, cols, 0, workers)
-        peaks = []
-        while children:
-            pid, r = children[0]
-            with open(r, "rb") as fh:
-                payload = fh.read()  # bytes: the columns below are read-only views of it
-            _, status = os.waitpid(pid, 0)
-            children.pop(0)
-            if status != 0 or len(payload) < 8:
-                raise _WorkerFailed
-            try:
-                peaks.append(cols.absorb(payload)["peak_rss"])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise _WorkerFailed from exc
-        return meta, peaks
-    finally:
-        for pid, r in children:  # only on an error: stop and reap the rest
-            try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                os.close(r)
-            except OSError:
-                pass
+    meta = _load_streaming(p, cols, 0, workers)
+    peaks = []
+    while children:
+        pid, r = children[0]
+        with open(r, "rb") as fh:
+            children[0] = (pid, -1)  # closed with fh
+            payload = fh.read()  # bytes: the columns below are read-only views of it
+        _, status = os.waitpid(pid, 0)
+        children.pop(0)
+        if status != 0 or len(payload) < 8:
+            raise _WorkerFailed
+        try:
+            peaks.append(cols.absorb(payload)["peak_rss"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise _WorkerFailed from exc
+    return meta, peaks
 
 
 def load(path, *, workers: int | None = 1) -> Trace:

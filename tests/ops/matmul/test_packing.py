@@ -1,5 +1,7 @@
 """Packed int4/int8 weight layouts: exact round trips and the documented bit positions."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -94,6 +96,31 @@ def test_quantize_int8_is_symmetric_per_column():
         (lambda: P.pack_int4(torch.zeros(2, 2)), TypeError, "q: expected an integer tensor"),
         (lambda: P.quantize_int4(torch.randn(128, 4), 32), ValueError, "group_size: expected"),
         (lambda: P.quantize_int4(torch.randn(96, 4), 64), ValueError, "K: expected a multiple"),
+        (
+            lambda: P.quantize_int4(torch.randn(128, 4), 64.0),
+            TypeError,
+            "group_size: expected an int",
+        ),
+        (lambda: P.quantize_int4(torch.randn(128, 4), True), TypeError, "got bool"),
+        (
+            lambda: P.from_gptq(
+                *P.pack_gptq(_codes((128, 8)), _codes((1, 8))), torch.ones(1, 8), 128.0
+            ),
+            TypeError,
+            "group_size: expected an int, got float",
+        ),
+        (
+            lambda: P.pack_gptq(_codes((128, 8)), _codes((1, 8)), zero_offset=1.0),
+            TypeError,
+            "zero_offset: expected an int",
+        ),
+        (
+            lambda: dataclasses.replace(
+                P.quantize_int4(torch.randn(128, 4)), group_size=64.0
+            ).dequantize(),
+            TypeError,
+            "group_size: expected an int",
+        ),
         (lambda: P.unpack_awq(torch.zeros(2, 2), torch.zeros(1, 2)), TypeError, "qweight"),
         (
             lambda: P.from_gptq(

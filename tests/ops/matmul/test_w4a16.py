@@ -3,6 +3,7 @@ from the same quantized weights."""
 
 import importlib
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,7 +11,7 @@ from kernelab.numerics import error
 from kernelab.ops import W4A16_GEMM, Shape, w4a16_gemm, w4a16_ref
 from kernelab.ops import packing as _packing
 from kernelab.ops.matmul._weight_only import WQConfig
-from kernelab.ops.matmul.w4a16 import w4a16_triton
+from kernelab.ops.matmul.w4a16 import w4a16_torch, w4a16_triton
 from tests.mutants import mutate
 from tests.ops.matmul.weight_only_checks import check as _check
 from tests.ops.matmul.weight_only_checks import clone as _clone
@@ -94,13 +95,19 @@ def test_default_configs_and_launches():
     [
         ({"x": torch.randn(2, 128)}, TypeError, "x: expected dtype"),
         ({"group_size": 32}, ValueError, "group_size: expected one of"),
+        # equal to 64 but not an int: refused before it reaches shapes and address arithmetic
+        ({"group_size": 64.0}, TypeError, "group_size: expected an int, got float 64.0"),
+        ({"group_size": True}, TypeError, "group_size: expected an int, got bool"),
+        ({"group_size": "64"}, TypeError, "group_size: expected an int, got str"),
+        ({"group_size": torch.tensor(64)}, TypeError, "group_size: expected an int, got Tensor"),
         ({"qweight": torch.zeros(32, 8, dtype=torch.uint8)}, ValueError, "qweight: expected 64"),
         ({"scales": torch.ones(1, 8).half()}, ValueError, "scales: expected shape (2, 8)"),
         ({"zeros": torch.zeros(2, 8)}, TypeError, "zeros: expected dtype"),
         ({"bias": torch.ones(9).half()}, ValueError, "bias: expected shape (8,)"),
     ],
 )
-def test_bad_arguments_raise_naming_the_argument(kwargs, exc, words):
+@pytest.mark.parametrize("fn", [w4a16_triton, w4a16_torch], ids=["triton", "torch"])
+def test_bad_arguments_raise_naming_the_argument(fn, kwargs, exc, words):
     args = {
         "x": torch.randn(2, 128).half(),
         "qweight": torch.zeros(64, 8, dtype=torch.uint8),
@@ -110,8 +117,15 @@ def test_bad_arguments_raise_naming_the_argument(kwargs, exc, words):
         **kwargs,
     }
     with pytest.raises(exc) as info:
-        w4a16_triton(**args)
+        fn(**args)
     assert words in str(info.value)
+
+
+def test_a_numpy_integer_group_size_is_an_int():
+    w = _packing.quantize_int4(torch.randn(128, 8), np.int64(64), dtype=torch.float16)
+    x = torch.randn(2, 128).half()
+    got = w4a16_triton(x, w.qweight, w.scales, w.zeros, np.int64(64))
+    assert torch.equal(got, w4a16_triton(x, w.qweight, w.scales, w.zeros, 64))
 
 
 def test_int4_block_k_must_divide_the_group():

@@ -77,7 +77,10 @@ def test_public_op_dispatch_and_empty_input(interpret, monkeypatch):
         ({"bias": torch.ones(8).int()}, TypeError, "bias: expected dtype"),
         ({"residual": torch.randn(3, 8)}, ValueError, "residual: expected shape (2, 8)"),
         ({"out": torch.empty(2, 8).half()}, TypeError, "out: expected dtype"),
-        ({"eps": -1.0}, ValueError, "eps: expected a positive float"),
+        ({"eps": -1.0}, ValueError, "eps: expected a finite positive float"),
+        ({"eps": float("inf")}, ValueError, "eps: expected a finite positive float, got inf"),
+        ({"eps": float("nan")}, ValueError, "eps: expected a finite positive float, got nan"),
+        ({"eps": True}, TypeError, "eps: expected a float, got bool"),
     ],
 )
 @pytest.mark.parametrize("fn", [layernorm_triton, layernorm_torch], ids=["triton", "torch"])

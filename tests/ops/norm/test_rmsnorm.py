@@ -122,8 +122,13 @@ def test_empty_input_returns_empty_output(interpret):
         ({"residual": torch.randn(3, 8)}, ValueError, "residual: expected shape (2, 8)"),
         ({"residual": torch.randn(2, 8).half()}, TypeError, "residual: expected dtype"),
         ({"out": torch.empty(2, 9)}, ValueError, "out: expected shape (2, 8)"),
-        ({"eps": 0.0}, ValueError, "eps: expected a positive float"),
-        ({"eps": "1e-6"}, ValueError, "eps: expected a positive float"),
+        ({"eps": 0.0}, ValueError, "eps: expected a finite positive float"),
+        ({"eps": -1e-6}, ValueError, "eps: expected a finite positive float"),
+        ({"eps": float("inf")}, ValueError, "eps: expected a finite positive float, got inf"),
+        ({"eps": float("nan")}, ValueError, "eps: expected a finite positive float, got nan"),
+        ({"eps": "1e-6"}, TypeError, "eps: expected a float, got str"),
+        ({"eps": True}, TypeError, "eps: expected a float, got bool"),
+        ({"eps": torch.tensor(1e-6)}, TypeError, "eps: expected a float, got Tensor"),
     ],
 )
 @pytest.mark.parametrize("fn", [rmsnorm_triton, rmsnorm_torch], ids=["triton", "torch"])

@@ -91,6 +91,10 @@ def test_public_op_updates_the_residual_in_place(interpret):
         ({"weight": torch.ones(7)}, ValueError, "weight: expected shape (8,)"),
         ({"residual": torch.randn(2, 8).half()}, TypeError, "residual: expected dtype"),
         ({"fp8_dtype": torch.float8_e5m2}, TypeError, "fp8_dtype: expected one of"),
+        ({"eps": 0}, ValueError, "eps: expected a finite positive float"),
+        ({"eps": float("inf")}, ValueError, "eps: expected a finite positive float, got inf"),
+        ({"eps": float("nan")}, ValueError, "eps: expected a finite positive float, got nan"),
+        ({"eps": True}, TypeError, "eps: expected a float, got bool"),
     ],
 )
 @pytest.mark.parametrize(

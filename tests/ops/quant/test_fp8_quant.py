@@ -159,7 +159,11 @@ def test_public_op_dispatches(interpret, monkeypatch):
         ({"per_token": 1}, TypeError, "per_token: expected a bool"),
         ({"scale": torch.ones(2)}, ValueError, "scale: expected one element"),
         ({"scale": torch.ones(1).half()}, TypeError, "scale: expected dtype"),
-        ({"scale": torch.zeros(1)}, ValueError, "scale: expected a finite positive value"),
+        ({"scale": torch.zeros(1)}, ValueError, "scale: expected a finite positive float"),
+        ({"scale": -torch.ones(1)}, ValueError, "scale: expected a finite positive float"),
+        ({"scale": torch.full((1,), float("inf"))}, ValueError, "scale: expected a finite"),
+        ({"scale": torch.full((1,), float("nan"))}, ValueError, "got nan"),
+        ({"per_token": None}, TypeError, "per_token: expected a bool, got NoneType"),
         ({"scale": torch.ones(1), "per_token": True}, ValueError, "scale: a given (static)"),
     ],
 )

@@ -31,7 +31,9 @@ def test_kernel_matches_reference_on_reduced_representative_shapes(dtype):
 @pytest.mark.parametrize("config", [RopeConfig(2, 2, 1), RopeConfig(4, 1, 2)], ids=str)
 def test_tuning_configs_split_heads_and_tokens_correctly(config):
     shape = Shape(
-        "t", {"tokens": 7, "heads_q": 5, "heads_k": 3, "head_dim": 64, "rot": 48}, {"is_neox": 0}
+        "t",
+        {"tokens": 7, "heads_q": 5, "heads_k": 3, "head_dim": 64, "rot": 48},
+        {"is_neox": False},
     )
     inputs = ROPE.inputs(shape, torch.float32, "cpu", seed=1)
     check(ROPE, inputs, lambda **kw: rope_triton(**kw, config=config), torch.float32)
@@ -104,13 +106,70 @@ def _args(**kw):
             ValueError,
             "query: expected unit stride",
         ),
+        ({"is_neox": "no"}, TypeError, "is_neox: expected a bool, got str"),
+        ({"is_neox": 1}, TypeError, "is_neox: expected a bool, got int"),
+        ({"is_neox": None}, TypeError, "is_neox: expected a bool, got NoneType"),
+        ({"check": 1}, TypeError, "check: expected a bool"),
+        # positions index cache rows: outside [0, 10) they would read outside the cache
+        ({"positions": torch.tensor([0, 10])}, ValueError, "positions: expected values in [0, 10)"),
+        ({"positions": torch.tensor([-1, 0])}, ValueError, "got -1 at index 0"),
+        ({"positions": torch.tensor([3, 10**7])}, ValueError, "got 10000000 at index 1"),
+        ({"positions": torch.tensor([0, -(2**40)])}, ValueError, "positions: expected values"),
+        (
+            {"positions": torch.tensor([0, 2**31 + 1], dtype=torch.int64)},
+            ValueError,
+            "positions: expected values in [0, 10)",
+        ),
     ],
 )
-@pytest.mark.parametrize("fn", [rope_triton, rope_torch], ids=["triton", "torch"])
+@pytest.mark.parametrize("fn", [rope_triton, rope_torch, rope], ids=["triton", "torch", "public"])
 def test_bad_arguments_raise_naming_the_argument(fn, kwargs, exc, words):
+    args = _args(**kwargs)
+    before = {k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor)}
     with pytest.raises(exc) as info:
-        fn(**_args(**kwargs))
+        fn(**args)
     assert words in str(info.value)
+    for name, value in before.items():  # refused before anything is written
+        assert torch.equal(args[name], value), name
+
+
+def _guarded_cache(rows: int, rot: int, guard: int = 4) -> torch.Tensor:
+    """A cos/sin cache of ``rows`` rows inside a larger buffer whose rows before and after it
+    hold NaN: a read outside the cache shows up as NaN in the output."""
+    backing = torch.full((rows + 2 * guard, rot), float("nan"))
+    backing[guard : guard + rows] = _cache(rot, torch.float32, "cpu")[:rows]
+    return backing[guard : guard + rows]
+
+
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("fn", [rope_triton, rope_torch], ids=["triton", "torch"])
+def test_unchecked_positions_outside_the_cache_read_nothing_and_write_zeros(fn, is_neox):
+    # check=False (a serving loop skipping the device sync): a position outside the cache
+    # must not read outside it (the kernel masks it; no garbage, no NaN, no crash); its
+    # rotated dimensions are written as zeros and the rest of the head is left as it is.
+    cache = _guarded_cache(10, 32)
+    positions = torch.tensor([3, -1, 10, 10**7, -(2**40), 9, 2**62])
+    ok = (positions >= 0) & (positions < 10)
+    q, k = torch.randn(7, 3, 48), torch.randn(7, 2, 48)
+    q0, k0 = q.clone(), k.clone()
+    fn(positions, q, k, cache, is_neox=is_neox, check=False)
+    for got, orig in ((q, q0), (k, k0)):
+        assert torch.isfinite(got).all()
+        assert torch.equal(got[..., 32:], orig[..., 32:])  # past rotary_dim: untouched
+        assert torch.equal(got[~ok, :, :32], torch.zeros_like(got[~ok, :, :32]))
+    ref_q, ref_k = rope_ref(
+        positions[ok], q0[ok].double(), k0[ok].double(), cache.double(), is_neox
+    )
+    torch.testing.assert_close(q[ok].double(), ref_q, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(k[ok].double(), ref_k, rtol=1e-5, atol=1e-6)
+
+
+def test_public_op_checks_positions_unless_told_not_to(interpret):
+    args = _args(positions=torch.tensor([1, 12]))
+    with pytest.raises(ValueError, match="positions: expected values in"):
+        rope(**args)
+    q, _ = rope(**args, check=False)  # the kernel (interpreted): token 1 rotated by nothing
+    assert torch.equal(q[1], torch.zeros_like(q[1]))
 
 
 def test_prefill_launches_compile_to_wide_accesses_without_spills_for_sm90():

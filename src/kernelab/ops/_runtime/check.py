@@ -1,7 +1,14 @@
-"""Argument checks for launchers: each error names the argument, what was given and expected."""
+"""Argument checks for launchers: each error names the argument, what was given and expected.
+
+Scalars that reach a kernel's address arithmetic or its numerics are checked for their type
+first (a TypeError: ``64.0`` is not a group size, ``True`` is not a count) and then for their
+value (a ValueError: ``eps=inf`` would turn every row into zeros).
+"""
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable
 
 import torch
@@ -50,6 +57,42 @@ def same_shape(name: str, t: torch.Tensor, shape, what: str) -> None:
         raise ValueError(f"{name}: expected shape {tuple(shape)} ({what}), got {tuple(t.shape)}")
 
 
-def positive(name: str, value, kind=float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name}: expected a positive {kind.__name__}, got {value!r}")
+def integer(name: str, value, *, min_value: int | None = None) -> int:
+    """``value`` as an int if it is an integer (Python's or numpy's); a bool or a float, even
+    a whole one such as 64.0, is a TypeError. ``min_value``: the smallest one accepted."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if min_value is not None and value < min_value:
+        raise ValueError(f"{name}: expected an int >= {min_value}, got {value}")
+    return value
+
+
+def _real(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a float, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def finite(name: str, value) -> float:
+    """``value`` as a float if it is a real number (not a bool) that is neither NaN nor
+    infinite."""
+    x = _real(name, value)
+    if not math.isfinite(x):
+        raise ValueError(f"{name}: expected a finite float, got {value!r}")
+    return x
+
+
+def finite_positive(name: str, value) -> float:
+    """``value`` as a float if it is a real number (not a bool), finite and above zero."""
+    x = _real(name, value)
+    if not (math.isfinite(x) and x > 0):
+        raise ValueError(f"{name}: expected a finite positive float, got {value!r}")
+    return x
+
+
+def boolean(name: str, value) -> bool:
+    """``value`` if it is a bool (not merely truthy: 1, "no" and None are refused)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+    return value

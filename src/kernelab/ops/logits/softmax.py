@@ -54,10 +54,7 @@ def softmax_torch(x, scale=1.0, mask=None, out=None):
 
 def _validate(x, scale, mask, out):
     _check.tensor("x", x, dtypes=_check.FLOATS, min_ndim=1)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale: expected a float, got {type(scale).__name__}")
-    if not (abs(scale) < float("inf")):
-        raise ValueError(f"scale: expected a finite float, got {scale!r}")
+    _check.finite("scale", scale)
     if mask is not None:
         _check.tensor("mask", mask, dtypes=_check.FLOATS, device=x.device)
         try:

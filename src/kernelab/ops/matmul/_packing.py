@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernelab.ops._runtime import check as _check
+
 GROUP_SIZES = (64, 128)
 #: Nibble p of an AWQ word holds column 8j + AWQ_ORDER[p].
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -71,6 +73,7 @@ def _codes(name: str, q: torch.Tensor, bits: int) -> None:
 
 
 def check_group_size(group_size: int, k: int) -> None:
+    _check.integer("group_size", group_size)
     if group_size not in GROUP_SIZES:
         raise ValueError(f"group_size: expected one of {GROUP_SIZES}, got {group_size!r}")
     if k % group_size:
@@ -100,6 +103,7 @@ def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
 
 def dequantize_int4(qweight, scales, zeros, group_size, dtype=torch.float64) -> torch.Tensor:
     """The [K, N] weight (q − zero) · scale, computed in ``dtype``."""
+    _check.integer("group_size", group_size)
     q = unpack_int4(qweight).to(dtype)
     s = scales.to(dtype).repeat_interleave(group_size, dim=0)
     z = zeros.to(dtype).repeat_interleave(group_size, dim=0)
@@ -177,6 +181,7 @@ def pack_gptq(q: torch.Tensor, zeros: torch.Tensor, zero_offset: int = 1):
     with ``zero − zero_offset`` stored (wrapping modulo 16, as GPTQ's packer does)."""
     _codes("q", q, 4)
     _codes("zeros", zeros, 4)
+    zero_offset = _check.integer("zero_offset", zero_offset)
     seq = tuple(range(8))
     qweight = _pack_words(q.t(), seq).t().contiguous()
     stored = (zeros.to(torch.int64) - zero_offset) & 0xF
@@ -187,6 +192,7 @@ def unpack_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, zero_offset: int = 
     """GPTQ words → codes [K, N] and zero points [K // G, N], uint8 (inverse of pack_gptq)."""
     _int32("qweight", qweight)
     _int32("qzeros", qzeros)
+    zero_offset = _check.integer("zero_offset", zero_offset)
     seq = tuple(range(8))
     q = _unpack_words(qweight.t(), seq).t().contiguous()
     zeros = ((_unpack_words(qzeros, seq).to(torch.int64) + zero_offset) & 0xF).to(torch.uint8)
@@ -212,6 +218,7 @@ def from_awq(qweight, qzeros, scales, group_size: int) -> Int4Weight:
 
 def from_gptq(qweight, qzeros, scales, group_size: int, g_idx=None, zero_offset: int = 1):
     """A GPTQ checkpoint (without activation reordering) in the kernelab int4 layout."""
+    _check.integer("group_size", group_size)
     q, zeros = unpack_gptq(qweight, qzeros, zero_offset)
     if g_idx is not None:
         expected = torch.arange(q.shape[0], device=g_idx.device) // group_size

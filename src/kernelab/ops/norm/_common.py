@@ -39,7 +39,7 @@ def validate(x, weight, eps, residual, out, bias=None, out_dtypes=None) -> None:
     if bias is not None:
         _check.tensor("bias", bias, dtypes=_check.FLOATS, ndim=1, device=x.device)
         _check.same_shape("bias", bias, weight.shape, "the shape of weight")
-    _check.positive("eps", eps)
+    _check.finite_positive("eps", eps)
     if residual is not None:
         _check.tensor("residual", residual, dtypes=(x.dtype,), device=x.device)
         _check.same_shape("residual", residual, x.shape, "the shape of x")

@@ -114,8 +114,7 @@ def fp8_quant_torch(x, per_token=False, fp8_dtype=FP8_DTYPES[0], scale=None):
 
 def _validate_quant(x, per_token, fp8_dtype, scale):
     _check.tensor("x", x, dtypes=_check.FLOATS, min_ndim=1)
-    if not isinstance(per_token, bool):
-        raise TypeError(f"per_token: expected a bool, got {type(per_token).__name__}")
+    _check.boolean("per_token", per_token)
     fp8.check_dtype("fp8_dtype", fp8_dtype)
     if scale is not None:
         if per_token:
@@ -123,8 +122,8 @@ def _validate_quant(x, per_token, fp8_dtype, scale):
         _check.tensor("scale", scale, dtypes=(torch.float32,), device=x.device)
         if scale.numel() != 1:
             raise ValueError(f"scale: expected one element, got shape {tuple(scale.shape)}")
-        if x.device.type == "cpu" and not (0 < float(scale) < float("inf")):
-            raise ValueError(f"scale: expected a finite positive value, got {float(scale)}")
+        if x.device.type == "cpu":  # on a device, reading the value back would synchronise
+            _check.finite_positive("scale", float(scale))
 
 
 # --- launchers and public functions -----------------------------------------------------------

@@ -19,6 +19,7 @@ def _rope_kernel(
     Pos,
     Cache,
     stride_cache,
+    n_pos,
     n_tokens,
     heads_q,
     heads_k,
@@ -32,14 +33,20 @@ def _rope_kernel(
 
     Bytes: reads and writes the rotated part of each query and key head once; reads one cos/sin
     row per token per program (shared by all its heads) and one position per token.
+
+    A position outside [0, n_pos) reads nothing: its cache row is masked (and its index
+    clamped, so no address outside the cache is ever formed), cos = sin = 0, and the token's
+    rotated dimensions are written as zeros.
     """
     pid_t = tl.program_id(0).to(tl.int64)
     pid_h = tl.program_id(1)
     t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
     t_ok = t < n_tokens
     pos = tl.load(Pos + t, mask=t_ok, other=0).to(tl.int64)
+    pos_ok = t_ok & (pos >= 0) & (pos < n_pos)
+    pos = tl.where(pos_ok, pos, 0)
     r = tl.arange(0, BLOCK_R)
-    cs_mask = t_ok[:, None] & (r < HALF)[None, :]
+    cs_mask = pos_ok[:, None] & (r < HALF)[None, :]
     cs_rows = Cache + pos[:, None] * stride_cache + r[None, :]
     cos = tl.load(cs_rows, mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]
     sin = tl.load(cs_rows + HALF, mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]

@@ -9,6 +9,10 @@ For each token t at position p = positions[t], each head, and i < R = rotary_dim
 ``cos_sin_cache`` is (max_position, rotary_dim): cosines in the first half of each row, sines
 in the second. Dimensions past rotary_dim are left as they are (partial rotary embedding).
 Query and key may have different head counts (grouped-query attention).
+
+Positions are cache rows: checked to lie in [0, max_position) (see ``rope``'s ``check``).
+Unchecked, a position outside the cache reads nothing, in the kernel and in the torch path
+alike: cos = sin = 0, so that token's rotated dimensions are written as zeros.
 """
 
 from __future__ import annotations
@@ -102,18 +106,33 @@ def rope_ref(positions, query, key, cos_sin_cache, is_neox=True):
     return query, key
 
 
-def rope_torch(positions, query, key, cos_sin_cache, is_neox=True):
-    """Eager PyTorch: float32 arithmetic, one rounding to the inputs' dtype; in place."""
-    _validate(positions, query, key, cos_sin_cache)
+def _rows(positions, cos_sin_cache, checked: bool) -> torch.Tensor:
+    """Each token's cache row (tokens, rotary_dim). Unless the positions were checked, one
+    outside the cache gives a row of zeros, as in the kernel, and nothing outside is read."""
+    pos = positions.long()
+    if checked:
+        return cos_sin_cache[pos]
+    n_pos, rot = cos_sin_cache.shape
+    if n_pos == 0:
+        return cos_sin_cache.new_zeros((pos.shape[0], rot))
+    rows = cos_sin_cache[pos.clamp(0, n_pos - 1)]
+    return torch.where(((pos >= 0) & (pos < n_pos))[:, None], rows, 0.0)
+
+
+def rope_torch(positions, query, key, cos_sin_cache, is_neox=True, check=None):
+    """Eager PyTorch: float32 arithmetic, one rounding to the inputs' dtype; in place.
+    ``check``: as for ``rope_triton``."""
+    checked = _validate(positions, query, key, cos_sin_cache, is_neox, check)
     rot = cos_sin_cache.shape[1]
-    cs = cos_sin_cache[positions.long()].float()
+    cs = _rows(positions, cos_sin_cache, checked).float()
     cos, sin = cs[:, None, : rot // 2], cs[:, None, rot // 2 :]
     query.copy_(_rotate(query.float(), cos, sin, rot, is_neox))
     key.copy_(_rotate(key.float(), cos, sin, rot, is_neox))
     return query, key
 
 
-def _validate(positions, query, key, cos_sin_cache):
+def _validate(positions, query, key, cos_sin_cache, is_neox=True, check=None) -> bool:
+    """Check the arguments; True when the positions were checked against the cache too."""
     _check.tensor("query", query, dtypes=_check.FLOATS, ndim=3)
     _check.tensor("key", key, dtypes=(query.dtype,), ndim=3, device=query.device)
     _check.tensor(
@@ -141,11 +160,42 @@ def _validate(positions, query, key, cos_sin_cache):
     for name, t in (("query", query), ("key", key)):
         if t.numel() and t.stride(-1) != 1:
             raise ValueError(f"{name}: expected unit stride in the last dimension (in place)")
+    _check.boolean("is_neox", is_neox)
+    if check is not None:
+        _check.boolean("check", check)
+    return _positions_checked(positions, cos_sin_cache.shape[0], check)
 
 
-def _plan(positions, query, key, cos_sin_cache, is_neox=True, config=None) -> LaunchPlan:
+def _positions_checked(positions, n_pos: int, check: bool | None) -> bool:
+    """Check that every position is a row of the cache: ``check`` True always (for positions
+    on a device, one synchronisation), None only where it is free (positions on the host),
+    False never. Nothing is read back while torch.compile traces or a CUDA graph is captured.
+    True when checked (a ValueError naming the first bad position otherwise)."""
+    if positions.numel() == 0:
+        return True
+    on_host = positions.device.type == "cpu"
+    if check is False or (check is None and not on_host) or positions.device.type == "meta":
+        return False
+    if torch.compiler.is_compiling():
+        return False
+    if positions.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return False
+    lo, hi = torch.aminmax(positions)
+    if bool(((lo >= 0) & (hi < n_pos)).item()):
+        return True
+    i = int(((positions < 0) | (positions >= n_pos)).nonzero()[0, 0])
+    raise ValueError(
+        f"positions: expected values in [0, {n_pos}) (rows of cos_sin_cache), "
+        f"got {int(positions[i])} at index {i}"
+    )
+
+
+def _plan(
+    positions, query, key, cos_sin_cache, is_neox=True, config=None, check=None
+) -> LaunchPlan:
     """The launch of ``_rope_kernel`` (looked up at call time, so tests can replace it) for
-    these (validated) arguments; nothing is launched without tokens or heads."""
+    these (validated) arguments; nothing is launched without tokens or heads. ``check`` is
+    the launchers' (the kernel masks positions outside the cache whatever it is)."""
     tokens, heads_q, _ = query.shape
     heads_k = key.shape[1]
     if tokens == 0 or heads_q + heads_k == 0:
@@ -167,6 +217,7 @@ def _plan(positions, query, key, cos_sin_cache, is_neox=True, config=None) -> La
             Pos=positions,
             Cache=cache,
             stride_cache=cache.stride(0),
+            n_pos=cache.shape[0],
             n_tokens=tokens,
             heads_q=heads_q,
             heads_k=heads_k,
@@ -183,9 +234,12 @@ def _plan(positions, query, key, cos_sin_cache, is_neox=True, config=None) -> La
     return LaunchPlan((call,), result=(query, key))
 
 
-def rope_triton(positions, query, key, cos_sin_cache, is_neox=True, config=None):
-    """Launch the Triton kernel (natively on GPUs, through the interpreter on CPU tensors)."""
-    _validate(positions, query, key, cos_sin_cache)
+def rope_triton(positions, query, key, cos_sin_cache, is_neox=True, config=None, check=None):
+    """Launch the Triton kernel (natively on GPUs, through the interpreter on CPU tensors).
+
+    ``check``: check positions against the cache: True always, False never, None (what the
+    instruments call) only where it costs no synchronisation (positions on the host)."""
+    _validate(positions, query, key, cos_sin_cache, is_neox, check)
     return _plan(positions, query, key, cos_sin_cache, is_neox, config).run()
 
 
@@ -195,6 +249,7 @@ def rope(
     key: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     is_neox: bool = True,
+    check: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply rotary position embedding to ``query`` and ``key`` in place; returns them.
 
@@ -207,12 +262,19 @@ def rope(
     cos_sin_cache : tensor (max_position, rotary_dim), cosines then sines; rotary_dim even and
         at most head_dim (dimensions past it are not rotated).
     is_neox : True for rotated halves (NeoX, Llama), False for interleaved pairs (GPT-J).
+    check : check that every position is a row of ``cos_sin_cache`` (a ValueError naming the
+        first that is not, before anything is written). Free for positions on the host; for
+        positions on a device it reads their range back, one synchronisation: a serving loop
+        passes False (inside a CUDA graph capture or torch.compile nothing is read back
+        either). Unchecked, a position outside the cache reads nothing and its token's
+        rotated dimensions are written as zeros.
 
     Triton on CUDA/ROCm; torch on CPU (the interpreter with KERNELAB_INTERPRET=1).
     """
+    _check.boolean("check", check)
     if isinstance(query, torch.Tensor) and use_triton(query):
-        return rope_triton(positions, query, key, cos_sin_cache, is_neox)
-    return rope_torch(positions, query, key, cos_sin_cache, is_neox)
+        return rope_triton(positions, query, key, cos_sin_cache, is_neox, check=check)
+    return rope_torch(positions, query, key, cos_sin_cache, is_neox, check=check)
 
 
 # --- the declaration ---------------------------------------------------------------------------
