@@ -33,7 +33,8 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 MEASURED_COPY_H200 = 4.3e12  # bytes read + written per second, HARDWARE.md (one run)
 
-#: The paged-decode targets: (shape label, what, share of the measured copy bandwidth on the KV bytes).
+#: The paged-decode targets: (shape label, what, share of the measured copy bandwidth on the KV
+#: bytes).
 TARGETS = (
     ("llama3-8b decode b64 ctx8192 bs16", "paged decode, batch 64, 8k, Llama-3-8B heads", 0.90),
     ("llama3-8b decode b1 ctx131072 bs16", "split-KV decode, batch 1, 128k", 0.80),
