@@ -205,7 +205,7 @@ BAD = [
         "block_tables: entry [0, 1] = 6 is not a block",
     ),
     ({"window": 0}, ValueError, "window: expected a positive int"),
-    ({"softcap": -1.0}, ValueError, "softcap: expected a positive float"),
+    ({"softcap": -1.0}, ValueError, "softcap: expected a finite positive float"),
     ({"sinks": torch.zeros(4)}, ValueError, "sinks: expected shape (8,)"),
     ({"num_splits": 0}, ValueError, "num_splits: expected a positive int"),
     (

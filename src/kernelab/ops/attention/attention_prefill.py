@@ -245,7 +245,7 @@ def _validate(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, window
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     if softmax_scale is not None:
-        _check.positive("softmax_scale", softmax_scale)
+        _check.finite_positive("softmax_scale", softmax_scale)
     if isinstance(window_left, bool) or not isinstance(window_left, int) or window_left < -1:
         raise ValueError(f"window_left: expected an int ≥ 0, or −1 for none, got {window_left!r}")
     if window_left >= 0 and not causal:

@@ -206,9 +206,9 @@ def _validate(
     _check.tensor("cu_seqlens_q", cu_seqlens_q, dtypes=(torch.int32,), ndim=1, device=q.device)
     _check.same_shape("cu_seqlens_q", cu_seqlens_q, (batch + 1,), "batch + 1 offsets")
     if scale is not None:
-        _check.positive("scale", scale)
+        _check.finite_positive("scale", scale)
     if softcap is not None:
-        _check.positive("softcap", softcap)
+        _check.finite_positive("softcap", softcap)
     _paged.positive_int("window", window, "keys a query sees, itself included")
     _paged.positive_int("num_splits", num_splits, "split-KV parts")
     if sinks is not None:
