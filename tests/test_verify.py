@@ -390,3 +390,20 @@ def test_special_values_go_only_where_the_contract_allows():
     assert inject_specials(limited, 0, ("x",)) == "x"
     assert torch.isnan(x).sum() == 1 and torch.isinf(x).sum() == 2
     assert torch.isfinite(limited["scales"]).all()
+
+
+def test_a_case_whose_float64_reference_would_not_fit_host_memory_is_skipped_and_said(
+    monkeypatch,
+):
+    from kernelab.ops import get
+    from kernelab.verify import _runner
+
+    op = get("rmsnorm")
+    shape = op.shapes("edge")[2]  # one row 4096 wide: ~64 KB of float64
+    assert _runner.reference_too_big(op, shape, torch.float32) is None
+    monkeypatch.setattr(_runner, "host_memory_available", lambda: 64 * 1024)
+    why = _runner.reference_too_big(op, shape, torch.float32)
+    assert why and "GiB of host memory" in why and "not verified here" in why
+    report = verify(["rmsnorm"], variants=["torch"], shape_sets="edge", device="cpu", trials=1)
+    assert shape.label not in {c.shape for c in report.cases}
+    assert any("not verified here" in s and shape.label in s for s in report.skipped)
