@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 from collections.abc import Callable, Iterator
@@ -27,14 +28,17 @@ ledger_option = click.option(
 
 def _console(name: str) -> Console:
     """``console`` (stdout) or ``err_console`` (stderr), made (with rich) on first use: a
-    command printing JSON never loads rich."""
-    g = globals()
-    if name not in g:
+    command printing JSON never loads rich. A new one is made when ``COLUMNS`` changes (rich
+    reads it once), so tables are laid out for the width asked for."""
+    key = (name, os.environ.get("COLUMNS"))
+    if key not in _CONSOLES:
         from rich.console import Console
 
-        g.setdefault("console", Console())
-        g.setdefault("err_console", Console(stderr=True))
-    return g[name]
+        _CONSOLES[key] = Console(stderr=name == "err_console")
+    return _CONSOLES[key]
+
+
+_CONSOLES: dict[tuple[str, str | None], Console] = {}
 
 
 def __getattr__(name: str) -> Console:

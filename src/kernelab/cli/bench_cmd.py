@@ -174,28 +174,38 @@ def register(app: click.Group) -> None:
             raise click.exceptions.Exit(1)
 
 
-def _print_table(result, run_id) -> None:
-    from rich.markup import escape
-    from rich.table import Table
+def bench_sheet(result):
+    """The bench table: one group per op and shape, one row per dtype and variant."""
+    from kernelab.cli._table import Col, Sheet
 
-    from kernelab.cli._common import console
-
-    table = Table(title=f"kernelab bench — {escape(result.device['name'])}")
-    for col in ("op", "shape", "dtype", "variant", "mode", "median µs", "q1–q3 µs", "n", "cv"):
-        table.add_column(col)
-    for col in ("GB/s", "% roof", "vs torch", "flags"):
-        table.add_column(col)
+    sheet = Sheet(
+        f"kernelab bench — {result.device['name']}",
+        [
+            Col("variant"),
+            Col("dtype"),
+            Col("mode", give="drop", step=6),
+            Col("median µs", right=True),
+            Col("q1–q3 µs", right=True, give="drop", step=4),
+            Col("n", right=True, give="drop", step=3),
+            Col("cv", right=True, give="drop", step=2),
+            Col("GB/s", right=True, give="drop", step=5),
+            Col("% roof", right=True),
+            Col("vs torch", right=True),
+            Col("flags", give="below", step=1, hide_empty=True),
+        ],
+    )
+    group = None
     for c in result.cases:
+        if (c["op"], c["shape_label"]) != group:
+            group = (c["op"], c["shape_label"])
+            sheet.group(*group)
         m = c["metrics"]
         pct = m.get("pct_roofline")
         speed = m.get("speedup_vs_torch")
         flags = "; ".join(c["flags"])
-        style = "bold red" if not m["valid"] else ("yellow" if flags else "")
-        table.add_row(
-            escape(c["op"]),
-            escape(c["shape_label"]),
+        sheet.row(
+            c["variant"],
             c["dtype"],
-            escape(c["variant"]),
             c["mode"],
             "INVALID" if not m["valid"] else _us(m["median_s"]),
             f"{_us(m['q1_s'])}–{_us(m['q3_s'])}",
@@ -204,9 +214,18 @@ def _print_table(result, run_id) -> None:
             "—" if m.get("gbps") is None else f"{m['gbps']:.1f}",
             "—" if pct is None else f"{pct:.0f}%",
             "—" if speed is None else f"{speed:.2f}×",
-            f"[{style}]{escape(flags)}[/]" if style else escape(flags),
+            flags,
+            style="bold red" if not m["valid"] else ("yellow" if flags else None),
         )
-    console.print(table)
+    return sheet
+
+
+def _print_table(result, run_id) -> None:
+    from rich.markup import escape
+
+    from kernelab.cli._common import console
+
+    bench_sheet(result).print(console)
     src = {c["metrics"].get("ceiling_source") for c in result.cases} - {None}
     for s in sorted(src):
         console.print(f"[dim]ceiling: {escape(s)}[/]")
@@ -221,23 +240,32 @@ def _print_floors(spec, rows, json: bool) -> None:
         emit_json({"device": spec.name, "floors": rows})
         return
     from rich.markup import escape
-    from rich.table import Table
 
     from kernelab.cli._common import console
+    from kernelab.cli._table import Col, Sheet
 
-    table = Table(title=f"speed-of-light floors on {escape(spec.name)} (datasheet)")
-    for col in ("op", "shape", "dtype", "MB moved", "MFLOP", "floor µs", "bound"):
-        table.add_column(col)
+    sheet = Sheet(
+        f"speed-of-light floors on {spec.name} (datasheet)",
+        [
+            Col("dtype"),
+            Col("MB moved", right=True),
+            Col("MFLOP", right=True),
+            Col("floor µs", right=True),
+            Col("bound"),
+        ],
+    )
+    group = None
     for r in rows:
-        table.add_row(
-            escape(r["op"]),
-            escape(r["shape_label"]),
+        if (r["op"], r["shape_label"]) != group:
+            group = (r["op"], r["shape_label"])
+            sheet.group(*group)
+        sheet.row(
             r["dtype"],
             f"{r['bytes'] / 1e6:.3f}",
             f"{r['flops'] / 1e6:.3f}",
             _us(r["floor_s"]),
             r["bound"] or "—",
         )
-    console.print(table)
+    sheet.print(console)
     if rows:
         console.print(f"[dim]ceiling: {escape(rows[0]['ceiling_source'])}[/]")

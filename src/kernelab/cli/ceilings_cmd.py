@@ -17,7 +17,6 @@ def register(app: click.Group) -> None:
     def ceilings_command(device, store, ledger_url, json):
         """Measure copy bandwidth (read + write) and large-matmul rates; store them."""
         from rich.markup import escape
-        from rich.table import Table
 
         from kernelab.bench import open_ledger, roofline
         from kernelab.bench.cache import cache_bytes
@@ -39,9 +38,17 @@ def register(app: click.Group) -> None:
                 {"device": info.as_dict(), "key": info.key, "measured": rows, "datasheet": sheet}
             )
             return
-        table = Table(title=f"ceilings — {escape(info.key)}")
-        for col in ("ceiling", "measured", "datasheet", "how"):
-            table.add_column(col)
+        from kernelab.cli._table import Col, Sheet
+
+        table = Sheet(
+            f"ceilings — {info.key}",
+            [
+                Col("ceiling"),
+                Col("measured", right=True),
+                Col("datasheet", right=True),
+                Col("how", give="wrap", step=1),
+            ],
+        )
         for r in rows:
             value, ds = r["value"], None
             if sheet is not None:
@@ -50,13 +57,13 @@ def register(app: click.Group) -> None:
                 else:
                     ds = sheet["flops"].get(r["name"].removeprefix(roofline.MATMUL))
             scale, unit = (1e9, "GB/s") if r["unit"] == "B/s" else (1e12, "TFLOP/s")
-            table.add_row(
+            table.row(
                 r["name"],
                 f"{value / scale:.1f} {unit}",
                 "—" if ds is None else f"{ds / scale:.1f} {unit}",
-                escape(r["source"]),
+                r["source"],
             )
-        console.print(table)
+        table.print(console)
         console.print("[dim]stored in the ledger[/]" if db is not None else "[dim]not stored[/]")
 
 

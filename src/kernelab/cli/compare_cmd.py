@@ -10,7 +10,7 @@ import click
 from kernelab.cli._common import emit_json, ledger_option, user_errors
 
 if TYPE_CHECKING:
-    from rich.table import Table
+    from kernelab.cli._table import Sheet
 
 _CSV_COLUMNS = [
     "op",
@@ -47,36 +47,47 @@ def pick_runs(db, refs: list[str], baseline: str | None, kind: str) -> tuple[str
     return db.resolve(baseline or "latest", kind=kind, before=candidate), candidate
 
 
-def _table(result, threshold: float) -> Table:
-    from rich.markup import escape
-    from rich.table import Table
+def compare_sheet(result, threshold: float) -> Sheet:
+    """The compare table: one group per op and shape, one row per variant, dtype and mode."""
+    from rich.text import Text
 
+    from kernelab.cli._table import Col, Sheet
     from kernelab.report import fmt
 
     a, b = result.run_a, result.run_b
-    table = Table(
-        title=escape(
-            f"compare: {a['id']} ({a.get('label') or '-'}) → {b['id']} "
-            f"({b.get('label') or '-'}), B/A of medians, {result.confidence:.0%} interval"
-        ),
-        title_justify="left",
+    sheet = Sheet(
+        f"compare: {a['id']} ({a.get('label') or '-'}) → {b['id']} "
+        f"({b.get('label') or '-'}), B/A of medians, {result.confidence:.0%} interval",
+        [
+            Col("variant"),
+            Col("dtype"),
+            Col("mode", give="drop", step=4),
+            Col("A", right=True, give="drop", step=3),
+            Col("B", right=True, give="drop", step=2),
+            Col("B/A", right=True),
+            Col("interval", right=True),
+            Col("verdict"),
+            Col("note", give="below", step=1, hide_empty=True),
+        ],
     )
-    for col in ("op", "variant", "shape", "dtype", "mode", "A", "B", "B/A", "interval", "verdict"):
-        justify = "right" if col in ("A", "B", "B/A", "interval") else "left"
-        table.add_column(col, justify=justify)
+    group = None
     for c in result.cases:
-        style = _STYLE[c.verdict]
+        if (c.op, c.shape_label) != group:
+            group = (c.op, c.shape_label)
+            sheet.group(*group)
         verdict = c.verdict + (f" > {threshold:.0%}" if c.regression else "")
-        interval = "-" if c.ci_low is None else f"{c.ci_low:.3f}–{c.ci_high:.3f}"
-        table.add_row(
-            *(escape(x) for x in (c.op, c.variant, c.shape_label, c.dtype, c.mode)),
+        sheet.row(
+            c.variant,
+            c.dtype,
+            c.mode,
             fmt.seconds(c.median_a),
             fmt.seconds(c.median_b),
             fmt.ratio(c.ratio),
-            interval,
-            f"[{style}]{verdict}[/]" + (f" ({escape(c.note)})" if c.note else ""),
+            "-" if c.ci_low is None else f"{c.ci_low:.3f}–{c.ci_high:.3f}",
+            Text(verdict, style=_STYLE[c.verdict]),
+            c.note or "",
         )
-    return table
+    return sheet
 
 
 def register(app: click.Group) -> None:
@@ -128,7 +139,7 @@ def register(app: click.Group) -> None:
         else:
             from kernelab.cli._common import console
 
-            console.print(_table(result, threshold))
+            compare_sheet(result, threshold).print(console)
             for label, missing in (("baseline", result.only_a), ("candidate", result.only_b)):
                 for k in missing:
                     console.print(

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from kernelab.cli._common import emit_json, ledger_option, user_errors
+
+if TYPE_CHECKING:
+    from kernelab.cli._table import Sheet
 
 _CSV_COLUMNS = [
     "created",
@@ -82,28 +86,87 @@ def _show_runs(runs: list[dict], json: bool, csv: bool) -> None:
     if csv:
         sys.stdout.write(fmt.to_csv(runs, _RUN_COLUMNS))
         return
-    from rich.markup import escape
-    from rich.table import Table
-
     from kernelab.cli._common import console
 
     if not runs:
         console.print("the ledger holds no runs", highlight=False, markup=False)
         return
-    table = Table(title="recent runs (newest first)", title_justify="left")
-    for col in ("time (UTC)", "run", "kind", "label", "device", "commit", "cases"):
-        table.add_column(col, justify="right" if col == "cases" else "left")
+    runs_sheet(runs).print(console)
+
+
+def _when(created: str) -> str:
+    return created[:16].replace("T", " ")
+
+
+def runs_sheet(runs: list[dict]) -> Sheet:
+    """Recent runs, one row each: the run id (what ``compare`` takes) is never cut."""
+    from kernelab.cli._table import Col, Sheet
+
+    sheet = Sheet(
+        "recent runs (newest first; times UTC)",
+        [
+            Col("time"),
+            Col("run"),
+            Col("kind"),
+            Col("label", give="below", step=3, hide_empty=True),
+            Col("device", give="below", step=2),
+            Col("commit", give="drop", step=1),
+            Col("cases", right=True),
+        ],
+    )
     for r in runs:
-        table.add_row(
-            r["created"][:19].replace("T", " "),
+        sheet.row(
+            _when(r["created"]),
             r["id"],
-            escape(r["kind"]),
-            escape(r["label"] or "-"),
-            escape(r["device"] or "-"),
+            r["kind"],
+            r["label"] or "-",
+            r["device"] or "-",
             (r["commit"] or "-")[:10],
             str(r["n_cases"]),
         )
-    console.print(table)
+    return sheet
+
+
+def history_sheet(op: str, rows: list[dict]) -> Sheet:
+    """One op's cases over time: a group per shape, its rows oldest first."""
+    from kernelab.cli._table import Col, Sheet
+    from kernelab.report import fmt
+
+    sheet = Sheet(
+        f"history: {op} (times UTC)",
+        [
+            Col("time", give="below", step=6),
+            Col("run"),
+            Col("variant"),
+            Col("dtype"),
+            Col("mode", give="drop", step=5),
+            Col("median", right=True),
+            Col("vs prev", right=True),
+            Col("GB/s", right=True, give="drop", step=3),
+            Col("% roofline", right=True, give="drop", step=4),
+            Col("label", give="below", step=2, hide_empty=True),
+            Col("flags", give="below", step=1, hide_empty=True),
+        ],
+    )
+    for shape in dict.fromkeys(r["shape_label"] for r in rows):
+        sheet.group(shape)
+        for r in rows:
+            if r["shape_label"] != shape:
+                continue
+            sheet.row(
+                _when(r["created"]),
+                r["run"],
+                r["variant"],
+                r["dtype"],
+                r["mode"],
+                fmt.seconds(r["median_s"]),
+                fmt.ratio(r["vs_previous"]),
+                fmt.number(r["gbps"]),
+                fmt.percent(r["pct_roofline"]),
+                r["label"] or "-",
+                ", ".join(r["flags"]),
+            )
+    return sheet
 
 
 def register(app: click.Group) -> None:
@@ -154,32 +217,9 @@ def register(app: click.Group) -> None:
         if csv:
             sys.stdout.write(fmt.to_csv(rows, _CSV_COLUMNS))
             return
-        from rich.markup import escape
-        from rich.table import Table
-
         from kernelab.cli._common import console
 
         if not rows:
             console.print(f"no stored cases of op {op!r}", highlight=False, markup=False)
             return
-        table = Table(title=escape(f"history: {op}"), title_justify="left")
-        for col in ("time (UTC)", "run", "label", "variant", "shape", "dtype", "mode"):
-            table.add_column(col)
-        for col in ("median", "vs prev", "GB/s", "% roofline"):
-            table.add_column(col, justify="right")
-        table.add_column("flags")
-        for r in rows:
-            table.add_row(
-                r["created"][:19].replace("T", " "),
-                r["run"],
-                *(
-                    escape(str(x or "-"))
-                    for x in (r["label"], r["variant"], r["shape_label"], r["dtype"], r["mode"])
-                ),
-                fmt.seconds(r["median_s"]),
-                fmt.ratio(r["vs_previous"]),
-                fmt.number(r["gbps"]),
-                fmt.percent(r["pct_roofline"]),
-                escape(", ".join(r["flags"])),
-            )
-        console.print(table)
+        history_sheet(op, rows).print(console)

@@ -145,9 +145,7 @@ def register(app: click.Group) -> None:
 
 
 def _print(result, elapsed: float, all_rows: bool) -> None:
-    from rich import box
     from rich.markup import escape
-    from rich.table import Table
 
     from kernelab.cli._common import console
 
@@ -164,36 +162,7 @@ def _print(result, elapsed: float, all_rows: bool) -> None:
         shown = [v[1] for v in best.values()]
     else:
         shown = reps
-    table = Table(title=f"kernelab inspect (triton {escape(result.triton)})", box=box.SIMPLE)
-    for col in ("kernel", "target", "config", "regs", "spill B", "smem KB", "occupancy",
-                "ld/st bits", "tensor cores"):  # fmt: skip
-        wide = {"kernel": 22, "config": 34}.get(col)
-        table.add_column(col, no_wrap=wide is None, min_width=wide, overflow="fold")
-    for r in shown:
-        f = r.facts or {}
-        occ = r.occupancy
-        name = f"{r.op}/{r.kernel}" if r.op else r.kernel
-        if r.error:
-            table.add_row(name, r.target, escape(r.config), "", "", "", "",
-                          f"[red]{escape(r.error)}[/]", "")  # fmt: skip
-            continue
-        if r.unsupported:
-            table.add_row(name, r.target, escape(r.config), "", "", "", "",
-                          f"[dim]{escape(r.unsupported)}[/]", "")  # fmt: skip
-            continue
-        table.add_row(
-            escape(name),
-            r.target,
-            escape(r.config),
-            str(f.get("registers")),
-            str(f.get("spill_bytes") or 0),
-            f"{f.get('shared_bytes', 0) / 1024:.1f}",
-            f"{occ['occupancy']:.0%} {occ['limiter']}" if occ else "?",
-            _widths(f),
-            "+".join(f"{k}×{v}" for k, v in sorted((f.get("tensor_cores") or {}).items()))
-            + (" tma" if f.get("tma") else ""),
-        )
-    console.print(table)
+    inspect_sheet(result, shown).print(console)
     lines = []
     for r in shown:
         for fd in r.findings:
@@ -213,6 +182,54 @@ def _print(result, elapsed: float, all_rows: bool) -> None:
         f"[dim]{len(reps)} kernel×target×config, {cached} from cache, {elapsed:.1f} s, "
         f"compiled by triton {escape(result.triton)}[/]"
     )
+
+
+def inspect_sheet(result, shown):
+    """One group per kernel, one row per target and config; the config (long: every
+    constexpr) goes on its own line under the row when the terminal is narrow."""
+    from rich.text import Text
+
+    from kernelab.cli._table import Col, Sheet
+
+    sheet = Sheet(
+        f"kernelab inspect (triton {result.triton})",
+        [
+            Col("target"),
+            Col("regs", right=True),
+            Col("spill B", right=True),
+            Col("smem KB", right=True),
+            Col("occupancy"),
+            Col("ld/st bits"),
+            Col("tensor cores", give="below", step=3, hide_empty=True),
+            Col("config", give="below", step=1),
+            Col("note", give="below", step=2, hide_empty=True),
+        ],
+    )
+    group = None
+    for r in shown:
+        name = f"{r.op}/{r.kernel}" if r.op else r.kernel
+        if name != group:
+            group = name
+            sheet.group(name)
+        f = r.facts or {}
+        occ = r.occupancy
+        if r.error or r.unsupported:
+            note = Text(r.error, style="red") if r.error else Text(r.unsupported, style="dim")
+            sheet.row(r.target, "", "", "", "", "", "", r.config, note)
+            continue
+        sheet.row(
+            r.target,
+            str(f.get("registers")),
+            str(f.get("spill_bytes") or 0),
+            f"{f.get('shared_bytes', 0) / 1024:.1f}",
+            f"{occ['occupancy']:.0%} {occ['limiter']}" if occ else "?",
+            _widths(f),
+            "+".join(f"{k}×{v}" for k, v in sorted((f.get("tensor_cores") or {}).items()))
+            + (" tma" if f.get("tma") else ""),
+            r.config,
+            "",
+        )
+    return sheet
 
 
 def _widths(f: dict) -> str:

@@ -95,27 +95,38 @@ def register(app: click.Group) -> None:
         if as_json:
             emit_json({"device": info.as_dict(), "run_id": run_id, "rows": rows})
             return
-        from rich.table import Table
-
         from kernelab.cli._common import console
 
-        table = Table(title=f"kernelab model-bench — {preset} on {info.type}: {info.name}")
-        for col in ("variant", "prefill ms", "prefill ×", "decode tok/s", "decode ×"):
-            table.add_column(col, justify="right" if col != "variant" else "left")
-        for r in rows:
-            table.add_row(
-                r["variant"],
-                f"{r['prefill_s'] * 1e3:.2f}",
-                f"{r['prefill_speedup']:.2f}",
-                f"{r['decode_tokens_per_s']:.1f}",
-                f"{r['decode_speedup']:.2f}",
-            )
-        console.print(table)
+        model_sheet(preset, info, rows).print(console)
         for r in rows:
             if "decode_profile" in r:
                 _print_profile(r)
         if run_id is not None:
             console.print(f"[dim]stored as run {run_id}[/]")
+
+
+def model_sheet(preset: str, info, rows):
+    from kernelab.cli._table import Col, Sheet
+
+    sheet = Sheet(
+        f"kernelab model-bench — {preset} on {info.type}: {info.name}",
+        [
+            Col("variant"),
+            Col("prefill ms", right=True),
+            Col("prefill ×", right=True),
+            Col("decode tok/s", right=True),
+            Col("decode ×", right=True),
+        ],
+    )
+    for r in rows:
+        sheet.row(
+            r["variant"],
+            f"{r['prefill_s'] * 1e3:.2f}",
+            f"{r['prefill_speedup']:.2f}",
+            f"{r['decode_tokens_per_s']:.1f}",
+            f"{r['decode_speedup']:.2f}",
+        )
+    return sheet
 
 
 def _us(v) -> str:
@@ -124,25 +135,34 @@ def _us(v) -> str:
     return f"{v / 1e3:.2f} ms" if v >= 1000 else f"{v:.1f} µs"
 
 
-def _print_profile(row) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    from kernelab.cli._common import console
+def profile_sheet(row):
+    """The CPU ops of one profiled decode step; a long op name moves under its numbers."""
+    from kernelab.cli._table import Col, Sheet
 
     d = row["decode_profile"]
     share = d.get("framework_overhead_share")
-    table = Table(
-        title=f"one decode step — {row['variant']}: {_us(d.get('step_us'))} per step, "
-        f"framework overhead {'-' if share is None else f'{share:.0%}'}"
+    sheet = Sheet(
+        f"one decode step — {row['variant']}: {_us(d.get('step_us'))} per step, "
+        f"framework overhead {'-' if share is None else f'{share:.0%}'}",
+        [
+            Col("calls", right=True),
+            Col("self", right=True),
+            Col("share", right=True),
+            Col("CPU op", give="below", step=1),
+        ],
     )
-    for col in ("CPU op", "calls", "self", "share"):
-        table.add_column(col, justify="left" if col == "CPU op" else "right")
     for o in d["top_cpu_ops"]:
-        table.add_row(
-            escape(o["name"][:60]), str(o["count"]), _us(o["self_us"]), f"{o['self_share']:.1%}"
-        )
-    console.print(table)
+        sheet.row(str(o["count"]), _us(o["self_us"]), f"{o['self_share']:.1%}", o["name"])
+    return sheet
+
+
+def _print_profile(row) -> None:
+    from rich.markup import escape
+
+    from kernelab.cli._common import console
+
+    profile_sheet(row).print(console)
+    d = row["decode_profile"]
     gpu = d.get("gpu")
     if gpu:
         latency = _us(gpu.get("launch_latency_us_total"))

@@ -66,28 +66,49 @@ def register(app: click.Group) -> None:
             raise click.exceptions.Exit(1)
 
 
+def card_sheet(info, selected, reports, width: int):
+    """The report card: a column per stage when it fits ``width`` unwrapped; otherwise one
+    line per variant and stage (each op's variants grouped under it)."""
+    from rich.text import Text
+
+    from kernelab.cli._table import Col, Sheet
+
+    title = f"kernelab report card — {info.type}: {info.name}"
+    rows = []
+    for op in selected:
+        for key in [(op.name, v) for v in op.variants] + [(op.name, "*")]:
+            cells = [r.cells.get(key) for r in reports]
+            if any(c is not None for c in cells):
+                rows.append((op.name, "(op)" if key[1] == "*" else key[1], cells))
+
+    def text(c):
+        return "" if c is None else Text(c.text, style=_STYLE[c.status])
+
+    wide = Sheet(title, [Col("op"), Col("variant")] + [Col(r.stage) for r in reports])
+    for op, variant, cells in rows:
+        wide.row(op, variant, *(text(c) for c in cells))
+    if wide.fits(width):
+        return wide
+    stacked = Sheet(title, [Col("variant"), Col("stage"), Col("result", give="wrap", step=1)])
+    group = None
+    for op, variant, cells in rows:
+        if op != group:
+            group = op
+            stacked.group(op)
+        first = True
+        for r, c in zip(reports, cells, strict=True):
+            if c is not None:
+                stacked.row(variant if first else "", r.stage, text(c))
+                first = False
+    return stacked
+
+
 def _print_table(info, selected, reports, elapsed) -> None:
     from rich.markup import escape
-    from rich.table import Table
 
     from kernelab.cli._common import console
 
-    table = Table(title=f"kernelab report card — {info.type}: {escape(info.name)}")
-    table.add_column("op")
-    table.add_column("variant")
-    for r in reports:
-        table.add_column(r.stage)
-    for op in selected:
-        keys = [(op.name, v) for v in op.variants] + [(op.name, "*")]
-        for key in keys:
-            cells = [r.cells.get(key) for r in reports]
-            if all(c is None for c in cells):
-                continue
-            row = [op.name, "(op)" if key[1] == "*" else key[1]]
-            for c in cells:
-                row.append("" if c is None else f"[{_STYLE[c.status]}]{escape(c.text)}[/]")
-            table.add_row(*row)
-    console.print(table)
+    card_sheet(info, selected, reports, console.width).print(console)
     skipped = [line for r in reports for line in r.skipped]
     if skipped:
         console.print("[yellow]Not run here:[/]")

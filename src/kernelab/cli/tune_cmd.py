@@ -79,20 +79,31 @@ def register(app: click.Group) -> None:
         if as_json:
             emit_json({"device": info.as_dict(), "results": [r.as_dict() for r in results]})
             return
-        from rich.markup import escape
-        from rich.table import Table
-
         from kernelab.cli._common import console
 
-        table = Table(title=f"kernelab tune {escape(op)} — {info.type}: {escape(info.name)}")
-        for col in ("shape", "space", "pruned (why)", "left", "winner"):
-            table.add_column(col)
-        for r in results:
-            why = ", ".join(f"{n} {escape(k)}" for k, n in r.pruned.most_common()) or "—"
-            left = r.space - sum(r.pruned.values())
-            winner = escape(str(r.winner)) if r.winner is not None else escape(r.note)
-            table.add_row(escape(r.shape.label), str(r.space), why, str(left), winner)
-        console.print(table)
+        tune_sheet(op, info, results).print(console)
+
+
+def tune_sheet(op: str, info, results):
+    """One group per shape: its space, what pruning left and why, the winner."""
+    from kernelab.cli._table import Col, Sheet
+
+    sheet = Sheet(
+        f"kernelab tune {op} — {info.type}: {info.name}",
+        [
+            Col("space", right=True),
+            Col("left", right=True),
+            Col("pruned (why)", give="wrap", step=2),
+            Col("winner", give="below", step=1),
+        ],
+    )
+    for r in results:
+        why = ", ".join(f"{n} {k}" for k, n in r.pruned.most_common()) or "—"
+        left = r.space - sum(r.pruned.values())
+        winner = str(r.winner) if r.winner is not None else r.note
+        sheet.group(r.shape.label)
+        sheet.row(str(r.space), str(left), why, winner)
+    return sheet
 
 
 def _ledger():

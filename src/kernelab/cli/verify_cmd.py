@@ -171,32 +171,46 @@ def _ratio(r: float) -> str:
     return f"{r:.2f}×" if r < 1e4 else f"{r:.1e}×"
 
 
-def _print_report(report, show: int) -> None:
-    from rich.markup import escape
-    from rich.table import Table
+def verify_sheet(report):
+    """One group per op and shape set, one row per variant."""
+    from rich.text import Text
 
-    from kernelab.cli._common import console
+    from kernelab.cli._table import Col, Sheet
 
-    table = Table(
-        title=f"kernelab verify — {escape(report.device)}, seed {report.seed}, "
-        f"{report.trials} trial(s) per case"
+    sheet = Sheet(
+        f"kernelab verify — {report.device}, seed {report.seed}, {report.trials} trial(s) per case",
+        [
+            Col("variant"),
+            Col("cases", right=True),
+            Col("result", give="wrap", step=2),
+            Col("worst err / tol", right=True),
+            Col("tolerance", give="below", step=1),
+        ],
     )
-    for col in ("op", "variant", "shapes", "cases", "result", "worst err / tol", "tolerance"):
-        table.add_column(col)
+    group = None
     for (op, variant, shape_set), cases in report.groups().items():
+        if (op, shape_set) != group:
+            group = (op, shape_set)
+            sheet.group(op, f"{shape_set} shapes")
         failed = [c for c in cases if not c.passed]
         worst_case = max(cases, key=lambda c: c.worst_ratio)
         worst_m = max(worst_case.measures.values(), key=lambda m: m.ratio, default=None)
         tol = f"{worst_m.tolerance:.1e} ({worst_m.tolerance_source})" if worst_m else "—"
         if failed:
             classes = list(dict.fromkeys(k for c in failed for k in c.classes))
-            result = f"[bold red]fail: {escape(', '.join(classes))} ({len(failed)})[/]"
+            result = Text(f"fail: {', '.join(classes)} ({len(failed)})", style="bold red")
         else:
-            result = "[green]pass[/]"
-        table.add_row(
-            op, variant, shape_set, str(len(cases)), result, _ratio(worst_case.worst_ratio), tol
-        )
-    console.print(table)
+            result = Text("pass", style="green")
+        sheet.row(variant, str(len(cases)), result, _ratio(worst_case.worst_ratio), tol)
+    return sheet
+
+
+def _print_report(report, show: int) -> None:
+    from rich.markup import escape
+
+    from kernelab.cli._common import console
+
+    verify_sheet(report).print(console)
     failing = [c for c in report.cases if not c.passed]
     for case in failing[:show]:
         console.print(
@@ -223,24 +237,43 @@ def _print_report(report, show: int) -> None:
     )
 
 
+def audit_sheet(report):
+    """One group per op, one row per null candidate and dtype."""
+    from rich.text import Text
+
+    from kernelab.cli._table import Col, Sheet
+
+    sheet = Sheet(
+        f"kernelab verify --audit — {report.device}, seed {report.seed}",
+        [
+            Col("null candidate"),
+            Col("spoils"),
+            Col("dtype"),
+            Col("verdict"),
+            Col("note", give="below", step=1, hide_empty=True),
+        ],
+    )
+    group = None
+    for a in report.audit:
+        if a.op != group:
+            group = a.op
+            sheet.group(a.op)
+        if not a.caught:
+            verdict = Text("PASSED: broken op definition", style="bold red")
+        elif a.failure_class is None:
+            verdict = Text("n/a", style="dim")
+        else:
+            verdict = Text.assemble(("rejected", "green"), f" ({a.failure_class})")
+        sheet.row(a.null, a.target, a.dtype, verdict, a.note)
+    return sheet
+
+
 def _print_audit(report) -> None:
     from rich.markup import escape
-    from rich.table import Table
 
     from kernelab.cli._common import console
 
-    table = Table(title=f"kernelab verify --audit — {escape(report.device)}, seed {report.seed}")
-    for col in ("op", "null candidate", "spoils", "dtype", "verdict", "note"):
-        table.add_column(col)
-    for a in report.audit:
-        if not a.caught:
-            verdict = "[bold red]PASSED: broken op definition[/]"
-        elif a.failure_class is None:
-            verdict = "[dim]n/a[/]"
-        else:
-            verdict = f"[green]rejected[/] ({escape(a.failure_class)})"
-        table.add_row(a.op, a.null, a.target, a.dtype, verdict, escape(a.note))
-    console.print(table)
+    audit_sheet(report).print(console)
     ops = list(dict.fromkeys(a.op for a in report.audit))
     broken = report.broken_ops
     for op in ops:
