@@ -63,7 +63,7 @@ def test_cheating_candidate_is_invalid_and_fails(db_path, tmp_path):
         "    return _cache[key]\n"
     )
     args = ["bench", "--candidate", f"{src}:fast", "--op", "rmsnorm", *QUICK]
-    args += ["--shape", "decode 1x4096", "--variants", "torch", "--no-record", "--json"]
+    args += ["--shape", "decode 1x4096", "--variant", "torch", "--no-ledger", "--json"]
     result = runner.invoke(app, args)
     assert result.exit_code == 1, result.output
     cases = json.loads(result.stdout)["cases"]
@@ -80,7 +80,7 @@ def test_an_interpreted_candidate_is_not_timed_and_torch_is(db_path, tmp_path, m
         monkeypatch.delenv(name, raising=False)
     path = write_candidate(tmp_path)
     args = ["bench", "--candidate", f"{path}:fused_add_rmsnorm", "--op", "rmsnorm", *QUICK]
-    result = runner.invoke(app, [*args, "--shape", "decode 1x4096", "--no-record", "--json"])
+    result = runner.invoke(app, [*args, "--shape", "decode 1x4096", "--no-ledger", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert {c["variant"] for c in data["cases"]} == {"torch"}
@@ -95,14 +95,14 @@ def test_an_interpreted_candidate_is_not_timed_and_torch_is(db_path, tmp_path, m
     [
         (["--candidate", "x.py:f"], "op: --candidate needs --op"),
         (["--op", "rmsnorm"], "candidate: --op is for a --candidate"),
-        (["rmsnorm", "--dtype", "float99"], "dtype: expected a torch dtype name"),
-        (["rmsnorm", "--variants", "nosuch", "--device", "cpu"], "variants: op 'rmsnorm'"),
+        (["rmsnorm", "--dtype", "float99"], "--dtype: expected bf16/bfloat16"),
+        (["rmsnorm", "--variant", "nosuch", "--device", "cpu"], "variants: op 'rmsnorm'"),
         (["--floors-for", "z80"], "floors-for: expected a device of the table"),
         (["rmsnorm", "--mode", "warm", "--device", "cpu"], "mode: expected auto, cold or hot"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, db_path):
-    result = runner.invoke(app, ["bench", *args, "--no-record"])
+    result = runner.invoke(app, ["bench", *args, "--no-ledger"])
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
 
@@ -143,7 +143,7 @@ def test_fresh_input_checks_derive_their_tolerance_on_the_fresh_inputs(db_path):
     # torch itself as "cached by pointer" (seeds 0 and 1 here did).
     for seed in ("0", "1"):
         args = ["bench", "rmsnorm_fp8_quant", "--device", "cpu", "--dtype", "bfloat16"]
-        args += ["--variants", "torch", "--max-rows", "8", "--max-time", "0.2", "--seed", seed]
+        args += ["--variant", "torch", "--max-rows", "8", "--max-time", "0.2", "--seed", seed]
         result = runner.invoke(app, [*args, "--shape", "decode 1x4096 +residual", "--json"])
         assert result.exit_code == 0, result.output
         (case,) = json.loads(result.stdout)["cases"]

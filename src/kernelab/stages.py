@@ -1,6 +1,7 @@
 """What ``kernelab run`` runs: one stage per instrument, each returning cells for a table.
 
-A stage is a function ``stage(ops, device, progress) -> StageReport``. Instruments expose one
+A stage is a function ``stage(ops, device, progress, variants=None) -> StageReport``
+(``variants``: the variants asked for, None for the stage's default). Instruments expose one
 and list it in ``RUN_STAGES``; ``kernelab run`` runs them in order and prints one table.
 """
 

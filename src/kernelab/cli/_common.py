@@ -18,12 +18,217 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
 
+class SharedOption(click.Option):
+    """An option made by one of this module's definitions: ``concept`` names what it stands
+    for (one spelling per concept across commands), and ``hidden_aliases`` are old spellings
+    that still parse but are not shown in the help."""
+
+    def __init__(self, *decls, concept: str, hidden_aliases: tuple[str, ...] = (), **kw):
+        super().__init__(*decls, **kw)
+        self.concept = concept
+        self.hidden_aliases = tuple(hidden_aliases)
+
+    def get_help_record(self, ctx):
+        saved = self.opts, self.secondary_opts
+        self.opts = [o for o in self.opts if o not in self.hidden_aliases]
+        self.secondary_opts = [o for o in self.secondary_opts if o not in self.hidden_aliases]
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.opts, self.secondary_opts = saved
+
+
+def _shared(concept: str, *decls: str, hidden: tuple[str, ...] = (), **kw):
+    names = [d for decl in decls for d in decl.split("/") if d.startswith("-")]
+    missing = [h for h in hidden if h not in names]
+    if missing:
+        raise RuntimeError(f"hidden aliases {missing} are not among {names}")
+    return click.option(*decls, cls=SharedOption, concept=concept, hidden_aliases=hidden, **kw)
+
+
+def _bad(param: str, message: str):
+    """Bad input found while parsing: one line on stderr, exit 2 (as :func:`user_errors`)."""
+    from rich.markup import escape
+
+    _console("err_console").print(
+        f"[bold red]error:[/] {escape(param)}: {escape(message)}",
+        markup=True,
+        highlight=False,
+        soft_wrap=True,
+    )
+    raise click.exceptions.Exit(2)
+
+
+def _names(values) -> tuple[str, ...]:
+    """Repeated and comma-separated values as one tuple: ``-x a,b -x c`` -> (a, b, c)."""
+    if isinstance(values, str):
+        values = (values,)
+    return tuple(v.strip() for item in values or () for v in item.split(",") if v.strip())
+
+
+#: Every spelling of a dtype that options accept, to the torch name.
+DTYPE_NAMES = {
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "f16": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "f32": "float32",
+    "float64": "float64",
+    "fp64": "float64",
+    "double": "float64",
+}
+
+
+def dtype_name(name: str) -> str:
+    """The torch name of a dtype spelling (bf16 -> bfloat16); an unknown one is a ValueError."""
+    key = name.strip().lower().removeprefix("torch.")
+    if key not in DTYPE_NAMES:
+        raise ValueError(
+            "expected bf16/bfloat16, fp16/half/float16, fp32/float/float32 or "
+            f"fp64/double/float64, got {name!r}"
+        )
+    return DTYPE_NAMES[key]
+
+
+def _dtypes(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        names = tuple(dict.fromkeys(dtype_name(n) for n in _names(value)))
+    except ValueError as exc:
+        _bad("--dtype", str(exc))
+    if param.multiple:
+        return names
+    if len(names) != 1:
+        _bad("--dtype", f"expected one dtype, got {value!r}")
+    return names[0]
+
+
+def _list(ctx, param, value):
+    return _names(value)
+
+
+def dtype_option(multiple: bool = True, default: str | None = None, help: str | None = None):
+    """``--dtype``: repeatable (or one), comma lists, any spelling of :data:`DTYPE_NAMES`."""
+    if help is None:
+        help = "dtype(s): bf16, fp16, fp32 (or bfloat16, half, float, ...); repeatable or "
+        help += "comma-separated (default: every dtype the op takes)."
+    return _shared(
+        "dtype", "--dtype", multiple=multiple, default=default, callback=_dtypes, help=help
+    )
+
+
+def variant_option(help: str | None = None):
+    """``--variant``: repeatable and comma lists (``--variants`` still parses)."""
+    return _shared(
+        "variant",
+        "--variant",
+        "--variants",
+        "variants",
+        hidden=("--variants",),
+        multiple=True,
+        callback=_list,
+        help=help or "Variant(s), repeatable or comma-separated (default: all that run here).",
+    )
+
+
+def device_option(help: str | None = None, default: str | None = None):
+    return _shared(
+        "device",
+        "--device",
+        default=default,
+        help=help or "cpu or cuda[:N] (default: the accelerator if present, else cpu).",
+    )
+
+
+def shape_set_option(multiple: bool = False, help: str | None = None):
+    """``--shapes``: the op's shape set(s) by name (representative, edge, ...)."""
+    kw = {"multiple": True, "callback": _list} if multiple else {"default": "representative"}
+    return _shared(
+        "shape set",
+        "--shapes",
+        "shape_sets" if multiple else "shape_set",
+        help=help or "Shape set: representative or edge.",
+        **kw,
+    )
+
+
+def shape_option(help: str | None = None):
+    """``--shape``: keep shapes whose label contains this (repeatable)."""
+    return _shared(
+        "shape",
+        "--shape",
+        "shapes",
+        multiple=True,
+        help=help or "Keep shapes whose label contains this (repeatable).",
+    )
+
+
+def target_option(help: str | None = None):
+    return _shared(
+        "target",
+        "--target",
+        "-t",
+        help=help or "Compile target(s), comma-separated: sm_80, sm_90, sm_100, gfx942.",
+    )
+
+
+def max_rows_option(help: str, hidden: tuple[str, ...] = ()):
+    """``--max-rows``: cap the batch dimension (rows, tokens) of the shapes."""
+    return _shared(
+        "max rows", "--max-rows", *hidden, "max_rows", type=int, hidden=hidden, help=help
+    )
+
+
 #: The ``--ledger`` option of every command that reads or writes the results ledger.
-ledger_option = click.option(
+ledger_option = _shared(
+    "ledger",
     "--ledger",
     "ledger_url",
     help="Ledger path or URL (default: KERNELAB_LEDGER or the data dir).",
 )
+
+
+def no_ledger_option(*old: str):
+    """``--no-ledger``: do not store; ``old`` spellings (``--no-record/--record``) still parse."""
+    hidden = tuple(n for o in old for n in o.split("/"))
+    return _shared(
+        "no ledger",
+        "--no-ledger",
+        *old,
+        "no_ledger",
+        is_flag=True,
+        default=False,
+        hidden=hidden,
+        help="Do not store the results in the ledger.",
+    )
+
+
+#: ``--json``: JSON on stdout instead of tables.
+json_option = _shared("json", "--json", "as_json", is_flag=True, help="Print JSON instead.")
+#: ``--csv``: CSV on stdout instead of tables.
+csv_option = _shared("csv", "--csv", "as_csv", is_flag=True, help="Print CSV (a row per case).")
+#: ``--label``: a label for the stored run (``compare`` and ``report`` take labels).
+label_option = _shared("label", "--label", help="Label the run in the ledger.")
+#: ``--kind``: the kind of runs that 'latest' and labels name.
+kind_option = _shared(
+    "kind", "--kind", default="bench", help="Kind of runs that 'latest' and labels name."
+)
+
+
+def candidate_option(help: str | None = None):
+    return _shared(
+        "candidate", "--candidate", help=help or "Your callable: path/to/file.py:function."
+    )
+
+
+def op_option(help: str | None = None):
+    return _shared("op", "--op", help=help or "The registered op a --candidate implements.")
 
 
 def _console(name: str) -> Console:

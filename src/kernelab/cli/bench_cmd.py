@@ -4,27 +4,30 @@ from __future__ import annotations
 
 import click
 
-from kernelab.cli._common import emit_json, ledger_option, select_ops, spinner, user_errors
+from kernelab.cli._common import (
+    candidate_option,
+    device_option,
+    dtype_option,
+    emit_json,
+    json_option,
+    label_option,
+    ledger_option,
+    max_rows_option,
+    no_ledger_option,
+    op_option,
+    select_ops,
+    shape_option,
+    shape_set_option,
+    spinner,
+    user_errors,
+    variant_option,
+)
 
 
-def _dtypes(names: tuple[str, ...] | None):
+def _dtypes(names: tuple[str, ...]):
     import torch
 
-    if not names:
-        return None
-    out = []
-    for n in names:
-        dt = getattr(torch, n, None)
-        if not isinstance(dt, torch.dtype):
-            raise ValueError(f"dtype: expected a torch dtype name like bfloat16, got {n!r}")
-        out.append(dt)
-    return tuple(out)
-
-
-def _split(values: tuple[str, ...] | None) -> tuple[str, ...] | None:
-    if not values:
-        return None
-    return tuple(v.strip() for item in values for v in item.split(",") if v.strip())
+    return tuple(getattr(torch, n) for n in names) or None
 
 
 def _us(x) -> str:
@@ -34,40 +37,36 @@ def _us(x) -> str:
 def register(app: click.Group) -> None:
     @app.command("bench")
     @click.argument("ops", nargs=-1)
-    @click.option("--device", help="cpu or cuda[:N] (default: the accelerator).")
-    @click.option("--shapes", "shape_set", default="representative", help="Shape set.")
-    @click.option("--shape", multiple=True, help="Keep shapes whose label contains this.")
-    @click.option("--dtype", multiple=True, help="dtype(s), e.g. bfloat16 (default: all).")
-    @click.option("--variants", multiple=True, help="Variant names, comma-separated.")
-    @click.option("--candidate", help="Your callable: path/to/file.py:function.")
-    @click.option("--op", help="The op a --candidate implements.")
+    @device_option()
+    @shape_set_option()
+    @shape_option()
+    @dtype_option()
+    @variant_option()
+    @candidate_option()
+    @op_option()
     @click.option("--mode", default="auto", help="auto (cold if memory-bound), cold or hot.")
     @click.option("--compile", is_flag=True, help="Time torch.compile on CPU.")
-    @click.option(
-        "--max-rows",
-        type=int,
-        help="Cap the batch dimension (rows, tokens); CPU default 128, 0: no cap.",
-    )
+    @max_rows_option("Cap the batch dimension (rows, tokens); CPU default 128, 0: no cap.")
     @click.option("--rel-ci", type=float, help="Noise target: CI half-width / median.")
     @click.option("--min-samples", type=int, help="Minimum samples per case.")
     @click.option("--max-time", type=float, help="Timeout per case, seconds.")
     @click.option("--budget", type=float, help="Stop starting cases after this many s.")
     @click.option("--energy-window", default=0.3, help="Energy window per case, s (0: off).")
     @click.option("--seed", default=0, help="Input seed.")
-    @click.option("--label", help="Label the run in the ledger.")
-    @click.option("--record/--no-record", default=True, help="Store in the ledger.")
+    @label_option
+    @no_ledger_option("--no-record/--record")
     @ledger_option
     @click.option(
         "--floors-for",
         help="Print datasheet floors for a device (e.g. h200) and exit; no timing.",
     )
-    @click.option("--json", "json", is_flag=True, help="Print JSON instead of a table.")
+    @json_option
     @user_errors
     def bench_command(
         ops,
         device,
         shape_set,
-        shape,
+        shapes,
         dtype,
         variants,
         candidate,
@@ -82,10 +81,10 @@ def register(app: click.Group) -> None:
         energy_window,
         seed,
         label,
-        record,
+        no_ledger,
         ledger_url,
         floors_for,
-        json,
+        as_json,
     ):
         """Time ops with statistics, cold caches, roofline and integrity checks.
 
@@ -106,7 +105,7 @@ def register(app: click.Group) -> None:
                     f"mi300x), got {floors_for!r}"
                 )
             rows = bench.floors(spec, select_ops(ops), shape_set, dtypes)
-            _print_floors(spec, rows, json)
+            _print_floors(spec, rows, as_json)
             return
         if candidate and not op:
             raise ValueError("op: --candidate needs --op NAME (the op it implements)")
@@ -126,18 +125,18 @@ def register(app: click.Group) -> None:
         cfg = bench.BenchConfig(
             shape_set=shape_set,
             dtypes=dtypes,
-            variants=_split(variants),
+            variants=variants or None,
             mode=mode,
             rule=rule,
             seed=seed,
             compile=compile,
             max_rows=max_rows,
-            shapes=tuple(shape) if shape else None,
+            shapes=tuple(shapes) or None,
             energy_window_s=energy_window,
             budget_s=budget,
         )
         subject = bench.candidate(candidate, selected[0]) if candidate else None
-        db = bench.open_ledger(ledger_url) if record else None
+        db = None if no_ledger else bench.open_ledger(ledger_url)
         with spinner() as say:
             result = bench.bench(
                 selected,
@@ -156,7 +155,7 @@ def register(app: click.Group) -> None:
             )
             run_id = db.record_run(kind="bench", cases=result.cases, provenance=prov, label=label)
         invalid = [c for c in result.cases if not c["metrics"]["valid"]]
-        if json:
+        if as_json:
             emit_json(
                 {
                     "run_id": run_id,

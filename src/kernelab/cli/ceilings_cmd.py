@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import click
 
-from kernelab.cli._common import emit_json, ledger_option, user_errors
+from kernelab.cli._common import (
+    device_option,
+    emit_json,
+    json_option,
+    ledger_option,
+    no_ledger_option,
+    user_errors,
+)
 
 
 def register(app: click.Group) -> None:
     @app.command("ceilings")
-    @click.option("--device", help="cpu or cuda[:N] (default: the accelerator).")
-    @click.option("--store/--no-store", default=True, help="Store in the ledger.")
+    @device_option()
+    @no_ledger_option("--no-store/--store")
     @ledger_option
-    @click.option("--json", "json", is_flag=True, help="Print JSON instead of a table.")
+    @json_option
     @user_errors
-    def ceilings_command(device, store, ledger_url, json):
+    def ceilings_command(device, no_ledger, ledger_url, as_json):
         """Measure copy bandwidth (read + write) and large-matmul rates; store them."""
         from rich.markup import escape
 
@@ -24,16 +31,16 @@ def register(app: click.Group) -> None:
         from kernelab.hardware import detect
 
         info = detect(device)
-        with console.status("measuring", spinner="dots") if not json else _null():
+        with console.status("measuring", spinner="dots") if not as_json else _null():
             rows = roofline.measure(
                 info, cache_bytes(info)[0], lambda m: err_console.log(escape(m))
             )
-        db = open_ledger(ledger_url) if store else None
+        db = None if no_ledger else open_ledger(ledger_url)
         if db is not None:
             for r in rows:
                 db.put_ceiling(info.key, r["name"], r["value"], r["unit"], r["source"])
         sheet = roofline.datasheet(info.spec).as_dict() if info.spec is not None else None
-        if json:
+        if as_json:
             emit_json(
                 {"device": info.as_dict(), "key": info.key, "measured": rows, "datasheet": sheet}
             )

@@ -7,7 +7,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kernelab.cli._common import emit_json, ledger_option, user_errors
+from kernelab.cli._common import (
+    csv_option,
+    emit_json,
+    json_option,
+    kind_option,
+    ledger_option,
+    user_errors,
+)
 
 if TYPE_CHECKING:
     from kernelab.cli._table import Sheet
@@ -110,12 +117,14 @@ def register(app: click.Group) -> None:
         "timing the same code twice, when the samples do not show a larger one.",
     )
     @click.option("--confidence", default=0.95, help="Confidence of the bootstrap interval.")
-    @click.option("--kind", default="bench", help="Kind of runs that 'latest' and labels name.")
+    @kind_option
     @ledger_option
-    @click.option("--json", "json", is_flag=True, help="Print JSON instead of a table.")
-    @click.option("--csv", "csv", is_flag=True, help="Print CSV (one row per case).")
+    @json_option
+    @csv_option
     @user_errors
-    def compare_command(runs, baseline, threshold, noise, confidence, kind, ledger_url, json, csv):
+    def compare_command(
+        runs, baseline, threshold, noise, confidence, kind, ledger_url, as_json, as_csv
+    ):
         """Compare two runs case by case: ratio of medians with a bootstrap interval, verdict
         faster / slower / ambiguous, and exit status 1 on a confirmed regression.
 
@@ -126,6 +135,7 @@ def register(app: click.Group) -> None:
         from kernelab.ledger.compare import compare_runs
         from kernelab.report import fmt
 
+        json, csv = as_json, as_csv
         if json and csv:
             raise ValueError("--json, --csv: choose one output format")
         with ledger.open(ledger_url) as db:

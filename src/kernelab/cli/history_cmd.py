@@ -7,7 +7,17 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kernelab.cli._common import emit_json, ledger_option, user_errors
+from kernelab.cli._common import (
+    csv_option,
+    device_option,
+    dtype_option,
+    emit_json,
+    json_option,
+    ledger_option,
+    shape_option,
+    user_errors,
+    variant_option,
+)
 
 if TYPE_CHECKING:
     from kernelab.cli._table import Sheet
@@ -169,20 +179,39 @@ def history_sheet(op: str, rows: list[dict]) -> Sheet:
     return sheet
 
 
+def select_history(db, op: str, variants=(), shapes=(), dtypes=(), limit=200, **filters):
+    """``history_rows`` of the cases matching any of ``variants``, ``dtypes`` and ``shapes``
+    (a shape key, or a part of the label), the ``limit`` most recent."""
+    one = {"variant": variants, "dtype": dtypes}
+    sql = {k: v[0] for k, v in one.items() if len(v) == 1}
+    rest = {k: set(v) for k, v in one.items() if len(v) > 1}
+    exact = not rest and not shapes
+    rows = history_rows(db, op, **sql, **filters, limit=limit if exact else None)
+    rows = [
+        r
+        for r in rows
+        if all(r[k] in v for k, v in rest.items())
+        and (not shapes or any(s == r["shape_key"] or s in r["shape_label"] for s in shapes))
+    ]
+    return rows[-limit:]
+
+
 def register(app: click.Group) -> None:
     @app.command("history")
     @click.argument("op", required=False)
-    @click.option("--variant", help="Only this variant.")
-    @click.option("--shape", help="Only this shape key.")
-    @click.option("--dtype", help="Only this dtype.")
-    @click.option("--device", help="Only this device.")
+    @variant_option("Only these variants (repeatable or comma-separated).")
+    @shape_option("Only shapes with this key, or whose label contains this (repeatable).")
+    @dtype_option(help="Only these dtypes (bf16, fp16, fp32, ...; repeatable or comma list).")
+    @device_option("Only this device (as stored, e.g. cpu or cuda).")
     @click.option("--mode", help="Only this timing mode (cold, hot, ...).")
     @click.option("--limit", default=200, help="At most this many most recent cases.")
     @ledger_option
-    @click.option("--json", "json", is_flag=True, help="Print JSON instead of a table.")
-    @click.option("--csv", "csv", is_flag=True, help="Print CSV.")
+    @json_option
+    @csv_option
     @user_errors
-    def history_command(op, variant, shape, dtype, device, mode, limit, ledger_url, json, csv):
+    def history_command(
+        op, variants, shapes, dtype, device, mode, limit, ledger_url, as_json, as_csv
+    ):
         """Show how an op's cases measured over time, oldest first; without an op, the
         ledger's recent runs.
 
@@ -191,6 +220,7 @@ def register(app: click.Group) -> None:
         from kernelab import ledger
         from kernelab.report import fmt
 
+        json, csv = as_json, as_csv
         if json and csv:
             raise ValueError("--json, --csv: choose one output format")
         if limit < 1:
@@ -201,16 +231,7 @@ def register(app: click.Group) -> None:
             _show_runs(runs, json, csv)
             return
         with ledger.open(ledger_url) as db:
-            rows = history_rows(
-                db,
-                op,
-                variant=variant,
-                shape_key=shape,
-                dtype=dtype,
-                device=device,
-                mode=mode,
-                limit=limit,
-            )
+            rows = select_history(db, op, variants, shapes, dtype, limit, device=device, mode=mode)
         if json:
             emit_json({"op": op, "cases": rows})
             return

@@ -6,7 +6,15 @@ import time
 
 import click
 
-from kernelab.cli._common import emit_json, select_ops, user_errors
+from kernelab.cli._common import (
+    SharedOption,
+    dtype_option,
+    emit_json,
+    json_option,
+    select_ops,
+    target_option,
+    user_errors,
+)
 
 _SEV = {"error": "bold red", "warn": "yellow", "info": "cyan"}
 
@@ -14,9 +22,9 @@ _SEV = {"error": "bold red", "warn": "yellow", "info": "cyan"}
 def register(app: click.Group) -> None:
     @app.command("inspect")
     @click.argument("ops", nargs=-1)
-    @click.option("--target", "-t", help="Comma-separated: sm_80,sm_90,sm_100,gfx942 (default).")
+    @target_option("Comma-separated: sm_80,sm_90,sm_100,gfx942 (default: all four).")
     @click.option("--space", is_flag=True, help="Every config of the tuning space.")
-    @click.option("--dtype", help="Comma-separated dtypes (default: all).")
+    @dtype_option()
     @click.option("--kernel", help="A user's kernel: path/to/file.py:kernel (@triton.jit).")
     @click.option(
         "--signature",
@@ -26,15 +34,19 @@ def register(app: click.Group) -> None:
     @click.option("--check", is_flag=True, help="Fail on regressions vs the baseline.")
     @click.option("--update-baseline", is_flag=True, help="Rewrite the baseline from this run.")
     @click.option(
+        "--baseline-file",
         "--baseline",
         "baseline_path",
+        cls=SharedOption,
+        concept="baseline file",
+        hidden_aliases=("--baseline",),
         default="inspect-baseline.json",
-        help="Baseline file (JSON).",
+        help="Baseline file (JSON) of --check and --update-baseline.",
     )
     @click.option("--jobs", "-j", type=int, help="Compiler processes (default: CPUs).")
     @click.option("--no-cache", is_flag=True, help="Compile even when cached.")
     @click.option("--all", "all_rows", is_flag=True, help="Show every config, not one per kernel.")
-    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+    @json_option
     @user_errors
     def inspect_command(
         ops,
@@ -103,7 +115,7 @@ def register(app: click.Group) -> None:
                     selected,
                     targets,
                     space=space,
-                    dtypes=[d.strip() for d in dtype.split(",")] if dtype else None,
+                    dtypes=list(dtype) or None,
                     jobs=jobs,
                     use_cache=not no_cache,
                     progress=lambda d, n: progress.update(task, completed=d, total=n),
@@ -118,7 +130,7 @@ def register(app: click.Group) -> None:
                 targets=[t.name for t in targets],
             )
         if update_baseline:
-            subset = bool(ops) or target is not None or dtype is not None or space
+            subset = bool(ops) or target is not None or bool(dtype) or space
             bl.write(baseline_path, result.reports, merge=subset)
         if as_json:
             emit_json(

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import click
 
-from kernelab.cli._common import emit_json, spinner, user_errors
+from kernelab.cli._common import (
+    device_option,
+    dtype_option,
+    emit_json,
+    json_option,
+    label_option,
+    ledger_option,
+    no_ledger_option,
+    spinner,
+    user_errors,
+)
 
 
 def register(app: click.Group) -> None:
@@ -12,10 +22,10 @@ def register(app: click.Group) -> None:
     @click.option(
         "--preset", default="tiny-llama", help="Model preset (see kernelab.models.PRESETS)."
     )
-    @click.option("--device", default="cpu", help="cpu or cuda[:N].")
-    @click.option(
-        "--dtype",
-        help="float32, float16 or bfloat16 (default: bfloat16 on GPUs, float32 on CPU).",
+    @device_option("cpu or cuda[:N].", default="cpu")
+    @dtype_option(
+        multiple=False,
+        help="fp32, fp16 or bf16, any spelling (default: bf16 on GPUs, fp32 on CPU).",
     )
     @click.option(
         "--prompt-tokens", default=32, type=click.IntRange(min=1), help="Prompt length for prefill."
@@ -42,12 +52,10 @@ def register(app: click.Group) -> None:
         "--profile-dir",
         help="Folder for the decode-step traces (default: a temporary folder).",
     )
-    @click.option(
-        "--ledger",
-        help="Ledger to store the run in (default: KERNELAB_LEDGER or the user ledger).",
-    )
-    @click.option("--no-ledger", is_flag=True, help="Do not store the run.")
-    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+    @label_option
+    @ledger_option
+    @no_ledger_option()
+    @json_option
     @user_errors
     def model_bench_command(
         preset,
@@ -59,7 +67,8 @@ def register(app: click.Group) -> None:
         quantize,
         profile,
         profile_dir,
-        ledger,
+        label,
+        ledger_url,
         no_ledger,
         as_json,
     ):
@@ -91,7 +100,7 @@ def register(app: click.Group) -> None:
                 profile=profile,
                 profile_dir=profile_dir,
             )
-        run_id = None if no_ledger else _store(rows, info, ledger)
+        run_id = None if no_ledger else _store(rows, info, ledger_url, label)
         if as_json:
             emit_json({"device": info.as_dict(), "run_id": run_id, "rows": rows})
             return
@@ -177,7 +186,7 @@ def _print_profile(row) -> None:
     console.print(f"[dim]trace: {escape(row['decode_trace'])}[/]")
 
 
-def _store(rows, info, url):
+def _store(rows, info, url, label=None):
     from kernelab import ledger
 
     cases = [
@@ -222,4 +231,6 @@ def _store(rows, info, url):
         if "decode_profile" in r
     ]
     with ledger.open(url) as db:
-        return db.record_run(kind="model-bench", cases=cases, provenance=ledger.provenance(info))
+        return db.record_run(
+            kind="model-bench", cases=cases, provenance=ledger.provenance(info), label=label
+        )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kernelab.cli._common import emit_json, select_ops, user_errors
+from kernelab.cli._common import device_option, emit_json, json_option, select_ops, user_errors
 
 
 def describe(device_type: str) -> list[dict]:
@@ -38,19 +38,18 @@ def describe(device_type: str) -> list[dict]:
 
 def register(app: click.Group) -> None:
     @app.command("ops")
-    @click.option(
-        "--device",
-        help="Device to judge availability on (default: the accelerator if present, else cpu).",
+    @device_option(
+        "Device to judge availability on (default: the accelerator if present, else cpu)."
     )
-    @click.option("--json", "json", is_flag=True, help="Print JSON instead of a table.")
+    @json_option
     @user_errors
-    def ops_command(device, json):
+    def ops_command(device, as_json):
         """List ops, their variants, and which variants can run on this machine."""
         from kernelab.hardware import detect
 
         info = detect(device)
         rows = describe(info.type)
-        if json:
+        if as_json:
             emit_json({"device": info.as_dict(), "ops": rows})
             return
         from kernelab.cli._common import console

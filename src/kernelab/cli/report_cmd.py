@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kernelab.cli._common import ledger_option, user_errors
+from kernelab.cli._common import kind_option, ledger_option, user_errors
 
 
 def register(app: click.Group) -> None:
@@ -21,7 +21,7 @@ def register(app: click.Group) -> None:
         default="torch",
         help="Variant that per-shape speedups within a run are measured against.",
     )
-    @click.option("--kind", default="bench", help="Kind of runs that 'latest' and labels name.")
+    @kind_option
     @click.option("--title", default="kernelab report", help="Page title.")
     @ledger_option
     @user_errors

@@ -6,7 +6,15 @@ import time
 
 import click
 
-from kernelab.cli._common import emit_json, select_ops, spinner, user_errors
+from kernelab.cli._common import (
+    device_option,
+    emit_json,
+    json_option,
+    select_ops,
+    spinner,
+    user_errors,
+    variant_option,
+)
 from kernelab.stages import RUN_STAGES, load
 
 _STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow", "info": "cyan"}
@@ -15,12 +23,14 @@ _STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow", "info": "cyan"}
 def register(app: click.Group) -> None:
     @app.command("run")
     @click.argument("ops", nargs=-1)
-    @click.option(
-        "--device", help="cpu or cuda[:N] (default: the accelerator if present, else cpu)."
+    @device_option()
+    @variant_option(
+        "Variant(s) to verify and time, repeatable or comma-separated (default: all that run "
+        "here, except compile on CPU)."
     )
-    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+    @json_option
     @user_errors
-    def run_command(ops, device, as_json):
+    def run_command(ops, device, variants, as_json):
         """Run every instrument on every registered op and print one table (the report card).
 
         OPS are the ops to include (default: all).
@@ -32,7 +42,7 @@ def register(app: click.Group) -> None:
         reports, started = [], time.perf_counter()
         with spinner(disable=as_json) as say:
             for path in RUN_STAGES:
-                reports.append(load(path)(selected, info, say))
+                reports.append(load(path)(selected, info, say, variants=variants or None))
         elapsed = time.perf_counter() - started
         failed = any(r.failed for r in reports)
         if as_json:

@@ -6,18 +6,25 @@ from pathlib import Path
 
 import click
 
-from kernelab.cli._common import emit_json, select_ops, user_errors
+from kernelab.cli._common import (
+    device_option,
+    dtype_option,
+    emit_json,
+    json_option,
+    select_ops,
+    shape_set_option,
+    target_option,
+    user_errors,
+)
 
 
 def register(app: click.Group) -> None:
     @app.command("tune")
     @click.argument("op", required=False)
-    @click.option("--shapes", default="representative", help="Shape set: representative or edge.")
-    @click.option("--dtype", default="bfloat16", help="float32, float16 or bfloat16.")
-    @click.option("--device", help="cpu or cuda[:N] (default: the accelerator).")
-    @click.option(
-        "--target", help="Compile target for pruning (default: the device's, sm_90 on a CPU)."
-    )
+    @shape_set_option()
+    @dtype_option(multiple=False, default="bfloat16", help="bf16, fp16 or fp32 (any spelling).")
+    @device_option()
+    @target_option("Compile target for pruning (default: the device's, sm_90 on a CPU).")
     @click.option(
         "--limit",
         default=0,
@@ -29,9 +36,9 @@ def register(app: click.Group) -> None:
         type=click.Path(path_type=Path),
         help="Write the tuned configs (this device's) to this file for shipping, and exit.",
     )
-    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+    @json_option
     @user_errors
-    def tune_command(op, shapes, dtype, device, target, limit, export, as_json):
+    def tune_command(op, shape_set, dtype, device, target, limit, export, as_json):
         """Tune an op's launch configs. On a CPU it prunes and reports without timing.
 
         OP is the op to tune.
@@ -59,7 +66,7 @@ def register(app: click.Group) -> None:
                 f"{[str(d).removeprefix('torch.') for d in selected.dtypes]}, "
                 f"got {dtype!r}"
             )
-        cases = selected.shapes(shapes)
+        cases = selected.shapes(shape_set)
         if limit:
             cases = cases[:limit]
         info = detect(device)

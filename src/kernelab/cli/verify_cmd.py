@@ -5,7 +5,19 @@ from __future__ import annotations
 
 import click
 
-from kernelab.cli._common import emit_json, transient_progress, user_errors
+from kernelab.cli._common import (
+    candidate_option,
+    device_option,
+    dtype_option,
+    emit_json,
+    json_option,
+    max_rows_option,
+    op_option,
+    shape_set_option,
+    transient_progress,
+    user_errors,
+    variant_option,
+)
 
 SHAPE_CHOICES = ("representative", "edge", "all")
 
@@ -41,38 +53,29 @@ def _check_options(ops, candidate, op, reference, inputs, audit, shapes) -> None
 def register(app: click.Group) -> None:
     @app.command("verify")
     @click.argument("ops", nargs=-1)
-    @click.option(
-        "--variant",
+    @variant_option(
+        "Variant(s) to verify, repeatable or comma-separated (default: all that run here, "
+        "except compile on CPU)."
+    )
+    @shape_set_option(
         multiple=True,
-        help="Variant(s) to verify (repeatable; default: all that run here, except "
-        "compile on CPU).",
+        help="representative, edge or all; repeatable or comma-separated (default: "
+        "representative and edge).",
     )
-    @click.option(
-        "--shapes",
-        multiple=True,
-        help="representative, edge or all (repeatable; default: both).",
+    @dtype_option(
+        help="dtype(s): bf16, fp16, fp32 (or bfloat16, half, float, ...); repeatable or "
+        "comma-separated (default: the op's)."
     )
-    @click.option(
-        "--dtype",
-        multiple=True,
-        help="dtype(s), e.g. bfloat16 (repeatable; default: the op's).",
-    )
-    @click.option(
-        "--device", help="cpu or cuda[:N] (default: the accelerator if present, else cpu)."
-    )
+    @device_option()
     @click.option("--seed", type=int, help="Run seed, to repeat a run exactly (default: new).")
     @click.option("--trials", type=int, help="Trials per shape and dtype (default: 2).")
-    @click.option(
-        "--cap",
-        type=int,
-        help="Largest batch size (rows, tokens); 0 for none (default on CPU: 4 for "
+    @max_rows_option(
+        "Largest batch size (rows, tokens); 0 for none (default on CPU: 4 for "
         "representative, 32 otherwise; none on GPUs).",
+        hidden=("--cap",),
     )
-    @click.option(
-        "--candidate",
-        help="Your callable, path/to/file.py:function (with --op or --reference).",
-    )
-    @click.option("--op", help="The registered op --candidate implements.")
+    @candidate_option("Your callable, path/to/file.py:function (with --op or --reference).")
+    @op_option("The registered op --candidate implements.")
     @click.option(
         "--reference",
         help="Your reference, file.py:function, for an op kernelab does not know.",
@@ -85,17 +88,17 @@ def register(app: click.Group) -> None:
         "--audit", is_flag=True, help="Check that null kernels fail for every op (the contracts)."
     )
     @click.option("--show", default=10, help="Failing cases to detail.")
-    @click.option("--json", "as_json", is_flag=True, help="Print JSON (docs/verify.md).")
+    @json_option
     @user_errors
     def verify_command(
         ops,
-        variant,
-        shapes,
+        variants,
+        shape_sets,
         dtype,
         device,
         seed,
         trials,
-        cap,
+        max_rows,
         candidate,
         op,
         reference,
@@ -113,8 +116,9 @@ def register(app: click.Group) -> None:
         from kernelab import verify as v
         from kernelab._loader import load_callable
 
-        ops, variant, dtype = list(ops), list(variant), list(dtype)
-        shapes = list(shapes) or ["representative", "edge"]
+        ops, variant, dtype = list(ops), list(variants), list(dtype)
+        shapes = list(shape_sets) or ["representative", "edge"]
+        cap = max_rows
         _check_options(ops, candidate, op, reference, inputs, audit, shapes)
         if trials is None:
             trials = v.DEFAULT_TRIALS
@@ -224,7 +228,8 @@ def _print_report(report, show: int) -> None:
     notes = list(dict.fromkeys(n for c in report.cases for n in c.notes))
     if any("→" in c.shape for c in report.cases):
         notes.append(
-            "batch sizes were capped for the interpreter (labels show [rows→N]); --cap 0 for none"
+            "batch sizes were capped for the interpreter (labels show [rows→N]); --max-rows 0 for "
+            "none"
         )
     for line in notes:
         console.print(f"[yellow]note:[/] {escape(line)}")

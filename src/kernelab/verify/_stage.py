@@ -8,8 +8,8 @@ from kernelab.stages import Cell, StageReport
 from kernelab.verify._runner import verify
 
 
-def stage(ops, device, progress=None) -> StageReport:
-    report = verify(ops, device=_device_name(device), progress=progress)
+def stage(ops, device, progress=None, variants=None) -> StageReport:
+    report = verify(ops, variants=variants, device=_device_name(device), progress=progress)
     out = StageReport("verify")
     out.skipped = [f"{line}" for line in report.skipped]
     for line in report.skipped:
