@@ -231,7 +231,7 @@ def kernel_reports():
                     config=config,
                     facts=facts,
                     occupancy=occ,
-                    findings=[Finding("warn", "narrow", "64-bit loads of x", "use 128")],
+                    findings=[Finding("narrow", "warn", "64-bit loads of x", "use 128")],
                 )
             )
     reps.append(

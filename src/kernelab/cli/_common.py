@@ -46,16 +46,18 @@ def _shared(concept: str, *decls: str, hidden: tuple[str, ...] = (), **kw):
     return click.option(*decls, cls=SharedOption, concept=concept, hidden_aliases=hidden, **kw)
 
 
+def echo(*parts, err: bool = False, soft_wrap: bool = False) -> None:
+    """Print one line made of ``parts``: a str is shown as it is (never read as rich markup
+    or as an ``:emoji:`` code; user and op text goes here), a ``(str, style)`` pair styled."""
+    from rich.text import Text
+
+    line = Text.assemble(*parts)
+    _console("err_console" if err else "console").print(line, highlight=False, soft_wrap=soft_wrap)
+
+
 def _bad(param: str, message: str):
     """Bad input found while parsing: one line on stderr, exit 2 (as :func:`user_errors`)."""
-    from rich.markup import escape
-
-    _console("err_console").print(
-        f"[bold red]error:[/] {escape(param)}: {escape(message)}",
-        markup=True,
-        highlight=False,
-        soft_wrap=True,
-    )
+    echo(("error:", "bold red"), f" {param}: {message}", err=True, soft_wrap=True)
     raise click.exceptions.Exit(2)
 
 
@@ -290,14 +292,7 @@ def user_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except (ValueError, TypeError, FileNotFoundError, PermissionError) as exc:
-            from rich.markup import escape
-
-            _console("err_console").print(
-                f"[bold red]error:[/] {escape(str(exc))}",
-                markup=True,
-                highlight=False,
-                soft_wrap=True,
-            )
+            echo(("error:", "bold red"), f" {exc}", err=True, soft_wrap=True)
             raise click.exceptions.Exit(2) from None
 
     return wrapper
@@ -318,7 +313,7 @@ def transient_progress(disable: bool = False) -> Progress:
 
     return Progress(
         SpinnerColumn(),
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         TimeElapsedColumn(),
         console=_console("err_console"),
         transient=True,
@@ -329,8 +324,6 @@ def transient_progress(disable: bool = False) -> Progress:
 @contextmanager
 def spinner(first: str = "starting", disable: bool = False) -> Iterator[Callable[[str], None]]:
     """``with spinner() as say: ... say("message")`` — long work shows what it is doing."""
-    from rich.markup import escape
-
     with transient_progress(disable) as progress:
-        task = progress.add_task(escape(first), total=None)
-        yield lambda msg: progress.update(task, description=escape(msg))
+        task = progress.add_task(first, total=None)
+        yield lambda msg: progress.update(task, description=msg)

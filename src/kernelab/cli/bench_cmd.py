@@ -220,27 +220,23 @@ def bench_sheet(result):
 
 
 def _print_table(result, run_id) -> None:
-    from rich.markup import escape
-
-    from kernelab.cli._common import console
+    from kernelab.cli._common import console, echo
 
     bench_sheet(result).print(console)
     src = {c["metrics"].get("ceiling_source") for c in result.cases} - {None}
     for s in sorted(src):
-        console.print(f"[dim]ceiling: {escape(s)}[/]")
+        echo((f"ceiling: {s}", "dim"))
     for line in dict.fromkeys(result.skipped):
-        console.print(f"[yellow]•[/] {escape(line)}")
+        echo(("•", "yellow"), f" {line}")
     tail = f"{len(result.cases)} case(s), {result.seconds:.1f} s"
-    console.print(f"[dim]{tail}" + (f", ledger run {run_id}" if run_id else "") + "[/]")
+    echo((tail + (f", ledger run {run_id}" if run_id else ""), "dim"))
 
 
 def _print_floors(spec, rows, json: bool) -> None:
     if json:
         emit_json({"device": spec.name, "floors": rows})
         return
-    from rich.markup import escape
-
-    from kernelab.cli._common import console
+    from kernelab.cli._common import console, echo
     from kernelab.cli._table import Col, Sheet
 
     sheet = Sheet(
@@ -267,4 +263,4 @@ def _print_floors(spec, rows, json: bool) -> None:
         )
     sheet.print(console)
     if rows:
-        console.print(f"[dim]ceiling: {escape(rows[0]['ceiling_source'])}[/]")
+        echo((f"ceiling: {rows[0]['ceiling_source']}", "dim"))

@@ -23,17 +23,16 @@ def register(app: click.Group) -> None:
     @user_errors
     def ceilings_command(device, no_ledger, ledger_url, as_json):
         """Measure copy bandwidth (read + write) and large-matmul rates; store them."""
-        from rich.markup import escape
 
         from kernelab.bench import open_ledger, roofline
         from kernelab.bench.cache import cache_bytes
-        from kernelab.cli._common import console, err_console
+        from kernelab.cli._common import console, echo, err_console
         from kernelab.hardware import detect
 
         info = detect(device)
         with console.status("measuring", spinner="dots") if not as_json else _null():
             rows = roofline.measure(
-                info, cache_bytes(info)[0], lambda m: err_console.log(escape(m))
+                info, cache_bytes(info)[0], lambda m: err_console.log(m, markup=False, emoji=False)
             )
         db = None if no_ledger else open_ledger(ledger_url)
         if db is not None:
@@ -71,7 +70,7 @@ def register(app: click.Group) -> None:
                 r["source"],
             )
         table.print(console)
-        console.print("[dim]stored in the ledger[/]" if db is not None else "[dim]not stored[/]")
+        echo(("stored in the ledger" if db is not None else "not stored", "dim"))
 
 
 class _null:

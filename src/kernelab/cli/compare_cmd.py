@@ -147,25 +147,22 @@ def register(app: click.Group) -> None:
             rows = [vars(c) for c in result.cases]
             sys.stdout.write(fmt.to_csv(rows, _CSV_COLUMNS))
         else:
-            from kernelab.cli._common import console
+            from kernelab.cli._common import console, echo
 
             compare_sheet(result, threshold).print(console)
             for label, missing in (("baseline", result.only_a), ("candidate", result.only_b)):
                 for k in missing:
-                    console.print(
+                    echo(
                         f"only in {label}: {k['op']} {k['variant']} {k['shape_label']} "
-                        f"{k['dtype']} {k['device']} {k['mode']}",
-                        highlight=False,
-                        markup=False,
+                        f"{k['dtype']} {k['device']} {k['mode']}"
                     )
             for note in result.notes:
-                console.print(f"note: {note}", highlight=False, markup=False)
+                echo(f"note: {note}")
             n = result.counts()
-            console.print(
+            echo(
                 f"{n['faster']} faster, {n['slower']} slower, {n['ambiguous']} ambiguous, "
                 f"{n['invalid']} invalid; {n['regressions']} regression(s) beyond "
-                f"{threshold:.0%}; unmatched: {n['only_a']} baseline, {n['only_b']} candidate",
-                highlight=False,
+                f"{threshold:.0%}; unmatched: {n['only_a']} baseline, {n['only_b']} candidate"
             )
         if result.regressions:
             raise click.exceptions.Exit(1)

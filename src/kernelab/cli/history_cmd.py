@@ -96,10 +96,10 @@ def _show_runs(runs: list[dict], json: bool, csv: bool) -> None:
     if csv:
         sys.stdout.write(fmt.to_csv(runs, _RUN_COLUMNS))
         return
-    from kernelab.cli._common import console
+    from kernelab.cli._common import console, echo
 
     if not runs:
-        console.print("the ledger holds no runs", highlight=False, markup=False)
+        echo("the ledger holds no runs")
         return
     runs_sheet(runs).print(console)
 
@@ -238,9 +238,9 @@ def register(app: click.Group) -> None:
         if csv:
             sys.stdout.write(fmt.to_csv(rows, _CSV_COLUMNS))
             return
-        from kernelab.cli._common import console
+        from kernelab.cli._common import console, echo
 
         if not rows:
-            console.print(f"no stored cases of op {op!r}", highlight=False, markup=False)
+            echo(f"no stored cases of op {op!r}")
             return
         history_sheet(op, rows).print(console)

@@ -147,19 +147,15 @@ def register(app: click.Group) -> None:
             if comparison is not None:
                 _print_check(comparison, baseline_path)
             if update_baseline:
-                from rich.markup import escape
+                from kernelab.cli._common import echo
 
-                from kernelab.cli._common import console
-
-                console.print(f"baseline written: {escape(baseline_path)}")
+                echo(f"baseline written: {baseline_path}")
         if comparison is not None and comparison.failed:
             raise click.exceptions.Exit(1)
 
 
 def _print(result, elapsed: float, all_rows: bool) -> None:
-    from rich.markup import escape
-
-    from kernelab.cli._common import console
+    from kernelab.cli._common import console, echo
 
     reps = result.reports
     if not all_rows:
@@ -179,20 +175,27 @@ def _print(result, elapsed: float, all_rows: bool) -> None:
     for r in shown:
         for fd in r.findings:
             lines.append(
-                f"  [{_SEV[fd.severity]}]{fd.severity}[/] {escape(r.kernel)} {r.target} "
-                f"[dim]{escape(r.label)}[/]: {escape(fd.message)}"
-                + (f" → {escape(fd.suggestion)}" if fd.suggestion else "")
+                [
+                    "  ",
+                    (fd.severity, _SEV[fd.severity]),
+                    f" {r.kernel} {r.target} ",
+                    (r.label, "dim"),
+                    f": {fd.message}" + (f" → {fd.suggestion}" if fd.suggestion else ""),
+                ]
             )
     if lines:
-        console.print("Findings:")
+        echo("Findings:")
         for line in lines:
-            console.print(line)
+            echo(*line)
     for line in result.skipped:
-        console.print(f"[yellow]skipped:[/] {escape(line)}")
+        echo(("skipped:", "yellow"), f" {line}")
     cached = sum(r.cached for r in reps)
-    console.print(
-        f"[dim]{len(reps)} kernel×target×config, {cached} from cache, {elapsed:.1f} s, "
-        f"compiled by triton {escape(result.triton)}[/]"
+    echo(
+        (
+            f"{len(reps)} kernel×target×config, {cached} from cache, {elapsed:.1f} s, "
+            f"compiled by triton {result.triton}",
+            "dim",
+        )
     )
 
 
@@ -252,21 +255,19 @@ def _widths(f: dict) -> str:
 
 
 def _print_check(c, path: str) -> None:
-    from rich.markup import escape
-
-    from kernelab.cli._common import console
+    from kernelab.cli._common import echo
 
     for note in c.notes:
-        console.print(f"[dim]{escape(note)}[/]")
+        echo((note, "dim"))
     if c.new:
-        console.print(f"[cyan]{len(c.new)} not in the baseline (new)[/]")
+        echo((f"{len(c.new)} not in the baseline (new)", "cyan"))
     if c.missing:
-        console.print(f"[yellow]{len(c.missing)} in the baseline but not inspected now[/]")
+        echo((f"{len(c.missing)} in the baseline but not inspected now", "yellow"))
     for line in c.improvements:
-        console.print(f"[green]improved:[/] {escape(line)}")
+        echo(("improved:", "green"), f" {line}")
     if c.regressions:
-        console.print(f"[bold red]{len(c.regressions)} regression(s) against {escape(path)}:[/]")
+        echo((f"{len(c.regressions)} regression(s) against {path}:", "bold red"))
         for line in c.regressions:
-            console.print(f"  [red]✗[/] {escape(line)}")
+            echo("  ", ("✗", "red"), f" {line}")
     else:
-        console.print(f"[green]✓ no regressions against {escape(path)}[/]")
+        echo((f"✓ no regressions against {path}", "green"))

@@ -104,14 +104,14 @@ def register(app: click.Group) -> None:
         if as_json:
             emit_json({"device": info.as_dict(), "run_id": run_id, "rows": rows})
             return
-        from kernelab.cli._common import console
+        from kernelab.cli._common import console, echo
 
         model_sheet(preset, info, rows).print(console)
         for r in rows:
             if "decode_profile" in r:
                 _print_profile(r)
         if run_id is not None:
-            console.print(f"[dim]stored as run {run_id}[/]")
+            echo((f"stored as run {run_id}", "dim"))
 
 
 def model_sheet(preset: str, info, rows):
@@ -166,9 +166,7 @@ def profile_sheet(row):
 
 
 def _print_profile(row) -> None:
-    from rich.markup import escape
-
-    from kernelab.cli._common import console
+    from kernelab.cli._common import console, echo
 
     profile_sheet(row).print(console)
     d = row["decode_profile"]
@@ -177,13 +175,13 @@ def _print_profile(row) -> None:
         latency = _us(gpu.get("launch_latency_us_total"))
         p50 = _us(gpu.get("launch_latency_us_p50"))
         short = gpu.get("short_kernel_share") or 0
-        console.print(
+        echo(
             f"GPU: {gpu.get('kernels')} kernels; launch latency {latency} in total (p50 {p50}); "
             f"short kernels {short:.0%}"
         )
     for finding in d.get("verdicts") or []:
-        console.print(f"[dim]· {escape(str(finding))}[/]")
-    console.print(f"[dim]trace: {escape(row['decode_trace'])}[/]")
+        echo((f"· {finding}", "dim"))
+    echo((f"trace: {row['decode_trace']}", "dim"))
 
 
 def _store(rows, info, url, label=None):

@@ -30,7 +30,7 @@ def register(app: click.Group) -> None:
         else:
             from rich.progress import Progress
 
-            from kernelab.cli._common import console
+            from kernelab.cli._common import console, echo
 
             with Progress(console=console, transient=True) as bar:
                 task = bar.add_task("profiling", total=steps + warmup)
@@ -42,7 +42,7 @@ def register(app: click.Group) -> None:
                     device=device,
                     progress=lambda i, n: bar.update(task, completed=i),
                 )
-            console.print(f"trace written: {path}", markup=False, highlight=False)
+            echo(f"trace written: {path}")
         code = run_summary(str(path), as_json=as_json, top=top)
         if code:
             raise click.exceptions.Exit(code)

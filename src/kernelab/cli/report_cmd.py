@@ -32,9 +32,9 @@ def register(app: click.Group) -> None:
         RUNS are the runs to show: ids (or unique prefixes), labels, 'latest' (default).
         """
         from kernelab import ledger
-        from kernelab.cli._common import console
+        from kernelab.cli._common import echo
         from kernelab.report.html import write
 
         with ledger.open(ledger_url) as db:
             path = write(db, list(runs or []), out, baseline, kind, baseline_variant, title)
-        console.print(f"wrote {path}", highlight=False, markup=False)
+        echo(f"wrote {path}")

@@ -114,14 +114,12 @@ def card_sheet(info, selected, reports, width: int):
 
 
 def _print_table(info, selected, reports, elapsed) -> None:
-    from rich.markup import escape
-
-    from kernelab.cli._common import console
+    from kernelab.cli._common import console, echo
 
     card_sheet(info, selected, reports, console.width).print(console)
     skipped = [line for r in reports for line in r.skipped]
     if skipped:
-        console.print("[yellow]Not run here:[/]")
+        echo(("Not run here:", "yellow"))
         for line in dict.fromkeys(skipped):
-            console.print(f"  • {escape(line)}")
-    console.print(f"[dim]{len(selected)} op(s), {elapsed:.1f} s[/]")
+            echo(f"  • {line}")
+    echo((f"{len(selected)} op(s), {elapsed:.1f} s", "dim"))

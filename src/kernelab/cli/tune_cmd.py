@@ -49,12 +49,10 @@ def register(app: click.Group) -> None:
         from kernelab.hardware import detect
 
         if export is not None:
-            from rich.markup import escape
-
-            from kernelab.cli._common import console
+            from kernelab.cli._common import echo
 
             n = tune.export(export, detect(device).key if device else None)
-            console.print(f"wrote {n} tuned config(s) to {escape(str(export))}")
+            echo(f"wrote {n} tuned config(s) to {export}")
             return
         if op is None:
             raise ValueError("op: expected the name of an op to tune")

@@ -111,8 +111,6 @@ def register(app: click.Group) -> None:
 
         OPS are the ops to verify (default: all).
         """
-        from rich.markup import escape
-
         from kernelab import verify as v
         from kernelab._loader import load_callable
 
@@ -130,7 +128,7 @@ def register(app: click.Group) -> None:
             task = progress.add_task("starting", total=None)
 
             def tick(msg: str) -> None:
-                progress.update(task, description=escape(msg))
+                progress.update(task, description=msg)
 
             common = {"device": device, "seed": seed, "trials": trials, "progress": tick}
             if audit:
@@ -210,21 +208,19 @@ def verify_sheet(report):
 
 
 def _print_report(report, show: int) -> None:
-    from rich.markup import escape
-
-    from kernelab.cli._common import console
+    from kernelab.cli._common import console, echo
 
     verify_sheet(report).print(console)
     failing = [c for c in report.cases if not c.passed]
     for case in failing[:show]:
-        console.print(
-            f"[bold red]✗[/] {escape(case.op)}/{escape(case.variant)} {escape(case.shape_set)} "
-            f"{escape(case.shape)} {case.dtype}"
+        echo(
+            ("✗", "bold red"),
+            f" {case.op}/{case.variant} {case.shape_set} {case.shape} {case.dtype}",
         )
         for f in case.failures:
-            console.print(f"    {escape(f.line())} [dim](trial {f.trial}, {f.call} call)[/]")
+            echo(f"    {f.line()} ", (f"(trial {f.trial}, {f.call} call)", "dim"))
     if len(failing) > show:
-        console.print(f"[dim]… {len(failing) - show} more failing case(s); --json has all[/]")
+        echo((f"… {len(failing) - show} more failing case(s); --json has all", "dim"))
     notes = list(dict.fromkeys(n for c in report.cases for n in c.notes))
     if any("→" in c.shape for c in report.cases):
         notes.append(
@@ -232,13 +228,14 @@ def _print_report(report, show: int) -> None:
             "none"
         )
     for line in notes:
-        console.print(f"[yellow]note:[/] {escape(line)}")
+        echo(("note:", "yellow"), f" {line}")
     for line in dict.fromkeys(report.skipped):
-        console.print(f"[yellow]skipped:[/] {escape(line)}")
-    verdict = "[green]all passed[/]" if report.passed else "[bold red]FAILED[/]"
-    console.print(
-        f"{verdict} — {len(report.cases)} case(s) in {report.seconds:.1f} s; "
-        f"repeat with --seed {report.seed}"
+        echo(("skipped:", "yellow"), f" {line}")
+    verdict = ("all passed", "green") if report.passed else ("FAILED", "bold red")
+    echo(
+        verdict,
+        f" — {len(report.cases)} case(s) in {report.seconds:.1f} s; "
+        f"repeat with --seed {report.seed}",
     )
 
 
@@ -274,18 +271,17 @@ def audit_sheet(report):
 
 
 def _print_audit(report) -> None:
-    from rich.markup import escape
-
-    from kernelab.cli._common import console
+    from kernelab.cli._common import console, echo
 
     audit_sheet(report).print(console)
     ops = list(dict.fromkeys(a.op for a in report.audit))
     broken = report.broken_ops
     for op in ops:
         if op in broken:
-            console.print(
-                f"[bold red]✗ {escape(op)}: broken op definition[/] — a null kernel passes its "
-                "checks; tighten its contract (tolerance) or its inputs"
+            echo(
+                (f"✗ {op}: broken op definition", "bold red"),
+                " — a null kernel passes its checks; tighten its contract (tolerance) or its "
+                "inputs",
             )
         else:
-            console.print(f"[green]✓ {escape(op)}: sound[/] — every null kernel is rejected")
+            echo((f"✓ {op}: sound", "green"), " — every null kernel is rejected")
