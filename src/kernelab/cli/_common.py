@@ -284,16 +284,64 @@ def emit_json(data) -> None:
     sys.stdout.write("\n")
 
 
+class Kept:
+    """What a command has stored or written so far, and what an interrupt would lose: what
+    Ctrl-C reports. Commands call :func:`kept` and :func:`lost` as they go."""
+
+    def __init__(self) -> None:
+        self.kept: list[str] = []
+        self.lost: list[str] = []
+        self.doing: str | None = None
+
+
+_KEPT = Kept()
+
+
+def kept(line: str) -> None:
+    """Record something stored or written (``ledger run 1a2b3c: 36 cases``)."""
+    _KEPT.kept.append(line)
+
+
+def lost(line: str | None) -> None:
+    """Say what an interrupt now would lose (None: nothing); replaces the previous line."""
+    _KEPT.lost = [] if line is None else [line]
+
+
+def doing(line: str | None) -> None:
+    """What the command is doing now (reported on Ctrl-C)."""
+    _KEPT.doing = line
+
+
+def _interrupted() -> None:
+    k = _KEPT
+    head = "interrupted" + (f" while {k.doing}" if k.doing else "")
+    echo((head, "bold yellow"), err=True)
+    if k.kept:
+        echo("kept:", err=True)
+        for line in k.kept:
+            echo(f"  • {line}", err=True)
+    else:
+        echo("kept: nothing (nothing was stored or written)", err=True)
+    for line in k.lost:
+        echo(f"not kept: {line}", err=True)
+
+
 def user_errors(fn: Callable) -> Callable:
-    """Turn bad input (ValueError, TypeError, FileNotFoundError) into one line and exit 2."""
+    """Turn bad input (ValueError, TypeError, FileNotFoundError) into one line and exit 2, and
+    Ctrl-C into what was kept (cases stored, files written) and exit 130."""
 
     @wraps(fn)
     def wrapper(*args, **kwargs):
+        global _KEPT
+        _KEPT = Kept()
         try:
             return fn(*args, **kwargs)
         except (ValueError, TypeError, FileNotFoundError, PermissionError) as exc:
             echo(("error:", "bold red"), f" {exc}", err=True, soft_wrap=True)
             raise click.exceptions.Exit(2) from None
+        except KeyboardInterrupt:
+            _interrupted()
+            raise click.exceptions.Exit(130) from None
 
     return wrapper
 

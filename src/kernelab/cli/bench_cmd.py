@@ -7,11 +7,14 @@ import click
 from kernelab.cli._common import (
     candidate_option,
     device_option,
+    doing,
     dtype_option,
     emit_json,
     json_option,
+    kept,
     label_option,
     ledger_option,
+    lost,
     max_rows_option,
     no_ledger_option,
     op_option,
@@ -137,15 +140,26 @@ def register(app: click.Group) -> None:
         )
         subject = bench.candidate(candidate, selected[0]) if candidate else None
         db = None if no_ledger else bench.open_ledger(ledger_url)
+        lost(
+            "the cases timed so far: bench stores its run when every case is done"
+            if db is not None
+            else "the cases timed so far (--no-ledger)"
+        )
         with spinner() as say:
+
+            def progress(msg: str) -> None:
+                say(msg)
+                doing(msg)
+
             result = bench.bench(
                 selected,
                 device,
                 cfg,
                 candidate=subject,
                 db=db,
-                progress=say,
+                progress=progress,
             )
+        doing(None)
         run_id = None
         if db is not None and result.cases:
             from kernelab import ledger
@@ -154,6 +168,8 @@ def register(app: click.Group) -> None:
                 info, bench={"config": result.config, "ceilings": result.ceilings}
             )
             run_id = db.record_run(kind="bench", cases=result.cases, provenance=prov, label=label)
+            kept(f"ledger run {run_id}: {len(result.cases)} case(s)")
+        lost(None)
         invalid = [c for c in result.cases if not c["metrics"]["valid"]]
         if as_json:
             emit_json(

@@ -8,7 +8,9 @@ from kernelab.cli._common import (
     device_option,
     emit_json,
     json_option,
+    kept,
     ledger_option,
+    lost,
     no_ledger_option,
     user_errors,
 )
@@ -30,6 +32,7 @@ def register(app: click.Group) -> None:
         from kernelab.hardware import detect
 
         info = detect(device)
+        lost("the ceilings measured so far: stored when all are measured")
         with console.status("measuring", spinner="dots") if not as_json else _null():
             rows = roofline.measure(
                 info, cache_bytes(info)[0], lambda m: err_console.log(m, markup=False, emoji=False)
@@ -38,6 +41,8 @@ def register(app: click.Group) -> None:
         if db is not None:
             for r in rows:
                 db.put_ceiling(info.key, r["name"], r["value"], r["unit"], r["source"])
+                kept(f"ceiling {r['name']} of {info.key}")
+        lost(None)
         sheet = roofline.datasheet(info.spec).as_dict() if info.spec is not None else None
         if as_json:
             emit_json(

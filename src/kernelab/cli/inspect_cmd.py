@@ -8,9 +8,11 @@ import click
 
 from kernelab.cli._common import (
     SharedOption,
+    doing,
     dtype_option,
     emit_json,
     json_option,
+    kept,
     select_ops,
     target_option,
     user_errors,
@@ -111,6 +113,13 @@ def register(app: click.Group) -> None:
                 disable=as_json,
             ) as progress:
                 task = progress.add_task("compile", total=None)
+                if not no_cache:
+                    kept("each kernel compiled so far, in the inspect cache (reused next time)")
+
+                def tick(d: int, n: int) -> None:
+                    progress.update(task, completed=d, total=n)
+                    doing(f"compiling: {d}/{n} done")
+
                 result = inspect_ops(
                     selected,
                     targets,
@@ -118,7 +127,7 @@ def register(app: click.Group) -> None:
                     dtypes=list(dtype) or None,
                     jobs=jobs,
                     use_cache=not no_cache,
-                    progress=lambda d, n: progress.update(task, completed=d, total=n),
+                    progress=tick,
                 )
         elapsed = time.perf_counter() - started
         comparison = None

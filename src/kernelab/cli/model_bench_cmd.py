@@ -6,11 +6,14 @@ import click
 
 from kernelab.cli._common import (
     device_option,
+    doing,
     dtype_option,
     emit_json,
     json_option,
+    kept,
     label_option,
     ledger_option,
+    lost,
     no_ledger_option,
     spinner,
     user_errors,
@@ -87,7 +90,15 @@ def register(app: click.Group) -> None:
             if torch_dtype not in (torch.float32, torch.float16, torch.bfloat16):
                 raise ValueError(f"dtype: expected float32, float16 or bfloat16, got {dtype!r}")
         info = detect(device)
+        lost("the timings so far" + ("" if no_ledger else ": model-bench stores its run when done"))
+        if profile and profile_dir:
+            kept(f"the decode-step traces written so far, under {profile_dir}")
         with spinner("building model", disable=as_json) as say:
+
+            def progress(msg: str) -> None:
+                say(msg)
+                doing(msg)
+
             rows = bench.run(
                 preset,
                 device,
@@ -95,12 +106,13 @@ def register(app: click.Group) -> None:
                 prompt_tokens,
                 decode_tokens,
                 repeats,
-                progress=say,
+                progress=progress,
                 quantize=quantize,
                 profile=profile,
                 profile_dir=profile_dir,
             )
         run_id = None if no_ledger else _store(rows, info, ledger_url, label)
+        lost(None)
         if as_json:
             emit_json({"device": info.as_dict(), "run_id": run_id, "rows": rows})
             return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kernelab.cli._common import device_option, json_option, user_errors
+from kernelab.cli._common import device_option, json_option, kept, lost, user_errors
 
 
 def register(app: click.Group) -> None:
@@ -25,6 +25,7 @@ def register(app: click.Group) -> None:
         from kernelab.trace.commands import run_summary
         from kernelab.trace.profile import profile
 
+        lost("the trace: written when every step is profiled")
         if as_json:
             path = profile(target, steps=steps, warmup=warmup, out=out, device=device)
         else:
@@ -43,6 +44,8 @@ def register(app: click.Group) -> None:
                     progress=lambda i, n: bar.update(task, completed=i),
                 )
             echo(f"trace written: {path}")
+        lost(None)
+        kept(f"trace {path}")
         code = run_summary(str(path), as_json=as_json, top=top)
         if code:
             raise click.exceptions.Exit(code)

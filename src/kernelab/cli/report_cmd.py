@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kernelab.cli._common import kind_option, ledger_option, user_errors
+from kernelab.cli._common import kept, kind_option, ledger_option, user_errors
 
 
 def register(app: click.Group) -> None:
@@ -38,3 +38,4 @@ def register(app: click.Group) -> None:
         with ledger.open(ledger_url) as db:
             path = write(db, list(runs or []), out, baseline, kind, baseline_variant, title)
         echo(f"wrote {path}")
+        kept(f"report {path}")

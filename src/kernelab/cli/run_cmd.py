@@ -8,8 +8,10 @@ import click
 
 from kernelab.cli._common import (
     device_option,
+    doing,
     emit_json,
     json_option,
+    lost,
     select_ops,
     spinner,
     user_errors,
@@ -41,8 +43,17 @@ def register(app: click.Group) -> None:
         selected = select_ops(ops)
         reports, started = [], time.perf_counter()
         with spinner(disable=as_json) as say:
+
+            def progress(msg: str) -> None:
+                say(msg)
+                doing(msg)
+
             for path in RUN_STAGES:
-                reports.append(load(path)(selected, info, say, variants=variants or None))
+                reports.append(load(path)(selected, info, progress, variants=variants or None))
+                done = ", ".join(r.stage for r in reports)
+                lost(f"the results of the finished stages ({done}): run prints them at the end")
+        doing(None)
+        lost(None)
         elapsed = time.perf_counter() - started
         failed = any(r.failed for r in reports)
         if as_json:

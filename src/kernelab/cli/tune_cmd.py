@@ -11,6 +11,7 @@ from kernelab.cli._common import (
     dtype_option,
     emit_json,
     json_option,
+    kept,
     select_ops,
     shape_set_option,
     target_option,
@@ -71,7 +72,12 @@ def register(app: click.Group) -> None:
         measure = store = None
         if info.type == "cuda":
             measure = _gpu_measure(info)
-            store = tune.store_winner(selected, _ledger())
+            save = tune.store_winner(selected, _ledger())
+
+            def store(result, device_key):
+                save(result, device_key)
+                kept(f"tuned config for {result.shape.label} ({dtype}, {device_key})")
+
         results = tune.tune(
             selected,
             cases,

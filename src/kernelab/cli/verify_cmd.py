@@ -8,9 +8,11 @@ import click
 from kernelab.cli._common import (
     candidate_option,
     device_option,
+    doing,
     dtype_option,
     emit_json,
     json_option,
+    lost,
     max_rows_option,
     op_option,
     shape_set_option,
@@ -120,6 +122,11 @@ def register(app: click.Group) -> None:
         _check_options(ops, candidate, op, reference, inputs, audit, shapes)
         if trials is None:
             trials = v.DEFAULT_TRIALS
+        if seed is None:
+            from kernelab.verify._runner import new_seed
+
+            seed = new_seed()
+        lost(f"the cases checked so far: verify stores nothing; repeat with --seed {seed}")
         if device is not None:
             from kernelab.hardware import detect
 
@@ -129,6 +136,7 @@ def register(app: click.Group) -> None:
 
             def tick(msg: str) -> None:
                 progress.update(task, description=msg)
+                doing(msg)
 
             common = {"device": device, "seed": seed, "trials": trials, "progress": tick}
             if audit:
