@@ -58,10 +58,10 @@ def test_ceilings_interrupted_lists_the_ceilings_stored(db_path, monkeypatch):
 
 
 def test_run_interrupted_names_the_finished_stages(monkeypatch):
-    def verify_stage(ops, info, progress, variants=None):
+    def verify_stage(ops, info, progress, **options):
         return StageReport("verify")
 
-    def inspect_stage(ops, info, progress, variants=None):
+    def inspect_stage(ops, info, progress, **options):
         progress("inspect: compiled 2/18 for sm_90")
         raise KeyboardInterrupt
 

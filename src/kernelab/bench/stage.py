@@ -45,7 +45,8 @@ def _cell(cases: list[dict]) -> Cell:
     return Cell("pass", text, data)
 
 
-def stage(ops, device, progress=None, variants=None) -> StageReport:
+def stage(ops, device, progress=None, *, variants=None, ledger_url=None) -> StageReport:
+    """Cells per op and variant; the timed cases in ``report.cases``, for the ledger."""
     from kernelab.bench.api import ceilings_for, open_ledger
     from kernelab.bench.telemetry import open_telemetry
     from kernelab.bench.timers import timer_for
@@ -58,7 +59,7 @@ def stage(ops, device, progress=None, variants=None) -> StageReport:
             raise ValueError(f"variants: expected names among {sorted(known)}, got {unknown}")
     db = None
     try:
-        db = open_ledger()
+        db = open_ledger(ledger_url)
     except Exception as exc:  # a broken ledger must not stop the report card
         report.skipped.append(f"bench: ledger unavailable ({exc}); ceilings not stored")
     ceilings, note = ceilings_for(device, db, progress=progress)
@@ -110,8 +111,20 @@ def stage(ops, device, progress=None, variants=None) -> StageReport:
                 for line in untimed:
                     name, why = line.split(": ", 1)
                     report.cells[(op.name, name.split("/", 1)[1])] = Cell("skip", _short(why))
+                report.cases.extend(cases)
                 for c in cases:
                     by_variant.setdefault(c["variant"], []).append(c)
         for name, cases in by_variant.items():
             report.cells[(op.name, name)] = _cell(cases)
+    rule = CPU_STAGE_RULE if cpu else None
+    report.provenance = {
+        "config": {
+            "source": "kernelab run (bench stage)",
+            "shape_set": "representative",
+            "rule": None if rule is None else rule.as_dict(),
+            "max_rows": CPU_ROWS if cpu else None,
+            "shapes_per_op": CPU_SHAPES if cpu else None,
+        },
+        "ceilings": ceilings.as_dict(),
+    }
     return report

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import wraps
@@ -369,9 +370,34 @@ def transient_progress(disable: bool = False) -> Progress:
     )
 
 
+def progress_key(msg: str) -> str:
+    """What a progress message is about: its first two words, the second cut at '/'
+    ("bench rmsnorm ...", "verify rmsnorm/torch ..." -> one op; "inspect: compiled 3/18")."""
+    words = msg.split()
+    return " ".join(words[:1] + [w.split("/")[0] for w in words[1:2]])
+
+
+def plain_progress() -> bool:
+    """Whether progress is written as plain lines: stderr is not a terminal (piped, logged)."""
+    return not _console("err_console").is_terminal
+
+
 @contextmanager
 def spinner(first: str = "starting", disable: bool = False) -> Iterator[Callable[[str], None]]:
-    """``with spinner() as say: ... say("message")`` — long work shows what it is doing."""
+    """``with spinner() as say: ... say("message")`` — long work shows what it is doing: a
+    spinner on a terminal (none if ``disable``), else one plain line on stderr per op or stage
+    (:func:`progress_key`), with the time since the start."""
+    if plain_progress():
+        started, last = time.perf_counter(), [None]
+
+        def say(msg: str) -> None:
+            key = progress_key(msg)
+            if key != last[0]:
+                last[0] = key
+                echo(f"[{time.perf_counter() - started:6.1f} s] {msg}", err=True, soft_wrap=True)
+
+        yield say
+        return
     with transient_progress(disable) as progress:
         task = progress.add_task(first, total=None)
         yield lambda msg: progress.update(task, description=msg)

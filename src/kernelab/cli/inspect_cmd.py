@@ -10,9 +10,11 @@ from kernelab.cli._common import (
     SharedOption,
     doing,
     dtype_option,
+    echo,
     emit_json,
     json_option,
     kept,
+    plain_progress,
     select_ops,
     target_option,
     user_errors,
@@ -116,9 +118,14 @@ def register(app: click.Group) -> None:
                 if not no_cache:
                     kept("each kernel compiled so far, in the inspect cache (reused next time)")
 
+                plain, tenth = plain_progress(), [-1]
+
                 def tick(d: int, n: int) -> None:
                     progress.update(task, completed=d, total=n)
                     doing(f"compiling: {d}/{n} done")
+                    if plain and n and d * 10 // n != tenth[0]:  # a line per tenth done
+                        tenth[0] = d * 10 // n
+                        echo(f"inspect: {d}/{n} compiled", err=True)
 
                 result = inspect_ops(
                     selected,
@@ -156,15 +163,13 @@ def register(app: click.Group) -> None:
             if comparison is not None:
                 _print_check(comparison, baseline_path)
             if update_baseline:
-                from kernelab.cli._common import echo
-
                 echo(f"baseline written: {baseline_path}")
         if comparison is not None and comparison.failed:
             raise click.exceptions.Exit(1)
 
 
 def _print(result, elapsed: float, all_rows: bool) -> None:
-    from kernelab.cli._common import console, echo
+    from kernelab.cli._common import console
 
     reps = result.reports
     if not all_rows:
@@ -264,7 +269,6 @@ def _widths(f: dict) -> str:
 
 
 def _print_check(c, path: str) -> None:
-    from kernelab.cli._common import echo
 
     for note in c.notes:
         echo((note, "dim"))

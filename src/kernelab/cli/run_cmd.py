@@ -11,7 +11,11 @@ from kernelab.cli._common import (
     doing,
     emit_json,
     json_option,
+    kept,
+    label_option,
+    ledger_option,
     lost,
+    no_ledger_option,
     select_ops,
     spinner,
     user_errors,
@@ -30,9 +34,12 @@ def register(app: click.Group) -> None:
         "Variant(s) to verify and time, repeatable or comma-separated (default: all that run "
         "here, except compile on CPU)."
     )
+    @label_option
+    @ledger_option
+    @no_ledger_option()
     @json_option
     @user_errors
-    def run_command(ops, device, variants, as_json):
+    def run_command(ops, device, variants, label, ledger_url, no_ledger, as_json):
         """Run every instrument on every registered op and print one table (the report card).
 
         OPS are the ops to include (default: all).
@@ -49,10 +56,20 @@ def register(app: click.Group) -> None:
                 doing(msg)
 
             for path in RUN_STAGES:
-                reports.append(load(path)(selected, info, progress, variants=variants or None))
+                stage = load(path)
+                reports.append(
+                    stage(
+                        selected,
+                        info,
+                        progress,
+                        variants=variants or None,
+                        ledger_url=ledger_url,
+                    )
+                )
                 done = ", ".join(r.stage for r in reports)
                 lost(f"the results of the finished stages ({done}): run prints them at the end")
         doing(None)
+        run_id = None if no_ledger else _store(reports, info, ledger_url, label)
         lost(None)
         elapsed = time.perf_counter() - started
         failed = any(r.failed for r in reports)
@@ -60,6 +77,7 @@ def register(app: click.Group) -> None:
             emit_json(
                 {
                     "device": info.as_dict(),
+                    "run_id": run_id,
                     "seconds": round(elapsed, 2),
                     "passed": not failed,
                     "stages": [
@@ -82,7 +100,7 @@ def register(app: click.Group) -> None:
                 }
             )
         else:
-            _print_table(info, selected, reports, elapsed)
+            _print_table(info, selected, reports, elapsed, run_id)
         if failed:
             raise click.exceptions.Exit(1)
 
@@ -124,7 +142,23 @@ def card_sheet(info, selected, reports, width: int):
     return stacked
 
 
-def _print_table(info, selected, reports, elapsed) -> None:
+def _store(reports, info, url: str | None, label: str | None) -> str | None:
+    """The stages' cases (the bench stage's timings) as one ledger run, kind bench."""
+    cases = [c for r in reports for c in r.cases]
+    if not cases:
+        return None
+    from kernelab import ledger
+
+    bench = next((r.provenance for r in reports if r.cases and r.provenance), {})
+    with ledger.open(url) as db:
+        run_id = db.record_run(
+            kind="bench", cases=cases, provenance=ledger.provenance(info, bench=bench), label=label
+        )
+    kept(f"ledger run {run_id}: {len(cases)} bench case(s)")
+    return run_id
+
+
+def _print_table(info, selected, reports, elapsed, run_id=None) -> None:
     from kernelab.cli._common import console, echo
 
     card_sheet(info, selected, reports, console.width).print(console)
@@ -133,4 +167,5 @@ def _print_table(info, selected, reports, elapsed) -> None:
         echo(("Not run here:", "yellow"))
         for line in dict.fromkeys(skipped):
             echo(f"  • {line}")
-    echo((f"{len(selected)} op(s), {elapsed:.1f} s", "dim"))
+    tail = f"{len(selected)} op(s), {elapsed:.1f} s"
+    echo((tail + (f", bench cases stored as ledger run {run_id}" if run_id else ""), "dim"))

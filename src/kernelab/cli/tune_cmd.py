@@ -14,6 +14,7 @@ from kernelab.cli._common import (
     kept,
     select_ops,
     shape_set_option,
+    spinner,
     target_option,
     user_errors,
 )
@@ -78,15 +79,17 @@ def register(app: click.Group) -> None:
                 save(result, device_key)
                 kept(f"tuned config for {result.shape.label} ({dtype}, {device_key})")
 
-        results = tune.tune(
-            selected,
-            cases,
-            torch_dtype,
-            device or info.type,
-            target=target,
-            measure=measure,
-            store=store,
-        )
+        with spinner(disable=as_json) as say:
+            results = tune.tune(
+                selected,
+                cases,
+                torch_dtype,
+                device or info.type,
+                target=target,
+                measure=measure,
+                store=store,
+                progress=say,
+            )
         if as_json:
             emit_json({"device": info.as_dict(), "results": [r.as_dict() for r in results]})
             return

@@ -16,16 +16,12 @@ from kernelab.cli._common import (
     max_rows_option,
     op_option,
     shape_set_option,
-    transient_progress,
+    spinner,
     user_errors,
     variant_option,
 )
 
 SHAPE_CHOICES = ("representative", "edge", "all")
-
-
-def _progress(as_json: bool):
-    return transient_progress(disable=as_json)
 
 
 def _check_options(ops, candidate, op, reference, inputs, audit, shapes) -> None:
@@ -131,11 +127,10 @@ def register(app: click.Group) -> None:
             from kernelab.hardware import detect
 
             detect(device)  # one clear line for a bad or absent device
-        with _progress(as_json) as progress:
-            task = progress.add_task("starting", total=None)
+        with spinner(disable=as_json) as say:
 
             def tick(msg: str) -> None:
-                progress.update(task, description=msg)
+                say(msg)
                 doing(msg)
 
             common = {"device": device, "seed": seed, "trials": trials, "progress": tick}

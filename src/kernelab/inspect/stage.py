@@ -39,9 +39,9 @@ def inspect_ops(
     return Inspection(reports, p.skipped, triton_version())
 
 
-def stage(ops, device=None, progress=None, variants=None) -> StageReport:
+def stage(ops, device=None, progress=None, *, variants=None, ledger_url=None) -> StageReport:
     """One cell per op: its worst sm_90 kernel summary, or its first finding (``variants`` is
-    not used: what is compiled is the op's Triton kernels)."""
+    not used: what is compiled is the op's Triton kernels; nothing goes to the ledger)."""
     report = StageReport("inspect sm_90")
 
     def tick(done: int, total: int) -> None:

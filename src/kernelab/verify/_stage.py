@@ -8,7 +8,7 @@ from kernelab.stages import Cell, StageReport
 from kernelab.verify._runner import verify
 
 
-def stage(ops, device, progress=None, variants=None) -> StageReport:
+def stage(ops, device, progress=None, *, variants=None, ledger_url=None) -> StageReport:
     report = verify(ops, variants=variants, device=_device_name(device), progress=progress)
     out = StageReport("verify")
     out.skipped = [f"{line}" for line in report.skipped]
