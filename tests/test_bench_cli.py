@@ -148,3 +148,30 @@ def test_fresh_input_checks_derive_their_tolerance_on_the_fresh_inputs(db_path):
         assert result.exit_code == 0, result.output
         (case,) = json.loads(result.stdout)["cases"]
         assert not [f for f in case["flags"] if "cached" in f], case["flags"]
+
+
+def test_csv_is_one_row_per_case_for_spreadsheets(db_path):
+    import csv
+    import io
+
+    from kernelab.cli.bench_cmd import CSV_COLUMNS
+
+    args = ["bench", "rmsnorm", *QUICK, "--shape", "decode 1x4096", "--csv"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert rows and list(rows[0]) == CSV_COLUMNS
+    with ledger.open(str(db_path)) as db:
+        (run,) = db.list_runs()
+        cases = db.get_run(run["id"], samples=False)["cases"]
+    assert len(rows) == len(cases)
+    for row, case in zip(rows, cases, strict=True):
+        assert row["run_id"] == run["id"]
+        assert (row["op"], row["variant"], row["shape_label"]) == (
+            case["op"],
+            case["variant"],
+            case["shape_label"],
+        )
+        assert float(row["median_s"]) == case["metrics"]["median_s"]
+    floors = runner.invoke(app, ["bench", "rmsnorm", "--floors-for", "h200", "--csv"])
+    assert floors.stdout.startswith("op,shape_label,dtype,bytes,flops,floor_s,bound")

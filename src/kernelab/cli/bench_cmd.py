@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from kernelab.cli._common import (
     candidate_option,
+    csv_option,
     device_option,
     doing,
     dtype_option,
@@ -31,6 +34,55 @@ def _dtypes(names: tuple[str, ...]):
     import torch
 
     return tuple(getattr(torch, n) for n in names) or None
+
+
+#: ``bench --csv``: one row per case; metrics flattened (seconds, GB/s, TFLOP/s, %).
+CSV_COLUMNS = [
+    "run_id",
+    "op",
+    "variant",
+    "shape_key",
+    "shape_label",
+    "dtype",
+    "device",
+    "mode",
+    "valid",
+    "median_s",
+    "q1_s",
+    "q3_s",
+    "min_s",
+    "mean_s",
+    "n",
+    "cv",
+    "rel_ci",
+    "gbps",
+    "tflops",
+    "pct_roofline",
+    "floor_s",
+    "bound",
+    "speedup_vs_torch",
+    "ceiling_source",
+    "flags",
+]
+
+
+FLOOR_CSV_COLUMNS = [
+    "op",
+    "shape_label",
+    "dtype",
+    "bytes",
+    "flops",
+    "floor_s",
+    "bound",
+    "ceiling_source",
+]
+
+
+def csv_rows(cases: list[dict], run_id: str | None) -> list[dict]:
+    return [
+        {**c["metrics"], **{k: v for k, v in c.items() if k != "metrics"}, "run_id": run_id}
+        for c in cases
+    ]
 
 
 def _us(x) -> str:
@@ -64,6 +116,7 @@ def register(app: click.Group) -> None:
         help="Print datasheet floors for a device (e.g. h200) and exit; no timing.",
     )
     @json_option
+    @csv_option
     @user_errors
     def bench_command(
         ops,
@@ -88,6 +141,7 @@ def register(app: click.Group) -> None:
         ledger_url,
         floors_for,
         as_json,
+        as_csv,
     ):
         """Time ops with statistics, cold caches, roofline and integrity checks.
 
@@ -99,6 +153,8 @@ def register(app: click.Group) -> None:
         from kernelab.bench.runner import CPU_RULE, GPU_RULE
         from kernelab.hardware import detect, lookup
 
+        if as_json and as_csv:
+            raise ValueError("--json, --csv: choose one output format")
         dtypes = _dtypes(dtype)
         if floors_for:
             spec = lookup(floors_for)
@@ -108,6 +164,11 @@ def register(app: click.Group) -> None:
                     f"mi300x), got {floors_for!r}"
                 )
             rows = bench.floors(spec, select_ops(ops), shape_set, dtypes)
+            if as_csv:
+                from kernelab.report import fmt
+
+                sys.stdout.write(fmt.to_csv(rows, FLOOR_CSV_COLUMNS))
+                return
             _print_floors(spec, rows, as_json)
             return
         if candidate and not op:
@@ -183,6 +244,10 @@ def register(app: click.Group) -> None:
                     "cases": result.cases,
                 }
             )
+        elif as_csv:
+            from kernelab.report import fmt
+
+            sys.stdout.write(fmt.to_csv(csv_rows(result.cases, run_id), CSV_COLUMNS))
         else:
             _print_table(result, run_id)
         if invalid:
