@@ -221,7 +221,7 @@ def _print_report(report, show: int) -> None:
             f" {case.op}/{case.variant} {case.shape_set} {case.shape} {case.dtype}",
         )
         for f in case.failures:
-            echo(f"    {f.line()} ", (f"(trial {f.trial}, {f.call} call)", "dim"))
+            echo(f"    {f.line(case.trial_of(f))} ", (f"(trial {f.trial}, {f.call} call)", "dim"))
     if len(failing) > show:
         echo((f"… {len(failing) - show} more failing case(s); --json has all", "dim"))
     notes = list(dict.fromkeys(n for c in report.cases for n in c.notes))

@@ -32,9 +32,12 @@ def stage(ops, device, progress=None, *, variants=None, ledger_url=None) -> Stag
         }
         if failed:
             first = failed[0]
+            trial = first.trial_of(first.failures[0]) if first.failures else None
+            dist = f", {trial['dist']} inputs" if trial else ""
             text = (
                 f"fail: {first.failure_class} ({len(failed)}/{len(cases)} cases), "
                 f"worst {worst:.2f}× tol; e.g. {first.shape_set} {first.shape} {first.dtype}"
+                f"{dist}"
             )
             out.cells[key] = Cell("fail", text, data)
         else:
