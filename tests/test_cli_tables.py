@@ -203,6 +203,10 @@ def test_history_tables(width):
     check(text, width, ("78e6877ba1c2", RUNS[0]["label"], *SHAPES, *VARIANTS), [LONG_FLAG])
 
 
+#: inspect compiles the shapes as declared (never cut): the longest declared label.
+INSPECT_SHAPES = ("llama3-8b/mistral-7b prefill 4096x4096 hidden per tensor", *SHAPES[1:])
+
+
 def kernel_reports():
     config = (
         "BLOCK_M=1 BLOCK_N=4096 IS_RMS=True HAS_BIAS=False HAS_RESIDUAL=False SINGLE_PASS=True "
@@ -220,10 +224,10 @@ def kernel_reports():
     occ = {"occupancy": 0.75, "limiter": "registers"}
     reps = []
     for target in ("sm_90", "gfx942"):
-        for label in SHAPES:
+        for label in INSPECT_SHAPES:
             reps.append(
                 KernelReport(
-                    key=f"x/{target}/{label}",
+                    key=f"rmsnorm_fp8_quant/_rmsnorm_fp8_quant_kernel/{target}/bfloat16/{label}",
                     op="rmsnorm_fp8_quant",
                     kernel="_rmsnorm_fp8_quant_kernel",
                     target=target,
@@ -245,13 +249,22 @@ def test_inspect_table(width):
     from kernelab.cli.inspect_cmd import inspect_sheet
 
     reps, config = kernel_reports()
-    text = render(inspect_sheet(SimpleNamespace(triton="3.9.0"), reps), width)
+    text = render(inspect_sheet(SimpleNamespace(triton="3.9.0", reports=reps), reps), width)
     check(
         text,
         width,
-        ["rmsnorm_fp8_quant/_rmsnorm_fp8_quant_kernel", "gemm/_gemm_kernel", "sm_90", "gfx942"],
+        ["rmsnorm_fp8_quant/_rmsnorm_fp8_quant_kernel", "gemm/_gemm_kernel", "sm_90", "gfx942"]
+        # each row names its shape and dtype (54 rows of one kernel look alike otherwise)
+        + [f"{label} bfloat16" for label in INSPECT_SHAPES],
         [config],
     )
+    assert text.splitlines()[0].endswith("— dtypes: bfloat16")
+
+
+def test_the_run_card_says_which_dtype_it_inspects():
+    from kernelab.inspect.stage import RUN_DTYPE, stage
+
+    assert RUN_DTYPE in stage([], None).stage
 
 
 def card_reports():

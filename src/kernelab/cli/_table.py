@@ -61,7 +61,7 @@ def pack(parts: list[Text], width: int, sep: str = "  ") -> list[Text]:
         if _width(part) <= width:
             pieces.append((part, sep))
         else:
-            pieces.extend((w, " ") for w in _words(part))
+            pieces.extend((w, " " if k else sep) for k, w in enumerate(_words(part)))
     lines: list[Text] = []
     line: Text | None = None
     for piece, joiner in pieces:
@@ -173,18 +173,37 @@ class Sheet:
                 out.extend(Text(" " * indent) + line for line in lines)
             for cells in rows:
                 out.extend(self._row(cells, shown, widths, indent if head else 0))
-                extras = [
-                    Text.assemble((f"{self.cols[i].header}: ", "dim"), cells[i])
-                    for i in below
-                    if cells[i].plain.strip() not in _EMPTY
-                ]
-                if extras:
-                    pad = (indent if head else 0) + 4
-                    out.extend(Text(" " * pad) + line for line in pack(extras, width - pad))
+                pad = (indent if head else 0) + 4
+                out.extend(
+                    Text(" " * pad) + line for line in self._below(cells, below, width - pad)
+                )
         if dropped:
             names = ", ".join(self.cols[i].header for i in dropped)
             note = f"left out at {width} columns: {names} (a wider terminal or --json has them)"
             out.extend(pack([Text(note, style="dim")], width))
+        return out
+
+    def _below(self, cells: list[Text], below: list[int], width: int) -> list[Text]:
+        """The ``header: value`` lines under a row. A value too wide to follow its header
+        starts a line of its own (so an identifier that fits a line is never broken)."""
+        out: list[Text] = []
+        together: list[Text] = []
+        for i in below:
+            value = cells[i]
+            if value.plain.strip() in _EMPTY:
+                continue
+            header = Text(f"{self.cols[i].header}:", style="dim")
+            part = Text.assemble(header, " ", value)
+            if _width(part) <= width:
+                together.append(part)
+                continue
+            if together:
+                out.extend(pack(together, width, sep="  ·  "))
+                together = []
+            out.append(header)
+            out.extend(Text("  ") + line for line in pack([value], width - 2))
+        if together:
+            out.extend(pack(together, width, sep="  ·  "))
         return out
 
     def _cell(self, t: Text, w: int, i: int, first: bool) -> Text:

@@ -214,24 +214,29 @@ def _print(result, elapsed: float, all_rows: bool) -> None:
 
 
 def inspect_sheet(result, shown):
-    """One group per kernel, one row per target and config; the config (long: every
-    constexpr) goes on its own line under the row when the terminal is narrow."""
+    """One group per kernel, one row per target and launch, named by its shape and dtype; the
+    shape and the config (long: every constexpr) go under the row when the terminal is
+    narrow. The title names the dtypes shown."""
     from rich.text import Text
 
     from kernelab.cli._table import Col, Sheet
 
+    dtypes = [r.key.split("/")[3] for r in result.reports if r.op and r.key.count("/") >= 4]
+    dtypes = list(dict.fromkeys(dtypes))
     sheet = Sheet(
-        f"kernelab inspect (triton {result.triton})",
+        f"kernelab inspect (triton {result.triton})"
+        + (f" — dtypes: {', '.join(dtypes)}" if dtypes else ""),
         [
             Col("target"),
+            Col("shape, dtype", give="below", step=2),
             Col("regs", right=True),
             Col("spill B", right=True),
             Col("smem KB", right=True),
             Col("occupancy"),
             Col("ld/st bits"),
-            Col("tensor cores", give="below", step=3, hide_empty=True),
+            Col("tensor cores", give="below", step=4, hide_empty=True),
             Col("config", give="below", step=1),
-            Col("note", give="below", step=2, hide_empty=True),
+            Col("note", give="below", step=3, hide_empty=True),
         ],
     )
     group = None
@@ -244,10 +249,11 @@ def inspect_sheet(result, shown):
         occ = r.occupancy
         if r.error or r.unsupported:
             note = Text(r.error, style="red") if r.error else Text(r.unsupported, style="dim")
-            sheet.row(r.target, "", "", "", "", "", "", r.config, note)
+            sheet.row(r.target, r.label, "", "", "", "", "", "", r.config, note)
             continue
         sheet.row(
             r.target,
+            r.label,
             str(f.get("registers")),
             str(f.get("spill_bytes") or 0),
             f"{f.get('shared_bytes', 0) / 1024:.1f}",
