@@ -92,7 +92,7 @@ def test_bench_table(width):
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_floors_table(width):
+def test_floors_table(width, monkeypatch):
     rows = [
         {
             "op": op,
@@ -113,7 +113,8 @@ def test_floors_table(width):
     console = Console(width=width, file=io.StringIO(), record=True)
     import kernelab.cli._common as common
 
-    common._CONSOLES[("console", None)] = console
+    monkeypatch.setenv("COLUMNS", str(width))
+    common._CONSOLES[("console", str(width))] = console
     try:
         rows[0]["ceiling_source"] = "datasheet"
         _print_floors(lookup("h200"), rows, json=False)
