@@ -25,15 +25,18 @@ def test_bench_piped_prints_one_line_per_op(monkeypatch):
         for op in ("rmsnorm", "softmax"):
             for i in range(3):
                 progress(f"bench {op} shape{i} float32 ({i + 1}/3)")
+        progress("bench gemm " + "llama3-8b/mistral-7b gate_up prefill M=2048 28672x4096 " * 2)
         raise ValueError("stop here")
 
     monkeypatch.setattr("kernelab.bench.bench", fake)
     result = runner.invoke(app, ["bench", "rmsnorm", "softmax", "--device", "cpu", "--no-ledger"])
     lines = progress_lines(result.output)
-    assert [line.split("] ", 1)[1] for line in lines] == [
+    assert [line.split("] ", 1)[1] for line in lines][:2] == [
         "bench rmsnorm shape0 float32 (1/3)",
         "bench softmax shape0 float32 (1/3)",
     ]
+    assert len(lines) == 3  # one per op
+    assert max(len(line) for line in result.output.splitlines()) <= 80  # wrapped, not cut
 
 
 def test_run_piped_shows_each_stage_and_stores_its_bench_cases(tmp_path, monkeypatch):

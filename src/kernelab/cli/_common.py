@@ -394,7 +394,7 @@ def spinner(first: str = "starting", disable: bool = False) -> Iterator[Callable
             key = progress_key(msg)
             if key != last[0]:
                 last[0] = key
-                echo(f"[{time.perf_counter() - started:6.1f} s] {msg}", err=True, soft_wrap=True)
+                echo(f"[{time.perf_counter() - started:6.1f} s] {msg}", err=True)
 
         yield say
         return
