@@ -46,8 +46,8 @@ GPU = dict(budget_s=420.0, verify_s=120.0, report_reserve=45.0, min_per_op=15.0)
 REHEARSAL = dict(budget_s=240.0, verify_s=90.0, report_reserve=10.0, min_per_op=5.0)
 #: What a rehearsal adds to a step's arguments: small, interpreter-free, repeatable.
 REHEARSE_VERIFY = ["--variant", "torch", "--shapes", "representative", "--trials", "1"]
-REHEARSE_VERIFY += ["--cap", "2", "--seed", "0"]
-REHEARSE_BENCH = ["--variants", "torch", "--max-rows", "8"]
+REHEARSE_VERIFY += ["--max-rows", "2", "--seed", "0"]
+REHEARSE_BENCH = ["--variant", "torch", "--max-rows", "8"]
 OK = ("ok", "findings (exit 1)")
 
 

@@ -67,7 +67,7 @@ def test_cheating_candidate_is_invalid_and_fails(db_path, tmp_path):
         "    return _cache[key]\n"
     )
     args = ["bench", "--candidate", f"{src}:fast", "--op", "rmsnorm", *QUICK]
-    args += ["--shape", "decode 1x4096", "--variants", "torch", "--no-record", "--json"]
+    args += ["--shape", "decode 1x4096", "--variant", "torch", "--no-ledger", "--json"]
     result = runner.invoke(app, args)
     assert result.exit_code == 1, result.output
     cases = json.loads(result.stdout)["cases"]
@@ -84,7 +84,7 @@ def test_an_interpreted_candidate_is_not_timed_and_torch_is(db_path, tmp_path, m
         monkeypatch.delenv(name, raising=False)
     path = write_candidate(tmp_path)
     args = ["bench", "--candidate", f"{path}:fused_add_rmsnorm", "--op", "rmsnorm", *QUICK]
-    result = runner.invoke(app, [*args, "--shape", "decode 1x4096", "--no-record", "--json"])
+    result = runner.invoke(app, [*args, "--shape", "decode 1x4096", "--no-ledger", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert {c["variant"] for c in data["cases"]} == {"torch"}
@@ -99,14 +99,14 @@ def test_an_interpreted_candidate_is_not_timed_and_torch_is(db_path, tmp_path, m
     [
         (["--candidate", "x.py:f"], "op: --candidate needs --op"),
         (["--op", "rmsnorm"], "candidate: --op is for a --candidate"),
-        (["rmsnorm", "--dtype", "float99"], "dtype: expected a torch dtype name"),
-        (["rmsnorm", "--variants", "nosuch", "--device", "cpu"], "variants: op 'rmsnorm'"),
+        (["rmsnorm", "--dtype", "float99"], "--dtype: expected bf16/bfloat16"),
+        (["rmsnorm", "--variant", "nosuch", "--device", "cpu"], "variants: op 'rmsnorm'"),
         (["--floors-for", "z80"], "floors-for: expected a device of the table"),
         (["rmsnorm", "--mode", "warm", "--device", "cpu"], "mode: expected auto, cold or hot"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, db_path):
-    result = runner.invoke(app, ["bench", *args, "--no-record"])
+    result = runner.invoke(app, ["bench", *args, "--no-ledger"])
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
 
@@ -147,7 +147,7 @@ def test_fresh_input_checks_derive_their_tolerance_on_the_fresh_inputs(db_path):
     # torch itself as "cached by pointer" (seeds 0 and 1 here did).
     for seed in ("0", "1"):
         args = ["bench", "rmsnorm_fp8_quant", "--device", "cpu", "--dtype", "bfloat16"]
-        args += ["--variants", "torch", "--max-rows", "8", "--max-time", "0.2", "--seed", seed]
+        args += ["--variant", "torch", "--max-rows", "8", "--max-time", "0.2", "--seed", seed]
         result = runner.invoke(app, [*args, "--shape", "decode 1x4096 +residual", "--json"])
         assert result.exit_code == 0, result.output
         (case,) = json.loads(result.stdout)["cases"]
@@ -218,3 +218,30 @@ def test_an_interrupted_bench_stores_the_cases_it_finished(db_path, monkeypatch)
     assert first and len(stored["cases"]) == len(first)  # the first case's variants only
     assert {c["shape_key"] for c in stored["cases"]} == {first[0]["shape_key"]}
     assert stored["provenance"]["bench"]["interrupted"] is True
+
+
+def test_csv_is_one_row_per_case_for_spreadsheets(db_path):
+    import csv
+    import io
+
+    from kernelab.cli.bench_cmd import CSV_COLUMNS
+
+    args = ["bench", "rmsnorm", *QUICK, "--shape", "decode 1x4096", "--csv"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert rows and list(rows[0]) == CSV_COLUMNS
+    with ledger.open(str(db_path)) as db:
+        (run,) = db.list_runs()
+        cases = db.get_run(run["id"], samples=False)["cases"]
+    assert len(rows) == len(cases)
+    for row, case in zip(rows, cases, strict=True):
+        assert row["run_id"] == run["id"]
+        assert (row["op"], row["variant"], row["shape_label"]) == (
+            case["op"],
+            case["variant"],
+            case["shape_label"],
+        )
+        assert float(row["median_s"]) == case["metrics"]["median_s"]
+    floors = runner.invoke(app, ["bench", "rmsnorm", "--floors-for", "h200", "--csv"])
+    assert floors.stdout.startswith("op,shape_label,dtype,bytes,flops,floor_s,bound")

@@ -144,7 +144,7 @@ def test_concurrent_bench_commands_all_land_in_one_ledger(tmp_path):
         db.put_ceiling(key, "copy_bytes_per_s", 1e10, "B/s", "test")
         db.put_ceiling(key, "matmul_flops_float32", 1e11, "FLOP/s", "test")
     args = ["--device", "cpu", "--ledger", path, "--shape", "decode 1x4096", "--dtype"]
-    args += ["float32", "--variants", "torch", "--max-time", "0.2", "--min-samples", "5"]
+    args += ["float32", "--variant", "torch", "--max-time", "0.2", "--min-samples", "5"]
     args += ["--max-rows", "8"]
     procs = [
         subprocess.Popen(

@@ -189,3 +189,51 @@ def test_audit_names_a_broken_op_definition_and_exits_1(monkeypatch):
     result = runner.invoke(app, ["verify", loose.name, "--audit", "--device", "cpu"])
     assert result.exit_code == 1, result.output
     assert "toy_double_loose: broken op definition" in result.output
+
+
+HUGE_ONLY = (
+    GOOD
+    + """
+
+def wrong_on_huge(x, weight, eps=1e-6, residual=None, out=None):
+    y = my_rmsnorm(x, weight, eps, residual)
+    if x[torch.isfinite(x)].abs().max() > 1e4:  # an accumulation that only breaks when huge
+        y = y * 1.5
+    return y if out is None else out.copy_(y)
+"""
+)
+
+
+def test_a_failure_names_the_input_distribution_it_showed_on(tmp_path):
+    path = tmp_path / "huge.py"
+    path.write_text(HUGE_ONLY)
+    args = ["verify", "--candidate", f"{path}:wrong_on_huge", "--op", "rmsnorm", *FAST]
+    args[args.index("--trials") + 1] = "5"  # one trial per distribution: huge among them
+    args += ["--show", "1"]
+    result = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 1, result.output
+    text = " ".join(result.output.split())
+    assert text.count("wrong values: out:") == text.count("[huge inputs") > 0
+    js = runner.invoke(app, [*args, "--json"])
+    failed = [c for c in json.loads(js.stdout)["cases"] if not c["passed"]]
+    assert {c["trials"][f["trial"]]["dist"] for c in failed for f in c["failures"]} == {"huge"}
+
+
+def test_nan_and_inf_stay_apart_in_json_failure_records():
+    from kernelab.cli._common import emit_json
+    from kernelab.verify._types import Failure, Measure
+
+    nan, inf = float("nan"), float("inf")
+    f = Failure("NaN mismatch", "out", "m", [[0], [1], [2]], [nan, inf, -inf], [1.0, nan, 2.0])
+    m = Measure("out", inf, inf, nan, [0], nan, -inf, 0.0, "floor", None)
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        emit_json({"failure": f.as_dict(), "measure": m.as_dict()})
+    data = json.loads(buf.getvalue())
+    assert data["failure"]["got"] == ["nan", "inf", "-inf"]
+    assert data["failure"]["expected"] == [1.0, "nan", 2.0]
+    assert data["measure"]["rel_l2"] == "inf" and data["measure"]["max_rel"] == "nan"
+    assert data["measure"]["worst_expected"] == "-inf" and data["measure"]["ratio"] == "inf"

@@ -1,7 +1,10 @@
 """What ``kernelab run`` runs: one stage per instrument, each returning cells for a table.
 
-A stage is a function ``stage(ops, device, progress) -> StageReport``. Instruments expose one
-and list it in ``RUN_STAGES``; ``kernelab run`` runs them in order and prints one table.
+A stage is a function ``stage(ops, device, progress, *, variants=None, ledger_url=None) ->
+StageReport`` (``variants``: the variants asked for, None for the stage's default;
+``ledger_url``: the ledger the run reads and writes). Instruments expose one and list it in
+``RUN_STAGES``; ``kernelab run`` runs them in order, prints one table, and stores the cases the
+stages return (``StageReport.cases``) in the ledger as one run.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ class StageReport:
     cells: dict[tuple[str, str], Cell] = field(default_factory=dict)
     #: What the stage did not do here, and why (one line each), e.g. for lack of a GPU.
     skipped: list[str] = field(default_factory=list)
+    #: Ledger cases to store (as ``kernelab bench`` stores them), and their provenance.
+    cases: list[dict] = field(default_factory=list)
+    provenance: dict = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:

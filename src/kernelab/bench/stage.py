@@ -45,15 +45,21 @@ def _cell(cases: list[dict]) -> Cell:
     return Cell("pass", text, data)
 
 
-def stage(ops, device, progress=None) -> StageReport:
+def stage(ops, device, progress=None, *, variants=None, ledger_url=None) -> StageReport:
+    """Cells per op and variant; the timed cases in ``report.cases``, for the ledger."""
     from kernelab.bench.api import ceilings_for, open_ledger
     from kernelab.bench.telemetry import open_telemetry
     from kernelab.bench.timers import timer_for
 
     report = StageReport("bench")
+    if variants is not None:
+        known = {v for op in ops for v in op.variants}
+        unknown = [v for v in variants if v not in known]
+        if unknown:
+            raise ValueError(f"variants: expected names among {sorted(known)}, got {unknown}")
     db = None
     try:
-        db = open_ledger()
+        db = open_ledger(ledger_url)
     except Exception as exc:  # a broken ledger must not stop the report card
         report.skipped.append(f"bench: ledger unavailable ({exc}); ceilings not stored")
     ceilings, note = ceilings_for(device, db, progress=progress)
@@ -65,8 +71,13 @@ def stage(ops, device, progress=None) -> StageReport:
     telemetry = open_telemetry(device)
     spent = 0.0
     for op in ops:
+        names = None if variants is None else tuple(v for v in variants if v in op.variants)
+        if names == ():
+            continue
         if cpu:
-            cfg = BenchConfig(rule=CPU_STAGE_RULE, max_rows=CPU_ROWS, energy_window_s=0)
+            cfg = BenchConfig(
+                rule=CPU_STAGE_RULE, max_rows=CPU_ROWS, energy_window_s=0, variants=names
+            )
             dtypes = op.dtypes[:1]
             shapes = [
                 s.reduced(CPU_ROWS)
@@ -74,7 +85,7 @@ def stage(ops, device, progress=None) -> StageReport:
                 if all(v > 0 for v in s.dims.values())
             ][:CPU_SHAPES]
         else:
-            cfg = BenchConfig(energy_window_s=0)
+            cfg = BenchConfig(energy_window_s=0, variants=names)
             dtypes = (torch.bfloat16,) if torch.bfloat16 in op.dtypes else op.dtypes[:1]
             shapes = [s for s in op.shapes("representative") if all(s.dims.values())]
         subjects, skipped = subjects_for(op, device.type, cfg)
@@ -100,8 +111,20 @@ def stage(ops, device, progress=None) -> StageReport:
                 for line in untimed:
                     name, why = line.split(": ", 1)
                     report.cells[(op.name, name.split("/", 1)[1])] = Cell("skip", _short(why))
+                report.cases.extend(cases)
                 for c in cases:
                     by_variant.setdefault(c["variant"], []).append(c)
         for name, cases in by_variant.items():
             report.cells[(op.name, name)] = _cell(cases)
+    rule = CPU_STAGE_RULE if cpu else None
+    report.provenance = {
+        "config": {
+            "source": "kernelab run (bench stage)",
+            "shape_set": "representative",
+            "rule": None if rule is None else rule.as_dict(),
+            "max_rows": CPU_ROWS if cpu else None,
+            "shapes_per_op": CPU_SHAPES if cpu else None,
+        },
+        "ceilings": ceilings.as_dict(),
+    }
     return report

@@ -2,29 +2,87 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
-from kernelab.cli._common import emit_json, ledger_option, select_ops, spinner, user_errors
+from kernelab.cli._common import (
+    candidate_option,
+    csv_option,
+    device_option,
+    doing,
+    dtype_option,
+    emit_json,
+    json_option,
+    kept,
+    label_option,
+    ledger_option,
+    lost,
+    max_rows_option,
+    no_ledger_option,
+    op_option,
+    select_ops,
+    shape_option,
+    shape_set_option,
+    spinner,
+    user_errors,
+    variant_option,
+)
 
 
-def _dtypes(names: tuple[str, ...] | None):
+def _dtypes(names: tuple[str, ...]):
     import torch
 
-    if not names:
-        return None
-    out = []
-    for n in names:
-        dt = getattr(torch, n, None)
-        if not isinstance(dt, torch.dtype):
-            raise ValueError(f"dtype: expected a torch dtype name like bfloat16, got {n!r}")
-        out.append(dt)
-    return tuple(out)
+    return tuple(getattr(torch, n) for n in names) or None
 
 
-def _split(values: tuple[str, ...] | None) -> tuple[str, ...] | None:
-    if not values:
-        return None
-    return tuple(v.strip() for item in values for v in item.split(",") if v.strip())
+#: ``bench --csv``: one row per case; metrics flattened (seconds, GB/s, TFLOP/s, %).
+CSV_COLUMNS = [
+    "run_id",
+    "op",
+    "variant",
+    "shape_key",
+    "shape_label",
+    "dtype",
+    "device",
+    "mode",
+    "valid",
+    "median_s",
+    "q1_s",
+    "q3_s",
+    "min_s",
+    "mean_s",
+    "n",
+    "cv",
+    "rel_ci",
+    "gbps",
+    "tflops",
+    "pct_roofline",
+    "floor_s",
+    "bound",
+    "speedup_vs_torch",
+    "ceiling_source",
+    "flags",
+]
+
+
+FLOOR_CSV_COLUMNS = [
+    "op",
+    "shape_label",
+    "dtype",
+    "bytes",
+    "flops",
+    "floor_s",
+    "bound",
+    "ceiling_source",
+]
+
+
+def csv_rows(cases: list[dict], run_id: str | None) -> list[dict]:
+    return [
+        {**c["metrics"], **{k: v for k, v in c.items() if k != "metrics"}, "run_id": run_id}
+        for c in cases
+    ]
 
 
 def _us(x) -> str:
@@ -34,40 +92,37 @@ def _us(x) -> str:
 def register(app: click.Group) -> None:
     @app.command("bench")
     @click.argument("ops", nargs=-1)
-    @click.option("--device", help="cpu or cuda[:N] (default: the accelerator).")
-    @click.option("--shapes", "shape_set", default="representative", help="Shape set.")
-    @click.option("--shape", multiple=True, help="Keep shapes whose label contains this.")
-    @click.option("--dtype", multiple=True, help="dtype(s), e.g. bfloat16 (default: all).")
-    @click.option("--variants", multiple=True, help="Variant names, comma-separated.")
-    @click.option("--candidate", help="Your callable: path/to/file.py:function.")
-    @click.option("--op", help="The op a --candidate implements.")
+    @device_option()
+    @shape_set_option()
+    @shape_option()
+    @dtype_option()
+    @variant_option()
+    @candidate_option()
+    @op_option()
     @click.option("--mode", default="auto", help="auto (cold if memory-bound), cold or hot.")
     @click.option("--compile", is_flag=True, help="Time torch.compile on CPU.")
-    @click.option(
-        "--max-rows",
-        type=int,
-        help="Cap the batch dimension (rows, tokens); CPU default 128, 0: no cap.",
-    )
+    @max_rows_option("Cap the batch dimension (rows, tokens); CPU default 128, 0: no cap.")
     @click.option("--rel-ci", type=float, help="Noise target: CI half-width / median.")
     @click.option("--min-samples", type=int, help="Minimum samples per case.")
     @click.option("--max-time", type=float, help="Timeout per case, seconds.")
     @click.option("--budget", type=float, help="Stop starting cases after this many s.")
     @click.option("--energy-window", default=0.3, help="Energy window per case, s (0: off).")
     @click.option("--seed", default=0, help="Input seed.")
-    @click.option("--label", help="Label the run in the ledger.")
-    @click.option("--record/--no-record", default=True, help="Store in the ledger.")
+    @label_option
+    @no_ledger_option("--no-record/--record")
     @ledger_option
     @click.option(
         "--floors-for",
         help="Print datasheet floors for a device (e.g. h200) and exit; no timing.",
     )
-    @click.option("--json", "json", is_flag=True, help="Print JSON instead of a table.")
+    @json_option
+    @csv_option
     @user_errors
     def bench_command(
         ops,
         device,
         shape_set,
-        shape,
+        shapes,
         dtype,
         variants,
         candidate,
@@ -82,10 +137,11 @@ def register(app: click.Group) -> None:
         energy_window,
         seed,
         label,
-        record,
+        no_ledger,
         ledger_url,
         floors_for,
-        json,
+        as_json,
+        as_csv,
     ):
         """Time ops with statistics, cold caches, roofline and integrity checks.
 
@@ -97,6 +153,8 @@ def register(app: click.Group) -> None:
         from kernelab.bench.runner import CPU_RULE, GPU_RULE
         from kernelab.hardware import detect, lookup
 
+        if as_json and as_csv:
+            raise ValueError("--json, --csv: choose one output format")
         dtypes = _dtypes(dtype)
         if floors_for:
             spec = lookup(floors_for)
@@ -106,7 +164,12 @@ def register(app: click.Group) -> None:
                     f"mi300x), got {floors_for!r}"
                 )
             rows = bench.floors(spec, select_ops(ops), shape_set, dtypes)
-            _print_floors(spec, rows, json)
+            if as_csv:
+                from kernelab.report import fmt
+
+                sys.stdout.write(fmt.to_csv(rows, FLOOR_CSV_COLUMNS))
+                return
+            _print_floors(spec, rows, as_json)
             return
         if candidate and not op:
             raise ValueError("op: --candidate needs --op NAME (the op it implements)")
@@ -126,35 +189,51 @@ def register(app: click.Group) -> None:
         cfg = bench.BenchConfig(
             shape_set=shape_set,
             dtypes=dtypes,
-            variants=_split(variants),
+            variants=variants or None,
             mode=mode,
             rule=rule,
             seed=seed,
             compile=compile,
             max_rows=max_rows,
-            shapes=tuple(shape) if shape else None,
+            shapes=tuple(shapes) or None,
             energy_window_s=energy_window,
             budget_s=budget,
         )
         subject = bench.candidate(candidate, selected[0]) if candidate else None
-        db = bench.open_ledger(ledger_url) if record else None
+        db = None if no_ledger else bench.open_ledger(ledger_url)
+        lost(
+            "the case being timed (finished cases are stored on Ctrl-C)"
+            if db is not None
+            else "the cases timed so far (--no-ledger)"
+        )
         try:
             with spinner() as say:
+
+                def progress(msg: str) -> None:
+                    say(msg)
+                    doing(msg)
+
                 result = bench.bench(
                     selected,
                     device,
                     cfg,
                     candidate=subject,
                     db=db,
-                    progress=say,
+                    progress=progress,
                 )
         except bench.BenchInterrupted as exc:  # Ctrl-C: keep what was measured
             result = exc.result
+        doing(None)
         run_id, unrecorded, failure = None, None, None
         if db is not None and result.cases:
             run_id, unrecorded, failure = _record(db, info, result, label)
+            if run_id is not None:
+                kept(f"ledger run {run_id}: {len(result.cases)} case(s)")
+            elif unrecorded is not None:
+                kept(f"{unrecorded}: {len(result.cases)} case(s) the ledger could not store")
+        lost(None)
         invalid = [c for c in result.cases if not c["metrics"]["valid"]]
-        if json:
+        if as_json:
             emit_json(
                 {
                     "run_id": run_id,
@@ -168,6 +247,10 @@ def register(app: click.Group) -> None:
                     "cases": result.cases,
                 }
             )
+        elif as_csv:
+            from kernelab.report import fmt
+
+            sys.stdout.write(fmt.to_csv(csv_rows(result.cases, run_id), CSV_COLUMNS))
         else:
             _print_table(result, run_id)
         if failure:
@@ -207,28 +290,38 @@ def _record(db, info, result, label):
     return None, path, f"{where}; the run is kept in {path} ('run': record_run's arguments)"
 
 
-def _print_table(result, run_id) -> None:
-    from rich.markup import escape
-    from rich.table import Table
+def bench_sheet(result):
+    """The bench table: one group per op and shape, one row per dtype and variant."""
+    from kernelab.cli._table import Col, Sheet
 
-    from kernelab.cli._common import console
-
-    table = Table(title=f"kernelab bench — {escape(result.device['name'])}")
-    for col in ("op", "shape", "dtype", "variant", "mode", "median µs", "q1–q3 µs", "n", "cv"):
-        table.add_column(col)
-    for col in ("GB/s", "% roof", "vs torch", "flags"):
-        table.add_column(col)
+    sheet = Sheet(
+        f"kernelab bench — {result.device['name']}",
+        [
+            Col("variant"),
+            Col("dtype"),
+            Col("mode", give="drop", step=6),
+            Col("median µs", right=True),
+            Col("q1–q3 µs", right=True, give="drop", step=4),
+            Col("n", right=True, give="drop", step=3),
+            Col("cv", right=True, give="drop", step=2),
+            Col("GB/s", right=True, give="drop", step=5),
+            Col("% roof", right=True),
+            Col("vs torch", right=True),
+            Col("flags", give="below", step=1, hide_empty=True),
+        ],
+    )
+    group = None
     for c in result.cases:
+        if (c["op"], c["shape_label"]) != group:
+            group = (c["op"], c["shape_label"])
+            sheet.group(*group)
         m = c["metrics"]
         pct = m.get("pct_roofline")
         speed = m.get("speedup_vs_torch")
         flags = "; ".join(c["flags"])
-        style = "bold red" if not m["valid"] else ("yellow" if flags else "")
-        table.add_row(
-            escape(c["op"]),
-            escape(c["shape_label"]),
+        sheet.row(
+            c["variant"],
             c["dtype"],
-            escape(c["variant"]),
             c["mode"],
             "INVALID" if not m["valid"] else _us(m["median_s"]),
             f"{_us(m['q1_s'])}–{_us(m['q3_s'])}",
@@ -237,40 +330,54 @@ def _print_table(result, run_id) -> None:
             "—" if m.get("gbps") is None else f"{m['gbps']:.1f}",
             "—" if pct is None else f"{pct:.0f}%",
             "—" if speed is None else f"{speed:.2f}×",
-            f"[{style}]{escape(flags)}[/]" if style else escape(flags),
+            flags,
+            style="bold red" if not m["valid"] else ("yellow" if flags else None),
         )
-    console.print(table)
+    return sheet
+
+
+def _print_table(result, run_id) -> None:
+    from kernelab.cli._common import console, echo
+
+    bench_sheet(result).print(console)
     src = {c["metrics"].get("ceiling_source") for c in result.cases} - {None}
     for s in sorted(src):
-        console.print(f"[dim]ceiling: {escape(s)}[/]")
+        echo((f"ceiling: {s}", "dim"))
     for line in dict.fromkeys(result.skipped):
-        console.print(f"[yellow]•[/] {escape(line)}")
+        echo(("•", "yellow"), f" {line}")
     tail = f"{len(result.cases)} case(s), {result.seconds:.1f} s"
-    console.print(f"[dim]{tail}" + (f", ledger run {run_id}" if run_id else "") + "[/]")
+    echo((tail + (f", ledger run {run_id}" if run_id else ""), "dim"))
 
 
 def _print_floors(spec, rows, json: bool) -> None:
     if json:
         emit_json({"device": spec.name, "floors": rows})
         return
-    from rich.markup import escape
-    from rich.table import Table
+    from kernelab.cli._common import console, echo
+    from kernelab.cli._table import Col, Sheet
 
-    from kernelab.cli._common import console
-
-    table = Table(title=f"speed-of-light floors on {escape(spec.name)} (datasheet)")
-    for col in ("op", "shape", "dtype", "MB moved", "MFLOP", "floor µs", "bound"):
-        table.add_column(col)
+    sheet = Sheet(
+        f"speed-of-light floors on {spec.name} (datasheet)",
+        [
+            Col("dtype"),
+            Col("MB moved", right=True),
+            Col("MFLOP", right=True),
+            Col("floor µs", right=True),
+            Col("bound"),
+        ],
+    )
+    group = None
     for r in rows:
-        table.add_row(
-            escape(r["op"]),
-            escape(r["shape_label"]),
+        if (r["op"], r["shape_label"]) != group:
+            group = (r["op"], r["shape_label"])
+            sheet.group(*group)
+        sheet.row(
             r["dtype"],
             f"{r['bytes'] / 1e6:.3f}",
             f"{r['flops'] / 1e6:.3f}",
             _us(r["floor_s"]),
             r["bound"] or "—",
         )
-    console.print(table)
+    sheet.print(console)
     if rows:
-        console.print(f"[dim]ceiling: {escape(rows[0]['ceiling_source'])}[/]")
+        echo((f"ceiling: {rows[0]['ceiling_source']}", "dim"))

@@ -4,44 +4,62 @@ from __future__ import annotations
 
 import click
 
-from kernelab.cli._common import emit_json, ledger_option, user_errors
+from kernelab.cli._common import (
+    device_option,
+    emit_json,
+    json_option,
+    kept,
+    ledger_option,
+    lost,
+    no_ledger_option,
+    user_errors,
+)
 
 
 def register(app: click.Group) -> None:
     @app.command("ceilings")
-    @click.option("--device", help="cpu or cuda[:N] (default: the accelerator).")
-    @click.option("--store/--no-store", default=True, help="Store in the ledger.")
+    @device_option()
+    @no_ledger_option("--no-store/--store")
     @ledger_option
-    @click.option("--json", "json", is_flag=True, help="Print JSON instead of a table.")
+    @json_option
     @user_errors
-    def ceilings_command(device, store, ledger_url, json):
+    def ceilings_command(device, no_ledger, ledger_url, as_json):
         """Measure copy bandwidth (read + write) and large-matmul rates; store them."""
-        from rich.markup import escape
-        from rich.table import Table
 
         from kernelab.bench import open_ledger, roofline
         from kernelab.bench.cache import cache_bytes
-        from kernelab.cli._common import console, err_console
+        from kernelab.cli._common import console, echo, err_console
         from kernelab.hardware import detect
 
         info = detect(device)
-        with console.status("measuring", spinner="dots") if not json else _null():
+        lost("the ceilings measured so far: stored when all are measured")
+        with console.status("measuring", spinner="dots") if not as_json else _null():
             rows = roofline.measure(
-                info, cache_bytes(info)[0], lambda m: err_console.log(escape(m))
+                info, cache_bytes(info)[0], lambda m: err_console.log(m, markup=False, emoji=False)
             )
-        db = open_ledger(ledger_url) if store else None
+        db = None if no_ledger else open_ledger(ledger_url)
         if db is not None:
             for r in rows:
                 db.put_ceiling(info.key, r["name"], r["value"], r["unit"], r["source"])
+                kept(f"ceiling {r['name']} of {info.key}")
+        lost(None)
         sheet = roofline.datasheet(info.spec).as_dict() if info.spec is not None else None
-        if json:
+        if as_json:
             emit_json(
                 {"device": info.as_dict(), "key": info.key, "measured": rows, "datasheet": sheet}
             )
             return
-        table = Table(title=f"ceilings — {escape(info.key)}")
-        for col in ("ceiling", "measured", "datasheet", "how"):
-            table.add_column(col)
+        from kernelab.cli._table import Col, Sheet
+
+        table = Sheet(
+            f"ceilings — {info.key}",
+            [
+                Col("ceiling"),
+                Col("measured", right=True),
+                Col("datasheet", right=True),
+                Col("how", give="wrap", step=1),
+            ],
+        )
         for r in rows:
             value, ds = r["value"], None
             if sheet is not None:
@@ -50,14 +68,14 @@ def register(app: click.Group) -> None:
                 else:
                     ds = sheet["flops"].get(r["name"].removeprefix(roofline.MATMUL))
             scale, unit = (1e9, "GB/s") if r["unit"] == "B/s" else (1e12, "TFLOP/s")
-            table.add_row(
+            table.row(
                 r["name"],
                 f"{value / scale:.1f} {unit}",
                 "—" if ds is None else f"{ds / scale:.1f} {unit}",
-                escape(r["source"]),
+                r["source"],
             )
-        console.print(table)
-        console.print("[dim]stored in the ledger[/]" if db is not None else "[dim]not stored[/]")
+        table.print(console)
+        echo(("stored in the ledger" if db is not None else "not stored", "dim"))
 
 
 class _null:

@@ -7,10 +7,17 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kernelab.cli._common import emit_json, ledger_option, user_errors
+from kernelab.cli._common import (
+    csv_option,
+    emit_json,
+    json_option,
+    kind_option,
+    ledger_option,
+    user_errors,
+)
 
 if TYPE_CHECKING:
-    from rich.table import Table
+    from kernelab.cli._table import Sheet
 
 _CSV_COLUMNS = [
     "op",
@@ -47,36 +54,47 @@ def pick_runs(db, refs: list[str], baseline: str | None, kind: str) -> tuple[str
     return db.resolve(baseline or "latest", kind=kind, before=candidate), candidate
 
 
-def _table(result, threshold: float) -> Table:
-    from rich.markup import escape
-    from rich.table import Table
+def compare_sheet(result, threshold: float) -> Sheet:
+    """The compare table: one group per op and shape, one row per variant, dtype and mode."""
+    from rich.text import Text
 
+    from kernelab.cli._table import Col, Sheet
     from kernelab.report import fmt
 
     a, b = result.run_a, result.run_b
-    table = Table(
-        title=escape(
-            f"compare: {a['id']} ({a.get('label') or '-'}) → {b['id']} "
-            f"({b.get('label') or '-'}), B/A of medians, {result.confidence:.0%} interval"
-        ),
-        title_justify="left",
+    sheet = Sheet(
+        f"compare: {a['id']} ({a.get('label') or '-'}) → {b['id']} "
+        f"({b.get('label') or '-'}), B/A of medians, {result.confidence:.0%} interval",
+        [
+            Col("variant"),
+            Col("dtype"),
+            Col("mode", give="drop", step=4),
+            Col("A", right=True, give="drop", step=3),
+            Col("B", right=True, give="drop", step=2),
+            Col("B/A", right=True),
+            Col("interval", right=True),
+            Col("verdict"),
+            Col("note", give="below", step=1, hide_empty=True),
+        ],
     )
-    for col in ("op", "variant", "shape", "dtype", "mode", "A", "B", "B/A", "interval", "verdict"):
-        justify = "right" if col in ("A", "B", "B/A", "interval") else "left"
-        table.add_column(col, justify=justify)
+    group = None
     for c in result.cases:
-        style = _STYLE[c.verdict]
+        if (c.op, c.shape_label) != group:
+            group = (c.op, c.shape_label)
+            sheet.group(*group)
         verdict = c.verdict + (f" > {threshold:.0%}" if c.regression else "")
-        interval = "-" if c.ci_low is None else f"{c.ci_low:.3f}–{c.ci_high:.3f}"
-        table.add_row(
-            *(escape(x) for x in (c.op, c.variant, c.shape_label, c.dtype, c.mode)),
+        sheet.row(
+            c.variant,
+            c.dtype,
+            c.mode,
             fmt.seconds(c.median_a),
             fmt.seconds(c.median_b),
             fmt.ratio(c.ratio),
-            interval,
-            f"[{style}]{verdict}[/]" + (f" ({escape(c.note)})" if c.note else ""),
+            "-" if c.ci_low is None else f"{c.ci_low:.3f}–{c.ci_high:.3f}",
+            Text(verdict, style=_STYLE[c.verdict]),
+            c.note or "",
         )
-    return table
+    return sheet
 
 
 def register(app: click.Group) -> None:
@@ -99,12 +117,14 @@ def register(app: click.Group) -> None:
         "timing the same code twice, when the samples do not show a larger one.",
     )
     @click.option("--confidence", default=0.95, help="Confidence of the bootstrap interval.")
-    @click.option("--kind", default="bench", help="Kind of runs that 'latest' and labels name.")
+    @kind_option
     @ledger_option
-    @click.option("--json", "json", is_flag=True, help="Print JSON instead of a table.")
-    @click.option("--csv", "csv", is_flag=True, help="Print CSV (one row per case).")
+    @json_option
+    @csv_option
     @user_errors
-    def compare_command(runs, baseline, threshold, noise, confidence, kind, ledger_url, json, csv):
+    def compare_command(
+        runs, baseline, threshold, noise, confidence, kind, ledger_url, as_json, as_csv
+    ):
         """Compare two runs case by case: ratio of medians with a bootstrap interval, verdict
         faster / slower / ambiguous, and exit status 1 on a confirmed regression.
 
@@ -115,6 +135,7 @@ def register(app: click.Group) -> None:
         from kernelab.ledger.compare import compare_runs
         from kernelab.report import fmt
 
+        json, csv = as_json, as_csv
         if json and csv:
             raise ValueError("--json, --csv: choose one output format")
         with ledger.open(ledger_url, readonly=True) as db:
@@ -126,25 +147,22 @@ def register(app: click.Group) -> None:
             rows = [vars(c) for c in result.cases]
             sys.stdout.write(fmt.to_csv(rows, _CSV_COLUMNS))
         else:
-            from kernelab.cli._common import console
+            from kernelab.cli._common import console, echo
 
-            console.print(_table(result, threshold))
+            compare_sheet(result, threshold).print(console)
             for label, missing in (("baseline", result.only_a), ("candidate", result.only_b)):
                 for k in missing:
-                    console.print(
+                    echo(
                         f"only in {label}: {k['op']} {k['variant']} {k['shape_label']} "
-                        f"{k['dtype']} {k['device']} {k['mode']}",
-                        highlight=False,
-                        markup=False,
+                        f"{k['dtype']} {k['device']} {k['mode']}"
                     )
             for note in result.notes:
-                console.print(f"note: {note}", highlight=False, markup=False)
+                echo(f"note: {note}")
             n = result.counts()
-            console.print(
+            echo(
                 f"{n['faster']} faster, {n['slower']} slower, {n['ambiguous']} ambiguous, "
                 f"{n['invalid']} invalid; {n['regressions']} regression(s) beyond "
-                f"{threshold:.0%}; unmatched: {n['only_a']} baseline, {n['only_b']} candidate",
-                highlight=False,
+                f"{threshold:.0%}; unmatched: {n['only_a']} baseline, {n['only_b']} candidate"
             )
         if result.regressions:
             raise click.exceptions.Exit(1)

@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
-from kernelab.cli._common import emit_json, ledger_option, user_errors
+from kernelab.cli._common import (
+    csv_option,
+    device_option,
+    dtype_option,
+    emit_json,
+    json_option,
+    ledger_option,
+    shape_option,
+    user_errors,
+    variant_option,
+)
+
+if TYPE_CHECKING:
+    from kernelab.cli._table import Sheet
 
 _CSV_COLUMNS = [
     "created",
@@ -82,44 +96,122 @@ def _show_runs(runs: list[dict], json: bool, csv: bool) -> None:
     if csv:
         sys.stdout.write(fmt.to_csv(runs, _RUN_COLUMNS))
         return
-    from rich.markup import escape
-    from rich.table import Table
-
-    from kernelab.cli._common import console
+    from kernelab.cli._common import console, echo
 
     if not runs:
-        console.print("the ledger holds no runs", highlight=False, markup=False)
+        echo("the ledger holds no runs")
         return
-    table = Table(title="recent runs (newest first)", title_justify="left")
-    for col in ("time (UTC)", "run", "kind", "label", "device", "commit", "cases"):
-        table.add_column(col, justify="right" if col == "cases" else "left")
+    runs_sheet(runs).print(console)
+
+
+def _when(created: str) -> str:
+    return created[:16].replace("T", " ")
+
+
+def runs_sheet(runs: list[dict]) -> Sheet:
+    """Recent runs, one row each: the run id (what ``compare`` takes) is never cut."""
+    from kernelab.cli._table import Col, Sheet
+
+    sheet = Sheet(
+        "recent runs (newest first; times UTC)",
+        [
+            Col("time"),
+            Col("run"),
+            Col("kind"),
+            Col("label", give="below", step=3, hide_empty=True),
+            Col("device", give="below", step=2),
+            Col("commit", give="drop", step=1),
+            Col("cases", right=True),
+        ],
+    )
     for r in runs:
-        table.add_row(
-            r["created"][:19].replace("T", " "),
+        sheet.row(
+            _when(r["created"]),
             r["id"],
-            escape(r["kind"]),
-            escape(r["label"] or "-"),
-            escape(r["device"] or "-"),
+            r["kind"],
+            r["label"] or "-",
+            r["device"] or "-",
             (r["commit"] or "-")[:10],
             str(r["n_cases"]),
         )
-    console.print(table)
+    return sheet
+
+
+def history_sheet(op: str, rows: list[dict]) -> Sheet:
+    """One op's cases over time: a group per shape, its rows oldest first."""
+    from kernelab.cli._table import Col, Sheet
+    from kernelab.report import fmt
+
+    sheet = Sheet(
+        f"history: {op} (times UTC)",
+        [
+            Col("time", give="below", step=6),
+            Col("run"),
+            Col("variant"),
+            Col("dtype"),
+            Col("mode", give="drop", step=5),
+            Col("median", right=True),
+            Col("vs prev", right=True),
+            Col("GB/s", right=True, give="drop", step=3),
+            Col("% roofline", right=True, give="drop", step=4),
+            Col("label", give="below", step=2, hide_empty=True),
+            Col("flags", give="below", step=1, hide_empty=True),
+        ],
+    )
+    for shape in dict.fromkeys(r["shape_label"] for r in rows):
+        sheet.group(shape)
+        for r in rows:
+            if r["shape_label"] != shape:
+                continue
+            sheet.row(
+                _when(r["created"]),
+                r["run"],
+                r["variant"],
+                r["dtype"],
+                r["mode"],
+                fmt.seconds(r["median_s"]),
+                fmt.ratio(r["vs_previous"]),
+                fmt.number(r["gbps"]),
+                fmt.percent(r["pct_roofline"]),
+                r["label"] or "-",
+                ", ".join(r["flags"]),
+            )
+    return sheet
+
+
+def select_history(db, op: str, variants=(), shapes=(), dtypes=(), limit=200, **filters):
+    """``history_rows`` of the cases matching any of ``variants``, ``dtypes`` and ``shapes``
+    (a shape key, or a part of the label), the ``limit`` most recent."""
+    one = {"variant": variants, "dtype": dtypes}
+    sql = {k: v[0] for k, v in one.items() if len(v) == 1}
+    rest = {k: set(v) for k, v in one.items() if len(v) > 1}
+    exact = not rest and not shapes
+    rows = history_rows(db, op, **sql, **filters, limit=limit if exact else None)
+    rows = [
+        r
+        for r in rows
+        if all(r[k] in v for k, v in rest.items())
+        and (not shapes or any(s == r["shape_key"] or s in r["shape_label"] for s in shapes))
+    ]
+    return rows[-limit:]
 
 
 def register(app: click.Group) -> None:
     @app.command("history")
     @click.argument("op", required=False)
-    @click.option("--variant", help="Only this variant.")
-    @click.option("--shape", help="Only this shape key.")
-    @click.option("--dtype", help="Only this dtype.")
-    @click.option("--device", help="Only this device.")
+    @variant_option("Only these variants (repeatable or comma-separated).")
+    @shape_option("Only shapes with this key, or whose label contains this (repeatable).")
+    @dtype_option(help="Only these dtypes (bf16, fp16, fp32, ...; repeatable or comma list).")
+    @device_option("Only this device (as stored, e.g. cpu or cuda).")
     @click.option("--mode", help="Only this timing mode (cold, hot, ...).")
     @click.option("--limit", default=200, help="At most this many most recent cases.")
     @ledger_option
-    @click.option("--json", "json", is_flag=True, help="Print JSON instead of a table.")
-    @click.option("--csv", "csv", is_flag=True, help="Print CSV.")
+    @json_option
+    @csv_option
     @user_errors
-    def history_command(op, variant, shape, dtype, device, mode, limit, ledger_url, json, csv):
+    def history_command(
+        op, variants, shapes, dtype, device, mode, limit, ledger_url, as_json, as_csv
+    ):
         """Show how an op's cases measured over time, oldest first; without an op, the
         ledger's recent runs.
 
@@ -128,6 +220,7 @@ def register(app: click.Group) -> None:
         from kernelab import ledger
         from kernelab.report import fmt
 
+        json, csv = as_json, as_csv
         if json and csv:
             raise ValueError("--json, --csv: choose one output format")
         if limit < 1:
@@ -138,48 +231,16 @@ def register(app: click.Group) -> None:
             _show_runs(runs, json, csv)
             return
         with ledger.open(ledger_url, readonly=True) as db:
-            rows = history_rows(
-                db,
-                op,
-                variant=variant,
-                shape_key=shape,
-                dtype=dtype,
-                device=device,
-                mode=mode,
-                limit=limit,
-            )
+            rows = select_history(db, op, variants, shapes, dtype, limit, device=device, mode=mode)
         if json:
             emit_json({"op": op, "cases": rows})
             return
         if csv:
             sys.stdout.write(fmt.to_csv(rows, _CSV_COLUMNS))
             return
-        from rich.markup import escape
-        from rich.table import Table
-
-        from kernelab.cli._common import console
+        from kernelab.cli._common import console, echo
 
         if not rows:
-            console.print(f"no stored cases of op {op!r}", highlight=False, markup=False)
+            echo(f"no stored cases of op {op!r}")
             return
-        table = Table(title=escape(f"history: {op}"), title_justify="left")
-        for col in ("time (UTC)", "run", "label", "variant", "shape", "dtype", "mode"):
-            table.add_column(col)
-        for col in ("median", "vs prev", "GB/s", "% roofline"):
-            table.add_column(col, justify="right")
-        table.add_column("flags")
-        for r in rows:
-            table.add_row(
-                r["created"][:19].replace("T", " "),
-                r["run"],
-                *(
-                    escape(str(x or "-"))
-                    for x in (r["label"], r["variant"], r["shape_label"], r["dtype"], r["mode"])
-                ),
-                fmt.seconds(r["median_s"]),
-                fmt.ratio(r["vs_previous"]),
-                fmt.number(r["gbps"]),
-                fmt.percent(r["pct_roofline"]),
-                escape(", ".join(r["flags"])),
-            )
-        console.print(table)
+        history_sheet(op, rows).print(console)

@@ -6,7 +6,19 @@ import time
 
 import click
 
-from kernelab.cli._common import emit_json, select_ops, user_errors
+from kernelab.cli._common import (
+    SharedOption,
+    doing,
+    dtype_option,
+    echo,
+    emit_json,
+    json_option,
+    kept,
+    plain_progress,
+    select_ops,
+    target_option,
+    user_errors,
+)
 
 _SEV = {"error": "bold red", "warn": "yellow", "info": "cyan"}
 
@@ -14,9 +26,9 @@ _SEV = {"error": "bold red", "warn": "yellow", "info": "cyan"}
 def register(app: click.Group) -> None:
     @app.command("inspect")
     @click.argument("ops", nargs=-1)
-    @click.option("--target", "-t", help="Comma-separated: sm_80,sm_90,sm_100,gfx942 (default).")
+    @target_option("Comma-separated: sm_80,sm_90,sm_100,gfx942 (default: all four).")
     @click.option("--space", is_flag=True, help="Every config of the tuning space.")
-    @click.option("--dtype", help="Comma-separated dtypes (default: all).")
+    @dtype_option()
     @click.option("--kernel", help="A user's kernel: path/to/file.py:kernel (@triton.jit).")
     @click.option(
         "--signature",
@@ -26,15 +38,19 @@ def register(app: click.Group) -> None:
     @click.option("--check", is_flag=True, help="Fail on regressions vs the baseline.")
     @click.option("--update-baseline", is_flag=True, help="Rewrite the baseline from this run.")
     @click.option(
+        "--baseline-file",
         "--baseline",
         "baseline_path",
+        cls=SharedOption,
+        concept="baseline file",
+        hidden_aliases=("--baseline",),
         default="inspect-baseline.json",
-        help="Baseline file (JSON).",
+        help="Baseline file (JSON) of --check and --update-baseline.",
     )
     @click.option("--jobs", "-j", type=int, help="Compiler processes (default: CPUs).")
     @click.option("--no-cache", is_flag=True, help="Compile even when cached.")
     @click.option("--all", "all_rows", is_flag=True, help="Show every config, not one per kernel.")
-    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+    @json_option
     @user_errors
     def inspect_command(
         ops,
@@ -99,14 +115,26 @@ def register(app: click.Group) -> None:
                 disable=as_json,
             ) as progress:
                 task = progress.add_task("compile", total=None)
+                if not no_cache:
+                    kept("each kernel compiled so far, in the inspect cache (reused next time)")
+
+                plain, tenth = plain_progress(), [-1]
+
+                def tick(d: int, n: int) -> None:
+                    progress.update(task, completed=d, total=n)
+                    doing(f"compiling: {d}/{n} done")
+                    if plain and n and d * 10 // n != tenth[0]:  # a line per tenth done
+                        tenth[0] = d * 10 // n
+                        echo(f"inspect: {d}/{n} compiled", err=True)
+
                 result = inspect_ops(
                     selected,
                     targets,
                     space=space,
-                    dtypes=[d.strip() for d in dtype.split(",")] if dtype else None,
+                    dtypes=list(dtype) or None,
                     jobs=jobs,
                     use_cache=not no_cache,
-                    progress=lambda d, n: progress.update(task, completed=d, total=n),
+                    progress=tick,
                 )
         elapsed = time.perf_counter() - started
         comparison = None
@@ -118,7 +146,7 @@ def register(app: click.Group) -> None:
                 targets=[t.name for t in targets],
             )
         if update_baseline:
-            subset = bool(ops) or target is not None or dtype is not None or space
+            subset = bool(ops) or target is not None or bool(dtype) or space
             bl.write(baseline_path, result.reports, merge=subset)
         if as_json:
             emit_json(
@@ -135,20 +163,12 @@ def register(app: click.Group) -> None:
             if comparison is not None:
                 _print_check(comparison, baseline_path)
             if update_baseline:
-                from rich.markup import escape
-
-                from kernelab.cli._common import console
-
-                console.print(f"baseline written: {escape(baseline_path)}")
+                echo(f"baseline written: {baseline_path}")
         if comparison is not None and comparison.failed:
             raise click.exceptions.Exit(1)
 
 
 def _print(result, elapsed: float, all_rows: bool) -> None:
-    from rich import box
-    from rich.markup import escape
-    from rich.table import Table
-
     from kernelab.cli._common import console
 
     reps = result.reports
@@ -164,27 +184,76 @@ def _print(result, elapsed: float, all_rows: bool) -> None:
         shown = [v[1] for v in best.values()]
     else:
         shown = reps
-    table = Table(title=f"kernelab inspect (triton {escape(result.triton)})", box=box.SIMPLE)
-    for col in ("kernel", "target", "config", "regs", "spill B", "smem KB", "occupancy",
-                "ld/st bits", "tensor cores"):  # fmt: skip
-        wide = {"kernel": 22, "config": 34}.get(col)
-        table.add_column(col, no_wrap=wide is None, min_width=wide, overflow="fold")
+    inspect_sheet(result, shown).print(console)
+    lines = []
     for r in shown:
+        for fd in r.findings:
+            lines.append(
+                [
+                    "  ",
+                    (fd.severity, _SEV[fd.severity]),
+                    f" {r.kernel} {r.target} ",
+                    (r.label, "dim"),
+                    f": {fd.message}" + (f" → {fd.suggestion}" if fd.suggestion else ""),
+                ]
+            )
+    if lines:
+        echo("Findings:")
+        for line in lines:
+            echo(*line)
+    for line in result.skipped:
+        echo(("skipped:", "yellow"), f" {line}")
+    cached = sum(r.cached for r in reps)
+    echo(
+        (
+            f"{len(reps)} kernel×target×config, {cached} from cache, {elapsed:.1f} s, "
+            f"compiled by triton {result.triton}",
+            "dim",
+        )
+    )
+
+
+def inspect_sheet(result, shown):
+    """One group per kernel, one row per target and launch, named by its shape and dtype; the
+    shape and the config (long: every constexpr) go under the row when the terminal is
+    narrow. The title names the dtypes shown."""
+    from rich.text import Text
+
+    from kernelab.cli._table import Col, Sheet
+
+    dtypes = [r.key.split("/")[3] for r in result.reports if r.op and r.key.count("/") >= 4]
+    dtypes = list(dict.fromkeys(dtypes))
+    sheet = Sheet(
+        f"kernelab inspect (triton {result.triton})"
+        + (f" — dtypes: {', '.join(dtypes)}" if dtypes else ""),
+        [
+            Col("target"),
+            Col("shape, dtype", give="below", step=2),
+            Col("regs", right=True),
+            Col("spill B", right=True),
+            Col("smem KB", right=True),
+            Col("occupancy"),
+            Col("ld/st bits"),
+            Col("tensor cores", give="below", step=4, hide_empty=True),
+            Col("config", give="below", step=1),
+            Col("note", give="below", step=3, hide_empty=True),
+        ],
+    )
+    group = None
+    for r in shown:
+        name = f"{r.op}/{r.kernel}" if r.op else r.kernel
+        if name != group:
+            group = name
+            sheet.group(name)
         f = r.facts or {}
         occ = r.occupancy
-        name = f"{r.op}/{r.kernel}" if r.op else r.kernel
-        if r.error:
-            table.add_row(name, r.target, escape(r.config), "", "", "", "",
-                          f"[red]{escape(r.error)}[/]", "")  # fmt: skip
+        if r.error or r.unsupported:
+            note = Text(r.error, style="red") if r.error else Text(r.unsupported, style="dim")
+            sheet.row(r.target, r.label, "", "", "", "", "", "", r.config, note)
             continue
-        if r.unsupported:
-            table.add_row(name, r.target, escape(r.config), "", "", "", "",
-                          f"[dim]{escape(r.unsupported)}[/]", "")  # fmt: skip
-            continue
-        table.add_row(
-            escape(name),
+        sheet.row(
             r.target,
-            escape(r.config),
+            r.label,
             str(f.get("registers")),
             str(f.get("spill_bytes") or 0),
             f"{f.get('shared_bytes', 0) / 1024:.1f}",
@@ -192,27 +261,10 @@ def _print(result, elapsed: float, all_rows: bool) -> None:
             _widths(f),
             "+".join(f"{k}×{v}" for k, v in sorted((f.get("tensor_cores") or {}).items()))
             + (" tma" if f.get("tma") else ""),
+            r.config,
+            "",
         )
-    console.print(table)
-    lines = []
-    for r in shown:
-        for fd in r.findings:
-            lines.append(
-                f"  [{_SEV[fd.severity]}]{fd.severity}[/] {escape(r.kernel)} {r.target} "
-                f"[dim]{escape(r.label)}[/]: {escape(fd.message)}"
-                + (f" → {escape(fd.suggestion)}" if fd.suggestion else "")
-            )
-    if lines:
-        console.print("Findings:")
-        for line in lines:
-            console.print(line)
-    for line in result.skipped:
-        console.print(f"[yellow]skipped:[/] {escape(line)}")
-    cached = sum(r.cached for r in reps)
-    console.print(
-        f"[dim]{len(reps)} kernel×target×config, {cached} from cache, {elapsed:.1f} s, "
-        f"compiled by triton {escape(result.triton)}[/]"
-    )
+    return sheet
 
 
 def _widths(f: dict) -> str:
@@ -223,21 +275,18 @@ def _widths(f: dict) -> str:
 
 
 def _print_check(c, path: str) -> None:
-    from rich.markup import escape
-
-    from kernelab.cli._common import console
 
     for note in c.notes:
-        console.print(f"[dim]{escape(note)}[/]")
+        echo((note, "dim"))
     if c.new:
-        console.print(f"[cyan]{len(c.new)} not in the baseline (new)[/]")
+        echo((f"{len(c.new)} not in the baseline (new)", "cyan"))
     if c.missing:
-        console.print(f"[yellow]{len(c.missing)} in the baseline but not inspected now[/]")
+        echo((f"{len(c.missing)} in the baseline but not inspected now", "yellow"))
     for line in c.improvements:
-        console.print(f"[green]improved:[/] {escape(line)}")
+        echo(("improved:", "green"), f" {line}")
     if c.regressions:
-        console.print(f"[bold red]{len(c.regressions)} regression(s) against {escape(path)}:[/]")
+        echo((f"{len(c.regressions)} regression(s) against {path}:", "bold red"))
         for line in c.regressions:
-            console.print(f"  [red]✗[/] {escape(line)}")
+            echo("  ", ("✗", "red"), f" {line}")
     else:
-        console.print(f"[green]✓ no regressions against {escape(path)}[/]")
+        echo((f"✓ no regressions against {path}", "green"))

@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import click
 
-from kernelab.cli._common import emit_json, spinner, user_errors
+from kernelab.cli._common import (
+    device_option,
+    doing,
+    dtype_option,
+    emit_json,
+    json_option,
+    kept,
+    label_option,
+    ledger_option,
+    lost,
+    no_ledger_option,
+    spinner,
+    user_errors,
+)
 
 
 def register(app: click.Group) -> None:
@@ -12,10 +25,10 @@ def register(app: click.Group) -> None:
     @click.option(
         "--preset", default="tiny-llama", help="Model preset (see kernelab.models.PRESETS)."
     )
-    @click.option("--device", default="cpu", help="cpu or cuda[:N].")
-    @click.option(
-        "--dtype",
-        help="float32, float16 or bfloat16 (default: bfloat16 on GPUs, float32 on CPU).",
+    @device_option("cpu or cuda[:N].", default="cpu")
+    @dtype_option(
+        multiple=False,
+        help="fp32, fp16 or bf16, any spelling (default: bf16 on GPUs, fp32 on CPU).",
     )
     @click.option(
         "--prompt-tokens", default=32, type=click.IntRange(min=1), help="Prompt length for prefill."
@@ -42,12 +55,10 @@ def register(app: click.Group) -> None:
         "--profile-dir",
         help="Folder for the decode-step traces (default: a temporary folder).",
     )
-    @click.option(
-        "--ledger",
-        help="Ledger to store the run in (default: KERNELAB_LEDGER or the user ledger).",
-    )
-    @click.option("--no-ledger", is_flag=True, help="Do not store the run.")
-    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+    @label_option
+    @ledger_option
+    @no_ledger_option()
+    @json_option
     @user_errors
     def model_bench_command(
         preset,
@@ -59,7 +70,8 @@ def register(app: click.Group) -> None:
         quantize,
         profile,
         profile_dir,
-        ledger,
+        label,
+        ledger_url,
         no_ledger,
         as_json,
     ):
@@ -78,7 +90,15 @@ def register(app: click.Group) -> None:
             if torch_dtype not in (torch.float32, torch.float16, torch.bfloat16):
                 raise ValueError(f"dtype: expected float32, float16 or bfloat16, got {dtype!r}")
         info = detect(device)
+        lost("the timings so far" + ("" if no_ledger else ": model-bench stores its run when done"))
+        if profile and profile_dir:
+            kept(f"the decode-step traces written so far, under {profile_dir}")
         with spinner("building model", disable=as_json) as say:
+
+            def progress(msg: str) -> None:
+                say(msg)
+                doing(msg)
+
             rows = bench.run(
                 preset,
                 device,
@@ -86,36 +106,48 @@ def register(app: click.Group) -> None:
                 prompt_tokens,
                 decode_tokens,
                 repeats,
-                progress=say,
+                progress=progress,
                 quantize=quantize,
                 profile=profile,
                 profile_dir=profile_dir,
             )
-        run_id = None if no_ledger else _store(rows, info, ledger)
+        run_id = None if no_ledger else _store(rows, info, ledger_url, label)
+        lost(None)
         if as_json:
             emit_json({"device": info.as_dict(), "run_id": run_id, "rows": rows})
             return
-        from rich.table import Table
+        from kernelab.cli._common import console, echo
 
-        from kernelab.cli._common import console
-
-        table = Table(title=f"kernelab model-bench — {preset} on {info.type}: {info.name}")
-        for col in ("variant", "prefill ms", "prefill ×", "decode tok/s", "decode ×"):
-            table.add_column(col, justify="right" if col != "variant" else "left")
-        for r in rows:
-            table.add_row(
-                r["variant"],
-                f"{r['prefill_s'] * 1e3:.2f}",
-                f"{r['prefill_speedup']:.2f}",
-                f"{r['decode_tokens_per_s']:.1f}",
-                f"{r['decode_speedup']:.2f}",
-            )
-        console.print(table)
+        model_sheet(preset, info, rows).print(console)
         for r in rows:
             if "decode_profile" in r:
                 _print_profile(r)
         if run_id is not None:
-            console.print(f"[dim]stored as run {run_id}[/]")
+            echo((f"stored as run {run_id}", "dim"))
+
+
+def model_sheet(preset: str, info, rows):
+    from kernelab.cli._table import Col, Sheet
+
+    sheet = Sheet(
+        f"kernelab model-bench — {preset} on {info.type}: {info.name}",
+        [
+            Col("variant"),
+            Col("prefill ms", right=True),
+            Col("prefill ×", right=True),
+            Col("decode tok/s", right=True),
+            Col("decode ×", right=True),
+        ],
+    )
+    for r in rows:
+        sheet.row(
+            r["variant"],
+            f"{r['prefill_s'] * 1e3:.2f}",
+            f"{r['prefill_speedup']:.2f}",
+            f"{r['decode_tokens_per_s']:.1f}",
+            f"{r['decode_speedup']:.2f}",
+        )
+    return sheet
 
 
 def _us(v) -> str:
@@ -124,40 +156,47 @@ def _us(v) -> str:
     return f"{v / 1e3:.2f} ms" if v >= 1000 else f"{v:.1f} µs"
 
 
-def _print_profile(row) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    from kernelab.cli._common import console
+def profile_sheet(row):
+    """The CPU ops of one profiled decode step; a long op name moves under its numbers."""
+    from kernelab.cli._table import Col, Sheet
 
     d = row["decode_profile"]
     share = d.get("framework_overhead_share")
-    table = Table(
-        title=f"one decode step — {row['variant']}: {_us(d.get('step_us'))} per step, "
-        f"framework overhead {'-' if share is None else f'{share:.0%}'}"
+    sheet = Sheet(
+        f"one decode step — {row['variant']}: {_us(d.get('step_us'))} per step, "
+        f"framework overhead {'-' if share is None else f'{share:.0%}'}",
+        [
+            Col("calls", right=True),
+            Col("self", right=True),
+            Col("share", right=True),
+            Col("CPU op", give="below", step=1),
+        ],
     )
-    for col in ("CPU op", "calls", "self", "share"):
-        table.add_column(col, justify="left" if col == "CPU op" else "right")
     for o in d["top_cpu_ops"]:
-        table.add_row(
-            escape(o["name"][:60]), str(o["count"]), _us(o["self_us"]), f"{o['self_share']:.1%}"
-        )
-    console.print(table)
+        sheet.row(str(o["count"]), _us(o["self_us"]), f"{o['self_share']:.1%}", o["name"])
+    return sheet
+
+
+def _print_profile(row) -> None:
+    from kernelab.cli._common import console, echo
+
+    profile_sheet(row).print(console)
+    d = row["decode_profile"]
     gpu = d.get("gpu")
     if gpu:
         latency = _us(gpu.get("launch_latency_us_total"))
         p50 = _us(gpu.get("launch_latency_us_p50"))
         short = gpu.get("short_kernel_share") or 0
-        console.print(
+        echo(
             f"GPU: {gpu.get('kernels')} kernels; launch latency {latency} in total (p50 {p50}); "
             f"short kernels {short:.0%}"
         )
     for finding in d.get("verdicts") or []:
-        console.print(f"[dim]· {escape(str(finding))}[/]")
-    console.print(f"[dim]trace: {escape(row['decode_trace'])}[/]")
+        echo((f"· {finding}", "dim"))
+    echo((f"trace: {row['decode_trace']}", "dim"))
 
 
-def _store(rows, info, url):
+def _store(rows, info, url, label=None):
     from kernelab import ledger
 
     cases = [
@@ -202,4 +241,6 @@ def _store(rows, info, url):
         if "decode_profile" in r
     ]
     with ledger.open(url) as db:
-        return db.record_run(kind="model-bench", cases=cases, provenance=ledger.provenance(info))
+        return db.record_run(
+            kind="model-bench", cases=cases, provenance=ledger.provenance(info), label=label
+        )

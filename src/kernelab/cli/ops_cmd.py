@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kernelab.cli._common import emit_json, select_ops, user_errors
+from kernelab.cli._common import device_option, emit_json, json_option, select_ops, user_errors
 
 
 def describe(device_type: str) -> list[dict]:
@@ -38,40 +38,50 @@ def describe(device_type: str) -> list[dict]:
 
 def register(app: click.Group) -> None:
     @app.command("ops")
-    @click.option(
-        "--device",
-        help="Device to judge availability on (default: the accelerator if present, else cpu).",
+    @device_option(
+        "Device to judge availability on (default: the accelerator if present, else cpu)."
     )
-    @click.option("--json", "json", is_flag=True, help="Print JSON instead of a table.")
+    @json_option
     @user_errors
-    def ops_command(device, json):
+    def ops_command(device, as_json):
         """List ops, their variants, and which variants can run on this machine."""
         from kernelab.hardware import detect
 
         info = detect(device)
         rows = describe(info.type)
-        if json:
+        if as_json:
             emit_json({"device": info.as_dict(), "ops": rows})
             return
-        from rich.table import Table
-
         from kernelab.cli._common import console
 
-        table = Table(title=f"kernelab ops — on {info.type}: {info.name}")
-        for col in ("op", "variants (runs here?)", "dtypes", "shapes", "in place"):
-            table.add_column(col)
-        for r in rows:
-            parts = []
-            for v in r["variants"]:
-                mark = "[green]✓[/]" if v["runs_here"] else "[red]✗[/]"
-                note = f" [dim]({v['note']})[/]" if v["note"] else ""
-                parts.append(f"{mark} {v['name']}{note}")
-            shapes = ", ".join(f"{k} {n}" for k, n in r["shape_sets"].items())
-            table.add_row(
-                f"[bold]{r['op']}[/]\n[dim]{r['description']}[/]",
-                "\n".join(parts),
-                ", ".join(r["dtypes"]),
-                shapes,
-                ", ".join(r["inplace"]) or "—",
-            )
-        console.print(table)
+        ops_sheet(info, rows).print(console)
+
+
+def ops_sheet(info, rows: list[dict]):
+    """One group per op (name, description, dtypes, shape sets, in-place arguments), one row
+    per variant."""
+    from rich.text import Text
+
+    from kernelab.cli._table import Col, Sheet
+
+    sheet = Sheet(
+        f"kernelab ops — on {info.type}: {info.name}",
+        [
+            Col("variant"),
+            Col("runs here"),
+            Col("kind"),
+            Col("note", give="wrap", step=1, hide_empty=True),
+        ],
+    )
+    for r in rows:
+        shapes = ", ".join(f"{k} {n}" for k, n in r["shape_sets"].items())
+        detail = [
+            Text.assemble(("dtypes ", "dim"), ", ".join(r["dtypes"])),
+            Text.assemble(("shapes ", "dim"), shapes),
+            Text.assemble(("in place ", "dim"), ", ".join(r["inplace"]) or "—"),
+        ]
+        sheet.group(r["op"], Text(r["description"], style="dim"), detail=detail)
+        for v in r["variants"]:
+            here = Text("✓ yes", style="green") if v["runs_here"] else Text("✗ no", style="red")
+            sheet.row(v["name"], here, v["kind"], v["note"] or "")
+    return sheet

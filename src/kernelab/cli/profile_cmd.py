@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kernelab.cli._common import user_errors
+from kernelab.cli._common import device_option, json_option, kept, lost, user_errors
 
 
 def register(app: click.Group) -> None:
@@ -13,10 +13,8 @@ def register(app: click.Group) -> None:
     @click.option("--steps", default=5, help="Profiled steps (calls of the target).")
     @click.option("--warmup", default=2, help="Warm-up steps before profiling.")
     @click.option("--out", help="Where to write the trace (.json or .json.gz).")
-    @click.option(
-        "--device", default="auto", help="auto | cpu | cuda (which activities to record)."
-    )
-    @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+    @device_option("auto, cpu or cuda: which activities to record.", default="auto")
+    @json_option
     @click.option("--top", default=15, help="Rows in the summary tables.")
     @user_errors
     def profile_command(target, steps, warmup, out, device, as_json, top):
@@ -27,12 +25,13 @@ def register(app: click.Group) -> None:
         from kernelab.trace.commands import run_summary
         from kernelab.trace.profile import profile
 
+        lost("the trace: written when every step is profiled")
         if as_json:
             path = profile(target, steps=steps, warmup=warmup, out=out, device=device)
         else:
             from rich.progress import Progress
 
-            from kernelab.cli._common import console
+            from kernelab.cli._common import console, echo
 
             with Progress(console=console, transient=True) as bar:
                 task = bar.add_task("profiling", total=steps + warmup)
@@ -44,7 +43,9 @@ def register(app: click.Group) -> None:
                     device=device,
                     progress=lambda i, n: bar.update(task, completed=i),
                 )
-            console.print(f"trace written: {path}", markup=False, highlight=False)
+            echo(f"trace written: {path}")
+        lost(None)
+        kept(f"trace {path}")
         code = run_summary(str(path), as_json=as_json, top=top)
         if code:
             raise click.exceptions.Exit(code)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kernelab.cli._common import ledger_option, user_errors
+from kernelab.cli._common import kept, kind_option, ledger_option, user_errors
 
 
 def register(app: click.Group) -> None:
@@ -21,7 +21,7 @@ def register(app: click.Group) -> None:
         default="torch",
         help="Variant that per-shape speedups within a run are measured against.",
     )
-    @click.option("--kind", default="bench", help="Kind of runs that 'latest' and labels name.")
+    @kind_option
     @click.option("--title", default="kernelab report", help="Page title.")
     @ledger_option
     @user_errors
@@ -32,9 +32,10 @@ def register(app: click.Group) -> None:
         RUNS are the runs to show: ids (or unique prefixes), labels, 'latest' (default).
         """
         from kernelab import ledger
-        from kernelab.cli._common import console
+        from kernelab.cli._common import echo
         from kernelab.report.html import write
 
         with ledger.open(ledger_url, readonly=True) as db:
             path = write(db, list(runs or []), out, baseline, kind, baseline_variant, title)
-        console.print(f"wrote {path}", highlight=False, markup=False)
+        echo(f"wrote {path}")
+        kept(f"report {path}")

@@ -6,7 +6,21 @@ import time
 
 import click
 
-from kernelab.cli._common import emit_json, select_ops, spinner, user_errors
+from kernelab.cli._common import (
+    device_option,
+    doing,
+    emit_json,
+    json_option,
+    kept,
+    label_option,
+    ledger_option,
+    lost,
+    no_ledger_option,
+    select_ops,
+    spinner,
+    user_errors,
+    variant_option,
+)
 from kernelab.stages import RUN_STAGES, load
 
 _STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow", "info": "cyan"}
@@ -15,12 +29,17 @@ _STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow", "info": "cyan"}
 def register(app: click.Group) -> None:
     @app.command("run")
     @click.argument("ops", nargs=-1)
-    @click.option(
-        "--device", help="cpu or cuda[:N] (default: the accelerator if present, else cpu)."
+    @device_option()
+    @variant_option(
+        "Variant(s) to verify and time, repeatable or comma-separated (default: all that run "
+        "here, except compile on CPU)."
     )
-    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+    @label_option
+    @ledger_option
+    @no_ledger_option()
+    @json_option
     @user_errors
-    def run_command(ops, device, as_json):
+    def run_command(ops, device, variants, label, ledger_url, no_ledger, as_json):
         """Run every instrument on every registered op and print one table (the report card).
 
         OPS are the ops to include (default: all).
@@ -31,14 +50,34 @@ def register(app: click.Group) -> None:
         selected = select_ops(ops)
         reports, started = [], time.perf_counter()
         with spinner(disable=as_json) as say:
+
+            def progress(msg: str) -> None:
+                say(msg)
+                doing(msg)
+
             for path in RUN_STAGES:
-                reports.append(load(path)(selected, info, say))
+                stage = load(path)
+                reports.append(
+                    stage(
+                        selected,
+                        info,
+                        progress,
+                        variants=variants or None,
+                        ledger_url=ledger_url,
+                    )
+                )
+                done = ", ".join(r.stage for r in reports)
+                lost(f"the results of the finished stages ({done}): run prints them at the end")
+        doing(None)
+        run_id = None if no_ledger else _store(reports, info, ledger_url, label)
+        lost(None)
         elapsed = time.perf_counter() - started
         failed = any(r.failed for r in reports)
         if as_json:
             emit_json(
                 {
                     "device": info.as_dict(),
+                    "run_id": run_id,
                     "seconds": round(elapsed, 2),
                     "passed": not failed,
                     "stages": [
@@ -61,36 +100,72 @@ def register(app: click.Group) -> None:
                 }
             )
         else:
-            _print_table(info, selected, reports, elapsed)
+            _print_table(info, selected, reports, elapsed, run_id)
         if failed:
             raise click.exceptions.Exit(1)
 
 
-def _print_table(info, selected, reports, elapsed) -> None:
-    from rich.markup import escape
-    from rich.table import Table
+def card_sheet(info, selected, reports, width: int):
+    """The report card: a column per stage when it fits ``width`` unwrapped; otherwise one
+    line per variant and stage (each op's variants grouped under it)."""
+    from rich.text import Text
 
-    from kernelab.cli._common import console
+    from kernelab.cli._table import Col, Sheet
 
-    table = Table(title=f"kernelab report card — {info.type}: {escape(info.name)}")
-    table.add_column("op")
-    table.add_column("variant")
-    for r in reports:
-        table.add_column(r.stage)
+    title = f"kernelab report card — {info.type}: {info.name}"
+    rows = []
     for op in selected:
-        keys = [(op.name, v) for v in op.variants] + [(op.name, "*")]
-        for key in keys:
+        for key in [(op.name, v) for v in op.variants] + [(op.name, "*")]:
             cells = [r.cells.get(key) for r in reports]
-            if all(c is None for c in cells):
-                continue
-            row = [op.name, "(op)" if key[1] == "*" else key[1]]
-            for c in cells:
-                row.append("" if c is None else f"[{_STYLE[c.status]}]{escape(c.text)}[/]")
-            table.add_row(*row)
-    console.print(table)
+            if any(c is not None for c in cells):
+                rows.append((op.name, "(op)" if key[1] == "*" else key[1], cells))
+
+    def text(c):
+        return "" if c is None else Text(c.text, style=_STYLE[c.status])
+
+    wide = Sheet(title, [Col("op"), Col("variant")] + [Col(r.stage) for r in reports])
+    for op, variant, cells in rows:
+        wide.row(op, variant, *(text(c) for c in cells))
+    if wide.fits(width):
+        return wide
+    stacked = Sheet(title, [Col("variant"), Col("stage"), Col("result", give="wrap", step=1)])
+    group = None
+    for op, variant, cells in rows:
+        if op != group:
+            group = op
+            stacked.group(op)
+        first = True
+        for r, c in zip(reports, cells, strict=True):
+            if c is not None:
+                stacked.row(variant if first else "", r.stage, text(c))
+                first = False
+    return stacked
+
+
+def _store(reports, info, url: str | None, label: str | None) -> str | None:
+    """The stages' cases (the bench stage's timings) as one ledger run, kind bench."""
+    cases = [c for r in reports for c in r.cases]
+    if not cases:
+        return None
+    from kernelab import ledger
+
+    bench = next((r.provenance for r in reports if r.cases and r.provenance), {})
+    with ledger.open(url) as db:
+        run_id = db.record_run(
+            kind="bench", cases=cases, provenance=ledger.provenance(info, bench=bench), label=label
+        )
+    kept(f"ledger run {run_id}: {len(cases)} bench case(s)")
+    return run_id
+
+
+def _print_table(info, selected, reports, elapsed, run_id=None) -> None:
+    from kernelab.cli._common import console, echo
+
+    card_sheet(info, selected, reports, console.width).print(console)
     skipped = [line for r in reports for line in r.skipped]
     if skipped:
-        console.print("[yellow]Not run here:[/]")
+        echo(("Not run here:", "yellow"))
         for line in dict.fromkeys(skipped):
-            console.print(f"  • {escape(line)}")
-    console.print(f"[dim]{len(selected)} op(s), {elapsed:.1f} s[/]")
+            echo(f"  • {line}")
+    tail = f"{len(selected)} op(s), {elapsed:.1f} s"
+    echo((tail + (f", bench cases stored as ledger run {run_id}" if run_id else ""), "dim"))

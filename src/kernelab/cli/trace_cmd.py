@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from kernelab.cli._common import user_errors
+from kernelab.cli._common import json_option, user_errors
 
 
 def _one_blas_thread() -> None:
@@ -26,7 +26,7 @@ def register(app: click.Group) -> None:
 
     @trace_group.command("summary")
     @click.argument("trace")
-    @click.option("--json", "as_json", is_flag=True, help="Print JSON (docs/trace.md) instead.")
+    @json_option
     @click.option("--top", default=15, help="Rows in the top-kernel, roofline and CPU tables.")
     @click.option("--short-us", default=5.0, help="Kernels shorter than this (us) are 'short'.")
     @click.option(
@@ -61,7 +61,7 @@ def register(app: click.Group) -> None:
     @trace_group.command("diff")
     @click.argument("a")
     @click.argument("b")
-    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+    @json_option
     @click.option("--top", default=20, help="Kernel groups to show.")
     @user_errors
     def diff_command(a, b, as_json, top):

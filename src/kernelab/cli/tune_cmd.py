@@ -6,18 +6,27 @@ from pathlib import Path
 
 import click
 
-from kernelab.cli._common import emit_json, select_ops, user_errors
+from kernelab.cli._common import (
+    device_option,
+    dtype_option,
+    emit_json,
+    json_option,
+    kept,
+    select_ops,
+    shape_set_option,
+    spinner,
+    target_option,
+    user_errors,
+)
 
 
 def register(app: click.Group) -> None:
     @app.command("tune")
     @click.argument("op", required=False)
-    @click.option("--shapes", default="representative", help="Shape set: representative or edge.")
-    @click.option("--dtype", default="bfloat16", help="float32, float16 or bfloat16.")
-    @click.option("--device", help="cpu or cuda[:N] (default: the accelerator).")
-    @click.option(
-        "--target", help="Compile target for pruning (default: the device's, sm_90 on a CPU)."
-    )
+    @shape_set_option()
+    @dtype_option(multiple=False, default="bfloat16", help="bf16, fp16 or fp32 (any spelling).")
+    @device_option()
+    @target_option("Compile target for pruning (default: the device's, sm_90 on a CPU).")
     @click.option(
         "--limit",
         default=0,
@@ -29,9 +38,9 @@ def register(app: click.Group) -> None:
         type=click.Path(path_type=Path),
         help="Write the tuned configs (this device's) to this file for shipping, and exit.",
     )
-    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+    @json_option
     @user_errors
-    def tune_command(op, shapes, dtype, device, target, limit, export, as_json):
+    def tune_command(op, shape_set, dtype, device, target, limit, export, as_json):
         """Tune an op's launch configs. On a CPU it prunes and reports without timing.
 
         OP is the op to tune.
@@ -42,12 +51,10 @@ def register(app: click.Group) -> None:
         from kernelab.hardware import detect
 
         if export is not None:
-            from rich.markup import escape
-
-            from kernelab.cli._common import console
+            from kernelab.cli._common import echo
 
             n = tune.export(export, detect(device).key if device else None)
-            console.print(f"wrote {n} tuned config(s) to {escape(str(export))}")
+            echo(f"wrote {n} tuned config(s) to {export}")
             return
         if op is None:
             raise ValueError("op: expected the name of an op to tune")
@@ -59,40 +66,58 @@ def register(app: click.Group) -> None:
                 f"{[str(d).removeprefix('torch.') for d in selected.dtypes]}, "
                 f"got {dtype!r}"
             )
-        cases = selected.shapes(shapes)
+        cases = selected.shapes(shape_set)
         if limit:
             cases = cases[:limit]
         info = detect(device)
         measure = store = None
         if info.type == "cuda":
             measure = _gpu_measure(info)
-            store = tune.store_winner(selected, _ledger())
-        results = tune.tune(
-            selected,
-            cases,
-            torch_dtype,
-            device or info.type,
-            target=target,
-            measure=measure,
-            store=store,
-        )
+            save = tune.store_winner(selected, _ledger())
+
+            def store(result, device_key):
+                save(result, device_key)
+                kept(f"tuned config for {result.shape.label} ({dtype}, {device_key})")
+
+        with spinner(disable=as_json) as say:
+            results = tune.tune(
+                selected,
+                cases,
+                torch_dtype,
+                device or info.type,
+                target=target,
+                measure=measure,
+                store=store,
+                progress=say,
+            )
         if as_json:
             emit_json({"device": info.as_dict(), "results": [r.as_dict() for r in results]})
             return
-        from rich.markup import escape
-        from rich.table import Table
-
         from kernelab.cli._common import console
 
-        table = Table(title=f"kernelab tune {escape(op)} — {info.type}: {escape(info.name)}")
-        for col in ("shape", "space", "pruned (why)", "left", "winner"):
-            table.add_column(col)
-        for r in results:
-            why = ", ".join(f"{n} {escape(k)}" for k, n in r.pruned.most_common()) or "—"
-            left = r.space - sum(r.pruned.values())
-            winner = escape(str(r.winner)) if r.winner is not None else escape(r.note)
-            table.add_row(escape(r.shape.label), str(r.space), why, str(left), winner)
-        console.print(table)
+        tune_sheet(op, info, results).print(console)
+
+
+def tune_sheet(op: str, info, results):
+    """One group per shape: its space, what pruning left and why, the winner."""
+    from kernelab.cli._table import Col, Sheet
+
+    sheet = Sheet(
+        f"kernelab tune {op} — {info.type}: {info.name}",
+        [
+            Col("space", right=True),
+            Col("left", right=True),
+            Col("pruned (why)", give="wrap", step=2),
+            Col("winner", give="below", step=1),
+        ],
+    )
+    for r in results:
+        why = ", ".join(f"{n} {k}" for k, n in r.pruned.most_common()) or "—"
+        left = r.space - sum(r.pruned.values())
+        winner = str(r.winner) if r.winner is not None else r.note
+        sheet.group(r.shape.label)
+        sheet.row(str(r.space), str(left), why, winner)
+    return sheet
 
 
 def _ledger():

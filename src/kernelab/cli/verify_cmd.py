@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import click
 
-from kernelab.cli._common import emit_json, transient_progress, user_errors
+from kernelab.cli._common import (
+    candidate_option,
+    device_option,
+    doing,
+    dtype_option,
+    emit_json,
+    json_option,
+    lost,
+    max_rows_option,
+    op_option,
+    shape_set_option,
+    spinner,
+    user_errors,
+    variant_option,
+)
 
 SHAPE_CHOICES = ("representative", "edge", "all")
-
-
-def _progress(as_json: bool):
-    return transient_progress(disable=as_json)
 
 
 def _check_options(ops, candidate, op, reference, inputs, audit, shapes) -> None:
@@ -41,38 +51,29 @@ def _check_options(ops, candidate, op, reference, inputs, audit, shapes) -> None
 def register(app: click.Group) -> None:
     @app.command("verify")
     @click.argument("ops", nargs=-1)
-    @click.option(
-        "--variant",
+    @variant_option(
+        "Variant(s) to verify, repeatable or comma-separated (default: all that run here, "
+        "except compile on CPU)."
+    )
+    @shape_set_option(
         multiple=True,
-        help="Variant(s) to verify (repeatable; default: all that run here, except "
-        "compile on CPU).",
+        help="representative, edge or all; repeatable or comma-separated (default: "
+        "representative and edge).",
     )
-    @click.option(
-        "--shapes",
-        multiple=True,
-        help="representative, edge or all (repeatable; default: both).",
+    @dtype_option(
+        help="dtype(s): bf16, fp16, fp32 (or bfloat16, half, float, ...); repeatable or "
+        "comma-separated (default: the op's)."
     )
-    @click.option(
-        "--dtype",
-        multiple=True,
-        help="dtype(s), e.g. bfloat16 (repeatable; default: the op's).",
-    )
-    @click.option(
-        "--device", help="cpu or cuda[:N] (default: the accelerator if present, else cpu)."
-    )
+    @device_option()
     @click.option("--seed", type=int, help="Run seed, to repeat a run exactly (default: new).")
     @click.option("--trials", type=int, help="Trials per shape and dtype (default: 2).")
-    @click.option(
-        "--cap",
-        type=int,
-        help="Largest batch size (rows, tokens); 0 for none (default on CPU: 4 for "
+    @max_rows_option(
+        "Largest batch size (rows, tokens); 0 for none (default on CPU: 4 for "
         "representative, 32 otherwise; none on GPUs).",
+        hidden=("--cap",),
     )
-    @click.option(
-        "--candidate",
-        help="Your callable, path/to/file.py:function (with --op or --reference).",
-    )
-    @click.option("--op", help="The registered op --candidate implements.")
+    @candidate_option("Your callable, path/to/file.py:function (with --op or --reference).")
+    @op_option("The registered op --candidate implements.")
     @click.option(
         "--reference",
         help="Your reference, file.py:function, for an op kernelab does not know.",
@@ -85,17 +86,17 @@ def register(app: click.Group) -> None:
         "--audit", is_flag=True, help="Check that null kernels fail for every op (the contracts)."
     )
     @click.option("--show", default=10, help="Failing cases to detail.")
-    @click.option("--json", "as_json", is_flag=True, help="Print JSON (docs/verify.md).")
+    @json_option
     @user_errors
     def verify_command(
         ops,
-        variant,
-        shapes,
+        variants,
+        shape_sets,
         dtype,
         device,
         seed,
         trials,
-        cap,
+        max_rows,
         candidate,
         op,
         reference,
@@ -108,25 +109,29 @@ def register(app: click.Group) -> None:
 
         OPS are the ops to verify (default: all).
         """
-        from rich.markup import escape
-
         from kernelab import verify as v
         from kernelab._loader import load_callable
 
-        ops, variant, dtype = list(ops), list(variant), list(dtype)
-        shapes = list(shapes) or ["representative", "edge"]
+        ops, variant, dtype = list(ops), list(variants), list(dtype)
+        shapes = list(shape_sets) or ["representative", "edge"]
+        cap = max_rows
         _check_options(ops, candidate, op, reference, inputs, audit, shapes)
         if trials is None:
             trials = v.DEFAULT_TRIALS
+        if seed is None:
+            from kernelab.verify._runner import new_seed
+
+            seed = new_seed()
+        lost(f"the cases checked so far: verify stores nothing; repeat with --seed {seed}")
         if device is not None:
             from kernelab.hardware import detect
 
             detect(device)  # one clear line for a bad or absent device
-        with _progress(as_json) as progress:
-            task = progress.add_task("starting", total=None)
+        with spinner(disable=as_json) as say:
 
             def tick(msg: str) -> None:
-                progress.update(task, description=escape(msg))
+                say(msg)
+                doing(msg)
 
             common = {"device": device, "seed": seed, "trials": trials, "progress": tick}
             if audit:
@@ -171,83 +176,115 @@ def _ratio(r: float) -> str:
     return f"{r:.2f}×" if r < 1e4 else f"{r:.1e}×"
 
 
-def _print_report(report, show: int) -> None:
-    from rich.markup import escape
-    from rich.table import Table
+def verify_sheet(report):
+    """One group per op and shape set, one row per variant."""
+    from rich.text import Text
 
-    from kernelab.cli._common import console
+    from kernelab.cli._table import Col, Sheet
 
-    table = Table(
-        title=f"kernelab verify — {escape(report.device)}, seed {report.seed}, "
-        f"{report.trials} trial(s) per case"
+    sheet = Sheet(
+        f"kernelab verify — {report.device}, seed {report.seed}, {report.trials} trial(s) per case",
+        [
+            Col("variant"),
+            Col("cases", right=True),
+            Col("result", give="wrap", step=2),
+            Col("worst err / tol", right=True),
+            Col("tolerance", give="below", step=1),
+        ],
     )
-    for col in ("op", "variant", "shapes", "cases", "result", "worst err / tol", "tolerance"):
-        table.add_column(col)
+    group = None
     for (op, variant, shape_set), cases in report.groups().items():
+        if (op, shape_set) != group:
+            group = (op, shape_set)
+            sheet.group(op, f"{shape_set} shapes")
         failed = [c for c in cases if not c.passed]
         worst_case = max(cases, key=lambda c: c.worst_ratio)
         worst_m = max(worst_case.measures.values(), key=lambda m: m.ratio, default=None)
         tol = f"{worst_m.tolerance:.1e} ({worst_m.tolerance_source})" if worst_m else "—"
         if failed:
             classes = list(dict.fromkeys(k for c in failed for k in c.classes))
-            result = f"[bold red]fail: {escape(', '.join(classes))} ({len(failed)})[/]"
+            result = Text(f"fail: {', '.join(classes)} ({len(failed)})", style="bold red")
         else:
-            result = "[green]pass[/]"
-        table.add_row(
-            op, variant, shape_set, str(len(cases)), result, _ratio(worst_case.worst_ratio), tol
-        )
-    console.print(table)
+            result = Text("pass", style="green")
+        sheet.row(variant, str(len(cases)), result, _ratio(worst_case.worst_ratio), tol)
+    return sheet
+
+
+def _print_report(report, show: int) -> None:
+    from kernelab.cli._common import console, echo
+
+    verify_sheet(report).print(console)
     failing = [c for c in report.cases if not c.passed]
     for case in failing[:show]:
-        console.print(
-            f"[bold red]✗[/] {escape(case.op)}/{escape(case.variant)} {escape(case.shape_set)} "
-            f"{escape(case.shape)} {case.dtype}"
+        echo(
+            ("✗", "bold red"),
+            f" {case.op}/{case.variant} {case.shape_set} {case.shape} {case.dtype}",
         )
         for f in case.failures:
-            console.print(f"    {escape(f.line())} [dim](trial {f.trial}, {f.call} call)[/]")
+            echo(f"    {f.line(case.trial_of(f))} ", (f"(trial {f.trial}, {f.call} call)", "dim"))
     if len(failing) > show:
-        console.print(f"[dim]… {len(failing) - show} more failing case(s); --json has all[/]")
+        echo((f"… {len(failing) - show} more failing case(s); --json has all", "dim"))
     notes = list(dict.fromkeys(n for c in report.cases for n in c.notes))
     if any("→" in c.shape for c in report.cases):
         notes.append(
-            "batch sizes were capped for the interpreter (labels show [rows→N]); --cap 0 for none"
+            "batch sizes were capped for the interpreter (labels show [rows→N]); --max-rows 0 for "
+            "none"
         )
     for line in notes:
-        console.print(f"[yellow]note:[/] {escape(line)}")
+        echo(("note:", "yellow"), f" {line}")
     for line in dict.fromkeys(report.skipped):
-        console.print(f"[yellow]skipped:[/] {escape(line)}")
-    verdict = "[green]all passed[/]" if report.passed else "[bold red]FAILED[/]"
-    console.print(
-        f"{verdict} — {len(report.cases)} case(s) in {report.seconds:.1f} s; "
-        f"repeat with --seed {report.seed}"
+        echo(("skipped:", "yellow"), f" {line}")
+    verdict = ("all passed", "green") if report.passed else ("FAILED", "bold red")
+    echo(
+        verdict,
+        f" — {len(report.cases)} case(s) in {report.seconds:.1f} s; "
+        f"repeat with --seed {report.seed}",
     )
 
 
-def _print_audit(report) -> None:
-    from rich.markup import escape
-    from rich.table import Table
+def audit_sheet(report):
+    """One group per op, one row per null candidate and dtype."""
+    from rich.text import Text
 
-    from kernelab.cli._common import console
+    from kernelab.cli._table import Col, Sheet
 
-    table = Table(title=f"kernelab verify --audit — {escape(report.device)}, seed {report.seed}")
-    for col in ("op", "null candidate", "spoils", "dtype", "verdict", "note"):
-        table.add_column(col)
+    sheet = Sheet(
+        f"kernelab verify --audit — {report.device}, seed {report.seed}",
+        [
+            Col("null candidate"),
+            Col("spoils"),
+            Col("dtype"),
+            Col("verdict"),
+            Col("note", give="below", step=1, hide_empty=True),
+        ],
+    )
+    group = None
     for a in report.audit:
+        if a.op != group:
+            group = a.op
+            sheet.group(a.op)
         if not a.caught:
-            verdict = "[bold red]PASSED: broken op definition[/]"
+            verdict = Text("PASSED: broken op definition", style="bold red")
         elif a.failure_class is None:
-            verdict = "[dim]n/a[/]"
+            verdict = Text("n/a", style="dim")
         else:
-            verdict = f"[green]rejected[/] ({escape(a.failure_class)})"
-        table.add_row(a.op, a.null, a.target, a.dtype, verdict, escape(a.note))
-    console.print(table)
+            verdict = Text.assemble(("rejected", "green"), f" ({a.failure_class})")
+        sheet.row(a.null, a.target, a.dtype, verdict, a.note)
+    return sheet
+
+
+def _print_audit(report) -> None:
+    from kernelab.cli._common import console, echo
+
+    audit_sheet(report).print(console)
     ops = list(dict.fromkeys(a.op for a in report.audit))
     broken = report.broken_ops
     for op in ops:
         if op in broken:
-            console.print(
-                f"[bold red]✗ {escape(op)}: broken op definition[/] — a null kernel passes its "
-                "checks; tighten its contract (tolerance) or its inputs"
+            echo(
+                (f"✗ {op}: broken op definition", "bold red"),
+                " — a null kernel passes its checks; tighten its contract (tolerance) or its "
+                "inputs",
             )
         else:
-            console.print(f"[green]✓ {escape(op)}: sound[/] — every null kernel is rejected")
+            echo((f"✓ {op}: sound", "green"), " — every null kernel is rejected")

@@ -12,6 +12,8 @@ from kernelab.stages import Cell, StageReport
 
 #: Target of the ``kernelab run`` stage.
 RUN_TARGET = "sm_90"
+#: The dtype the run card inspects (plain ``kernelab inspect``: every dtype the op takes).
+RUN_DTYPE = "bfloat16"
 
 
 @dataclass
@@ -39,15 +41,16 @@ def inspect_ops(
     return Inspection(reports, p.skipped, triton_version())
 
 
-def stage(ops, device=None, progress=None) -> StageReport:
-    """One cell per op: its worst sm_90 kernel summary, or its first finding."""
-    report = StageReport("inspect sm_90")
+def stage(ops, device=None, progress=None, *, variants=None, ledger_url=None) -> StageReport:
+    """One cell per op: its worst sm_90 kernel summary, or its first finding (``variants`` is
+    not used: what is compiled is the op's Triton kernels; nothing goes to the ledger)."""
+    report = StageReport(f"inspect {RUN_TARGET} {RUN_DTYPE}")
 
     def tick(done: int, total: int) -> None:
         if progress:
             progress(f"inspect: compiled {done}/{total} for {RUN_TARGET}")
 
-    result = inspect_ops(ops, RUN_TARGET, dtypes=("bfloat16",), progress=tick)
+    result = inspect_ops(ops, RUN_TARGET, dtypes=(RUN_DTYPE,), progress=tick)
     report.skipped.extend(result.skipped)
     by_op: dict[str, list[KernelReport]] = {}
     for rep in result.reports:

@@ -8,8 +8,8 @@ from kernelab.stages import Cell, StageReport
 from kernelab.verify._runner import verify
 
 
-def stage(ops, device, progress=None) -> StageReport:
-    report = verify(ops, device=_device_name(device), progress=progress)
+def stage(ops, device, progress=None, *, variants=None, ledger_url=None) -> StageReport:
+    report = verify(ops, variants=variants, device=_device_name(device), progress=progress)
     out = StageReport("verify")
     out.skipped = [f"{line}" for line in report.skipped]
     for line in report.skipped:
@@ -32,9 +32,12 @@ def stage(ops, device, progress=None) -> StageReport:
         }
         if failed:
             first = failed[0]
+            trial = first.trial_of(first.failures[0]) if first.failures else None
+            dist = f", {trial['dist']} inputs" if trial else ""
             text = (
                 f"fail: {first.failure_class} ({len(failed)}/{len(cases)} cases), "
                 f"worst {worst:.2f}× tol; e.g. {first.shape_set} {first.shape} {first.dtype}"
+                f"{dist}"
             )
             out.cells[key] = Cell("fail", text, data)
         else:

@@ -21,6 +21,18 @@ CLASSES = (
 SHOWN = 5
 
 
+def json_float(value):
+    """``value`` for JSON: a non-finite float as the string "nan", "inf" or "-inf" (JSON has
+    no such numbers; an encoder would write both NaN and Inf as null), lists element-wise."""
+    if isinstance(value, list | tuple):
+        return [json_float(v) for v in value]
+    if isinstance(value, float) and value != value:
+        return "nan"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
 @dataclass
 class Failure:
     """One thing a candidate got wrong, with the first offending elements.
@@ -49,13 +61,15 @@ class Failure:
             "target": self.target,
             "message": self.message,
             "indices": self.indices,
-            "got": self.got,
-            "expected": self.expected,
+            "got": json_float(self.got),
+            "expected": json_float(self.expected),
             "trial": self.trial,
             "call": self.call,
         }
 
-    def line(self) -> str:
+    def line(self, trial: dict | None = None) -> str:
+        """One line; with the ``trial`` it happened in (a case's ``trials`` entry), the input
+        distribution and where NaN/Inf were put are named."""
         where = ""
         if self.indices:
             shown = ", ".join(
@@ -63,7 +77,12 @@ class Failure:
                 for i, g, e in zip(self.indices, self.got, self.expected, strict=False)
             )
             where = f" — first at {shown}"
-        return f"{self.cls}: {self.target}: {self.message}{where}"
+        inputs = ""
+        if trial is not None:
+            inputs = f" [{trial['dist']} inputs" + (
+                f", NaN/Inf in {trial['specials']}]" if trial.get("specials") else "]"
+            )
+        return f"{self.cls}: {self.target}: {self.message}{where}{inputs}"
 
 
 @dataclass
@@ -90,16 +109,16 @@ class Measure:
     def as_dict(self) -> dict:
         return {
             "target": self.target,
-            "rel_l2": self.rel_l2,
-            "max_abs": self.max_abs,
-            "max_rel": self.max_rel,
+            "rel_l2": json_float(self.rel_l2),
+            "max_abs": json_float(self.max_abs),
+            "max_rel": json_float(self.max_rel),
             "worst_index": self.worst_index,
-            "worst_got": self.worst_got,
-            "worst_expected": self.worst_expected,
+            "worst_got": json_float(self.worst_got),
+            "worst_expected": json_float(self.worst_expected),
             "tolerance": self.tolerance,
             "tolerance_source": self.tolerance_source,
-            "eager_error": self.eager_error,
-            "ratio": self.ratio,
+            "eager_error": json_float(self.eager_error),
+            "ratio": json_float(self.ratio),
         }
 
 
@@ -138,6 +157,10 @@ class CaseResult:
     def worst_ratio(self) -> float:
         return max((m.ratio for m in self.measures.values()), default=0.0)
 
+    def trial_of(self, f: Failure) -> dict | None:
+        """The ``trials`` entry a failure happened in (None for an unknown trial)."""
+        return self.trials[f.trial] if 0 <= f.trial < len(self.trials) else None
+
     def add_measure(self, m: Measure) -> None:
         old = self.measures.get(m.target)
         if old is None or m.ratio > old.ratio:
@@ -154,7 +177,7 @@ class CaseResult:
             "passed": self.passed,
             "failure_class": self.failure_class,
             "classes": self.classes,
-            "worst_ratio": self.worst_ratio,
+            "worst_ratio": json_float(self.worst_ratio),
             "trials": self.trials,
             "measures": [m.as_dict() for m in self.measures.values()],
             "failures": [f.as_dict() for f in self.failures],
@@ -186,7 +209,7 @@ class AuditEntry:
             "cases": self.cases,
             "caught": self.caught,
             "failure_class": self.failure_class,
-            "worst_ratio": self.worst_ratio,
+            "worst_ratio": json_float(self.worst_ratio),
             "note": self.note,
         }
 
@@ -234,7 +257,7 @@ class Report:
                     "cases": len(cases),
                     "failed": len(failed),
                     "classes": list(dict.fromkeys(classes)),
-                    "worst_ratio": max((c.worst_ratio for c in cases), default=0.0),
+                    "worst_ratio": json_float(max((c.worst_ratio for c in cases), default=0.0)),
                 }
             )
         return {
