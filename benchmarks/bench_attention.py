@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 
 import torch
 import triton
+from _timing import MEASURED_COPY_H200, cold_median
 
 from kernelab import __version__
 from kernelab.hardware.devices import lookup
@@ -31,7 +31,6 @@ from kernelab.ops.attention import _paged
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-MEASURED_COPY_H200 = 4.3e12  # bytes read + written per second, HARDWARE.md (one run)
 
 #: The paged-decode targets: (shape label, what, share of the measured copy bandwidth on the KV
 #: bytes).
@@ -50,22 +49,6 @@ def _cost(shape, dtype):
     inputs["seq_lens"] = torch.tensor(kv_lens, dtype=torch.int32)
     inputs["cu_seqlens_q"] = _paged.cumulative(q_lens, "cpu")
     return PAGED_ATTENTION.cost(inputs)
-
-
-def _time(fn, samples: int, flush: torch.Tensor) -> float:
-    """Median seconds of one call of ``fn()``, L2 flushed before each sample."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(samples):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
 
 
 def _flashinfer(inputs: dict):
@@ -153,7 +136,7 @@ def main() -> None:
             fns["flashinfer"] = fi
         for name, fn in fns.items():
             agree = error(fn(), ref).rel_l2
-            t = _time(fn, args.samples, flush)
+            t = cold_median(fn, args.samples, flush)
             achieved[(shape.label, name)] = t
             print(
                 f"    {name:<11} {t * 1e6:9.2f} us  {cost.bytes / t / 1e12:6.2f} TB/s  "

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 
 import torch
 import torch.nn.functional as F
 import triton
+from _timing import cold_median
 
 from kernelab import __version__
 from kernelab.hardware.devices import lookup
@@ -45,23 +45,6 @@ def _floors(op, shape, dtype, device):
     measured = max(cost.flops / MEASURED_MATMUL_H200, cost.bytes / h200.hbm_bytes_per_s)
     bound = cost.bound(h200.peak_for("bf16"), h200.hbm_bytes_per_s)
     return inputs, cost, sheet, measured, bound
-
-
-def _time(fn, samples: int, flush: torch.Tensor) -> float:
-    """Median seconds of one call, L2 flushed before each sample (outside the events)."""
-    for _ in range(3):
-        fn()  # compile, autotune, warm up
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(samples):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
 
 
 def _baselines(inputs) -> dict:
@@ -135,7 +118,7 @@ def main() -> int:
         inputs, cost, sheet, _, _ = _floors(op, shape, dtype, "cuda")
         inputs = {**inputs, "return_lse": False, "check": False}
         mine = lambda inputs=inputs: attention_prefill_triton(**inputs)  # noqa: E731
-        t = _time(mine, args.samples, flush)
+        t = cold_median(mine, args.samples, flush, warmup=3)
         print(
             f"\n{shape.label}: kernelab {t * 1e6:9.1f} us  {cost.flops / t / 1e12:6.1f} TFLOP/s  "
             f"{sheet / t:6.1%} of the datasheet floor"
@@ -148,7 +131,7 @@ def main() -> int:
             print(f"  kernelab vs sdpa-flash output: rel L2 {error(mine(), ref).rel_l2:.1e}")
         for name, fn in base.items():
             agree = f"rel L2 {error(fn(), ref).rel_l2:.1e}" if ref is not None else ""
-            tb = _time(fn, args.samples, flush)
+            tb = cold_median(fn, args.samples, flush, warmup=3)
             ratio = tb / t
             verdict = "meets" if ratio >= TARGETS[name] else "misses"
             print(

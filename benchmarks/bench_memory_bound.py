@@ -14,11 +14,12 @@ the launch: at decode shapes that is the point (eager launches are what a server
 from __future__ import annotations
 
 import argparse
+import functools
 import platform
-import statistics
 
 import torch
 import triton
+from _timing import MEASURED_COPY_H200, cold_median
 
 import kernelab.ops as ops
 from kernelab import __version__
@@ -37,23 +38,6 @@ MEMORY_BOUND = (
     "rmsnorm_fp8_quant",
 )
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-MEASURED_COPY_H200 = 4.3e12  # bytes read + written per second, HARDWARE.md (one run)
-
-
-def _time(fn, inputs, samples: int, flush: torch.Tensor) -> float:
-    """Median seconds of one call, L2 flushed before each sample."""
-    fn(**inputs)  # compile / warm up
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(samples):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(**inputs)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -92,7 +76,7 @@ def main() -> None:
                     continue
                 got = as_tuple(variant(**{k: _clone(v) for k, v in inputs.items()}))
                 agree = max(error(g, b).rel_l2 for g, b in zip(got, base, strict=True))
-                t = _time(variant.fn, inputs, args.samples, flush)
+                t = cold_median(functools.partial(variant.fn, **inputs), args.samples, flush)
                 line += (
                     f"\n    {vname:<10} {t * 1e6:9.2f} us  {cost.bytes / t / 1e9:8.1f} GB/s  "
                     f"{floor_copy / t:6.1%} of copy floor  (rel L2 vs torch {agree:.1e})"
