@@ -24,6 +24,7 @@ COMMANDS = {
     "trace": "kernelab.cli.trace_cmd",
     "profile": "kernelab.cli.profile_cmd",
     "tune": "kernelab.cli.tune_cmd",
+    "sweep": "kernelab.cli.sweep_cmd",
     "compare": "kernelab.cli.compare_cmd",
     "history": "kernelab.cli.history_cmd",
     "report": "kernelab.cli.report_cmd",

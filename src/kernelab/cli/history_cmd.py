@@ -205,12 +205,25 @@ def register(app: click.Group) -> None:
     @device_option("Only this device (as stored, e.g. cpu or cuda).")
     @click.option("--mode", help="Only this timing mode (cold, hot, ...).")
     @click.option("--limit", default=200, help="At most this many most recent cases.")
+    @click.option("--sweep", "sweep_id", help="A sweep's tasks and their results (an id).")
+    @click.option("--sweeps", "list_sweeps", is_flag=True, help="The ledger's sweeps.")
     @ledger_option
     @json_option
     @csv_option
     @user_errors
     def history_command(
-        op, variants, shapes, dtype, device, mode, limit, ledger_url, as_json, as_csv
+        op,
+        variants,
+        shapes,
+        dtype,
+        device,
+        mode,
+        limit,
+        sweep_id,
+        list_sweeps,
+        ledger_url,
+        as_json,
+        as_csv,
     ):
         """Show how an op's cases measured over time, oldest first; without an op, the
         ledger's recent runs.
@@ -225,6 +238,17 @@ def register(app: click.Group) -> None:
             raise ValueError("--json, --csv: choose one output format")
         if limit < 1:
             raise ValueError(f"--limit: expected at least 1, got {limit}")
+        if sweep_id is not None or list_sweeps:
+            from kernelab.cli.sweep_cmd import show_sweep, show_sweeps
+
+            if op is not None or (sweep_id is not None and list_sweeps):
+                raise ValueError("--sweep, --sweeps: give one of them, and no OP")
+            with ledger.open(ledger_url, readonly=True) as db:
+                if list_sweeps:
+                    show_sweeps(db, limit, json, csv)
+                else:
+                    show_sweep(db, sweep_id, json, csv)
+            return
         if op is None:
             with ledger.open(ledger_url, readonly=True) as db:
                 runs = db.list_runs(kind=None, limit=limit)

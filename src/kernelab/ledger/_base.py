@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from kernelab.ledger.schema import APP, SCHEMA_VERSION, TABLES
+from kernelab.ledger.schema import APP, SCHEMA_VERSION, TABLES_OF
 
 
 class LedgerError(ValueError):
@@ -15,8 +15,9 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
-def check_version(location: str, tables: set[str], rows: list[tuple] | None) -> bool:
-    """True when the database holds a usable kernelab schema, False when it is empty.
+def check_version(location: str, tables: set[str], rows: list[tuple] | None) -> int:
+    """The schema version when the database holds a usable kernelab schema (an older one is
+    usable: a writer migrates it), 0 when it is empty.
 
     ``tables``: its table names; ``rows``: the (app, version) rows of ``schema_version`` when
     that table exists. Anything else (a foreign database, another app's, a newer schema, a
@@ -40,17 +41,17 @@ def check_version(location: str, tables: set[str], rows: list[tuple] | None) -> 
                 f"ledger {location}: schema version {version} is newer than this kernelab "
                 f"understands ({SCHEMA_VERSION}); upgrade kernelab to read it"
             )
-        missing = sorted(set(TABLES) - tables)
-        if missing and version == SCHEMA_VERSION:
+        missing = sorted(set(TABLES_OF.get(version, ())) - tables)
+        if missing:
             raise LedgerError(
                 f"ledger {location}: a partial kernelab ledger (missing tables: "
                 f"{', '.join(missing)}); refusing to use or change it"
             )
-        return True
+        return version
     if tables:
         names = ", ".join(sorted(tables))
         raise LedgerError(
             f"ledger {location}: a foreign database (tables: {names}), not a kernelab "
             "ledger; refusing to use or overwrite it"
         )
-    return False
+    return 0

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelab.ledger._base import LedgerError, check_version, now_iso
-from kernelab.ledger.schema import APP, DDL, SCHEMA_VERSION
+from kernelab.ledger.schema import APP, DDL, MIGRATIONS, SCHEMA_VERSION
 
 #: The drivers a plain ``postgresql://`` URL may use, in order of preference.
 PG_DRIVERS = ("psycopg", "psycopg2")
@@ -38,14 +38,14 @@ _TYPES = {
 _LOCK_KEY = 0x6B65726E656C  # a fixed advisory-lock number for schema creation (PostgreSQL)
 
 
-def ddl_for(dialect: str) -> list[str]:
-    """The schema's statements for ``dialect``."""
+def ddl_for(dialect: str, statements=DDL) -> list[str]:
+    """The schema's statements (or ``statements``, e.g. a migration's) for ``dialect``."""
     if dialect not in _TYPES:
         raise LedgerError(
             f"ledger: {dialect} databases are not supported; use one of {', '.join(SUPPORTED)}"
         )
     out = []
-    for stmt in DDL:
+    for stmt in statements:
         for old, new in _TYPES[dialect]:
             stmt = stmt.replace(old, new)
         out.append(stmt)
@@ -128,8 +128,14 @@ class ServerBackend:
             if db and db != ":memory:" and not Path(db).exists():
                 self.engine.dispose()
                 raise LedgerError(f"ledger {self.location}: no such ledger ({nothing})")
+        self.version = SCHEMA_VERSION
         try:
-            if not self._check_version():
+            found = self._check_version()
+            if found:
+                self.version = found
+                if not readonly and found < SCHEMA_VERSION:
+                    self.version = self.write(self._migrate)
+            else:
                 if readonly:
                     raise LedgerError(
                         f"ledger {self.location}: no such ledger, the database has no tables "
@@ -146,12 +152,25 @@ class ServerBackend:
     def _error(self, exc) -> LedgerError:
         return LedgerError(f"ledger {self.location}: {getattr(exc, 'orig', exc)}")
 
-    def _check_version(self) -> bool:
+    def _check_version(self) -> int:
         tables = set(self._sa.inspect(self.engine).get_table_names()) - {"sqlite_sequence"}
         rows = None
         if "schema_version" in tables:
             rows = self.query("SELECT app, version FROM schema_version")
         return check_version(self.location, tables, rows)
+
+    def _migrate(self, conn: _Conn) -> int:
+        """Bring an older schema to ``SCHEMA_VERSION``, one migrator at a time (the version is
+        read again under the lock: another process may have migrated it meanwhile)."""
+        if self.dialect == "postgresql":
+            conn.execute(f"SELECT pg_advisory_xact_lock({_LOCK_KEY})")
+        version = conn.execute("SELECT version FROM schema_version").fetchone()[0]
+        while version < SCHEMA_VERSION:
+            for stmt in ddl_for(self.dialect, MIGRATIONS[version]):
+                conn.execute(stmt)
+            version += 1
+            conn.execute("UPDATE schema_version SET version = ?", (version,))
+        return version
 
     def _create_schema(self) -> None:
         def create(conn: _Conn) -> None:

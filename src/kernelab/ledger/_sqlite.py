@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelab.ledger._base import LedgerError, check_version, now_iso
-from kernelab.ledger.schema import APP, DDL, SCHEMA_VERSION
+from kernelab.ledger.schema import APP, DDL, MIGRATIONS, SCHEMA_VERSION
 
 __all__ = ["LedgerError", "SQLiteBackend", "now_iso"]
 
@@ -68,6 +68,7 @@ class SQLiteBackend:
                 )
             self._create_file(Path(self.path))
         self.conn = self._connect(memory, readonly)
+        self.version = SCHEMA_VERSION
         try:
             self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             self.conn.execute("PRAGMA foreign_keys = ON")
@@ -77,14 +78,18 @@ class SQLiteBackend:
                 _fill(self.conn)
                 self.conn.execute("COMMIT")
                 self.conn.execute(f"PRAGMA query_only = {'ON' if readonly else 'OFF'}")
-            elif not self._retry(self._check_version):  # before anything writes to the file
-                raise LedgerError(
-                    f"ledger {self.path}: an SQLite database without kernelab's tables, not "
-                    "a ledger; refusing to use or change it (a new ledger needs a path that "
-                    "does not exist)"
-                )
+            else:  # the checks come before anything writes to the file
+                self.version = self._retry(self._check_version)
+                if not self.version:
+                    raise LedgerError(
+                        f"ledger {self.path}: an SQLite database without kernelab's tables, "
+                        "not a ledger; refusing to use or change it (a new ledger needs a path "
+                        "that does not exist)"
+                    )
             if not readonly:
                 self._retry(self._set_wal)
+                if self.version < SCHEMA_VERSION:
+                    self.version = self.write(self._migrate)
         except sqlite3.DatabaseError as exc:
             self.conn.close()
             raise self._error(exc) from None
@@ -174,8 +179,19 @@ class SQLiteBackend:
             raise LedgerError(f"ledger {self.path}: could not switch to WAL mode (got {mode})")
         self.conn.execute("PRAGMA synchronous = NORMAL")
 
-    def _check_version(self) -> bool:
-        """True when the file already holds a whole kernelab schema (False: no tables)."""
+    def _migrate(self, conn: sqlite3.Connection) -> int:
+        """Bring an older schema to ``SCHEMA_VERSION`` (inside the write transaction: the
+        version is read again, another process may have migrated it meanwhile)."""
+        version = conn.execute("SELECT version FROM schema_version").fetchone()[0]
+        while version < SCHEMA_VERSION:
+            for stmt in MIGRATIONS[version]:
+                conn.execute(stmt)
+            version += 1
+            conn.execute("UPDATE schema_version SET version = ?", (version,))
+        return version
+
+    def _check_version(self) -> int:
+        """The schema version the file holds (0: no tables); see ``check_version``."""
         rows = self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
         tables = {r[0] for r in rows}
         found = None

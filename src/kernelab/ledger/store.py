@@ -132,12 +132,39 @@ def _case_dict(row: tuple, samples: bool = True) -> dict:
     return case
 
 
+def insert_run(
+    conn,
+    run_id: str,
+    kind: str,
+    cases: Iterable[Mapping],
+    provenance: Mapping,
+    label,
+    sweep_id=None,
+) -> None:
+    """The statements of one run and its cases, inside the caller's write transaction."""
+    device = provenance.get("device")
+    device_key = device.get("key") if isinstance(device, Mapping) else None
+    prov_json = _dumps(dict(provenance), "provenance")
+    conn.execute(
+        "INSERT INTO runs (id, kind, label, created, device_key, provenance, sweep_id) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (run_id, kind, label, now_iso(), device_key, prov_json, sweep_id),
+    )
+    for idx, case in enumerate(cases):
+        conn.execute(
+            f"INSERT INTO cases ({_CASE_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            _case_row(run_id, idx, case),
+        )
+
+
 class Ledger:
     """A results ledger; make one with :func:`kernelab.ledger.open`."""
 
     def __init__(self, backend):
         self._db = backend
         self.location = backend.location
+        #: The schema version of the database (older than SCHEMA_VERSION only when read-only).
+        self.version = getattr(backend, "version", None)
 
     def __repr__(self) -> str:
         return f"Ledger({self.location!r})"
@@ -178,26 +205,8 @@ class Ledger:
             raise TypeError(f"provenance: expected a dict, got {type(provenance).__name__}")
         if isinstance(cases, Mapping | str | bytes):
             raise TypeError("cases: expected an iterable of case dicts")
-        device = provenance.get("device")
-        device_key = device.get("key") if isinstance(device, Mapping) else None
-        prov_json = _dumps(dict(provenance), "provenance")
         run_id = uuid.uuid4().hex[:12]
-        created = now_iso()
-
-        def write(conn) -> None:
-            conn.execute(
-                "INSERT INTO runs (id, kind, label, created, device_key, provenance) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (run_id, kind, label, created, device_key, prov_json),
-            )
-            for idx, case in enumerate(cases):
-                conn.execute(
-                    f"INSERT INTO cases ({_CASE_COLS}) VALUES "
-                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    _case_row(run_id, idx, case),
-                )
-
-        self._db.write(write)
+        self._db.write(lambda conn: insert_run(conn, run_id, kind, cases, provenance, label))
         return run_id
 
     def _run_row(self, run_id: str) -> tuple | None:

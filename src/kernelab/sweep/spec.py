@@ -1,0 +1,264 @@
+"""A sweep's spec: what to run, from command-line flags or a TOML / JSON file.
+
+Files are parsed (``tomllib``, orjson), never executed. Validation is strict and happens before
+anything runs: an unknown key, a value of the wrong type, an unknown op, variant, dtype, shape
+set or target is a :class:`SpecError` naming the key (``spec.targets[1]: unknown ...``).
+
+Keys (all optional except ``kind``):
+
+``kind``        "inspect", "verify", "bench", "tune" or "floors" (bench's speed-of-light floor
+                of every shape on a GPU type, from its datasheet: no timing, CPU only)
+``ops``         op names (default: every registered op)
+``variants``    verify, bench: variant names (default: every variant that runs on the target)
+``shape_sets``  named shape sets (default: ["representative"])
+``shapes``      inspect, bench, tune: keep shapes whose label contains one of these
+``dtypes``      dtype names (default: every dtype the op takes)
+``configs``     inspect, tune: "default", "space" (every config of the tuning space), or a
+                list of tables of config fields, each selecting the space's configs whose
+                fields equal the given values (``[{BLOCK_M = 64, num_warps = 4}]``)
+``targets``     inspect, tune: compile targets (sm_80, sm_90, sm_100, gfx942, ...);
+                verify, bench: device types ("cpu", or a GPU type: H100, H200, A100, B200,
+                MI300X), each GPU task requesting one GPU of that type; floors: GPU types
+``seeds``       verify: input seeds, one task per seed (default: [0])
+``trials``      verify: trials per case (default: verify's)
+``max_rows``    bench: cap of the batch dimension (default: bench's)
+``mode``        bench: "auto", "cold" or "hot"
+``retries``     how often a task whose worker died is tried again (default: 2)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import orjson
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: JSON specs only
+    tomllib = None
+
+KINDS = ("inspect", "verify", "bench", "tune", "floors")
+DEFAULT_RETRIES = 2
+MAX_RETRIES = 20
+
+#: GPU device types a verify or bench task may ask for (the Ray custom resource ``gpu:<type>``).
+GPU_TYPES = ("A100", "H100", "H200", "B200", "MI300X")
+
+DTYPES = ("bfloat16", "float16", "float32", "float64", "float8_e4m3fn", "int8", "int32")
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
+
+_KEYS = (
+    "kind",
+    "ops",
+    "variants",
+    "shape_sets",
+    "shapes",
+    "dtypes",
+    "configs",
+    "targets",
+    "seeds",
+    "trials",
+    "max_rows",
+    "mode",
+    "retries",
+)
+#: Keys that only some kinds take.
+_ONLY = {
+    "variants": ("verify", "bench"),
+    "shapes": ("inspect", "bench", "tune", "floors"),
+    "configs": ("inspect", "tune"),
+    "seeds": ("verify",),
+    "trials": ("verify",),
+    "max_rows": ("bench",),
+    "mode": ("bench",),
+}
+
+
+class SpecError(ValueError):
+    """A spec that cannot run; the message names the key."""
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A validated spec (tuples of names; None where the default applies)."""
+
+    kind: str
+    ops: tuple[str, ...]
+    variants: tuple[str, ...] | None = None
+    shape_sets: tuple[str, ...] = ("representative",)
+    shapes: tuple[str, ...] | None = None
+    dtypes: tuple[str, ...] | None = None
+    configs: str | tuple[tuple[tuple[str, object], ...], ...] = "default"
+    targets: tuple[str, ...] = ()
+    seeds: tuple[int, ...] = (0,)
+    trials: int | None = None
+    max_rows: int | None = None
+    mode: str = "auto"
+    retries: int = DEFAULT_RETRIES
+
+    def as_dict(self) -> dict:
+        """The spec as plain JSON values (what the ledger stores, what the sweep id hashes)."""
+        out = asdict(self)
+        if not isinstance(self.configs, str):
+            out["configs"] = [dict(c) for c in self.configs]
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+
+def _names(key: str, value, allowed=None) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [v for v in value.split(",") if v.strip()]
+    if not isinstance(value, list | tuple) or not value:
+        raise SpecError(f"spec.{key}: expected a non-empty list of strings, got {value!r}")
+    out = []
+    for i, v in enumerate(value):
+        if not isinstance(v, str) or not v.strip():
+            raise SpecError(f"spec.{key}[{i}]: expected a non-empty string, got {v!r}")
+        v = v.strip()
+        if allowed is not None and v not in allowed:
+            raise SpecError(
+                f"spec.{key}[{i}]: unknown {key[:-1].replace('_', ' ')} {v!r} "
+                f"(expected one of: {', '.join(allowed)})"
+            )
+        out.append(v)
+    return tuple(dict.fromkeys(out))
+
+
+def _int(key: str, value, lo: int, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"spec.{key}: expected an integer, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        bound = f"from {lo} to {hi}" if hi is not None else f"at least {lo}"
+        raise SpecError(f"spec.{key}: expected an integer {bound}, got {value}")
+    return value
+
+
+def _configs(value):
+    if value in ("default", "space"):
+        return value
+    if isinstance(value, str):
+        raise SpecError(
+            f"spec.configs: expected 'default', 'space' or a list of tables, got {value!r}"
+        )
+    if not isinstance(value, list | tuple) or not value:
+        raise SpecError(
+            f"spec.configs: expected 'default', 'space' or a non-empty list of tables, "
+            f"got {value!r}"
+        )
+    out = []
+    for i, c in enumerate(value):
+        if not isinstance(c, Mapping) or not c:
+            raise SpecError(f"spec.configs[{i}]: expected a table of config fields, got {c!r}")
+        fields = []
+        for k, v in c.items():
+            if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int | str):
+                raise SpecError(
+                    f"spec.configs[{i}].{k}: expected an integer or a string, got {v!r}"
+                )
+            fields.append((k, v))
+        out.append(tuple(sorted(fields)))
+    return tuple(out)
+
+
+def validate(raw: Mapping) -> SweepSpec:
+    """A :class:`SweepSpec` from plain values (a parsed file, flags); :class:`SpecError` names
+    the first bad key. Ops, variants, dtypes, shape sets and targets are checked against what
+    is registered."""
+    from kernelab import ops as registry
+    from kernelab.inspect.targets import TARGETS
+
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"spec: expected a table of keys, got {type(raw).__name__}")
+    unknown = [k for k in raw if k not in _KEYS]
+    if unknown:
+        raise SpecError(f"spec.{unknown[0]}: unknown key (expected some of: {', '.join(_KEYS)})")
+    kind = raw.get("kind")
+    if kind not in KINDS:
+        raise SpecError(f"spec.kind: expected one of {', '.join(KINDS)}, got {kind!r}")
+    for key, kinds in _ONLY.items():
+        if raw.get(key) is not None and kind not in kinds:
+            raise SpecError(f"spec.{key}: not a key of a {kind} sweep (only {', '.join(kinds)})")
+    known_ops = [o.name for o in registry.all_ops()]
+    ops = _names("ops", raw["ops"], known_ops) if raw.get("ops") is not None else ()
+    selected = [registry.get(n) for n in ops] if ops else registry.all_ops()
+    out: dict = {"kind": kind, "ops": tuple(o.name for o in selected)}
+    if raw.get("variants") is not None:
+        known = sorted({v for o in selected for v in o.variants})
+        out["variants"] = _names("variants", raw["variants"], known)
+    if raw.get("shape_sets") is not None:
+        out["shape_sets"] = _names("shape_sets", raw["shape_sets"])
+        for i, name in enumerate(out["shape_sets"]):
+            for o in selected:
+                try:
+                    o.shapes(name)
+                except (KeyError, ValueError) as exc:
+                    raise SpecError(f"spec.shape_sets[{i}]: {exc}") from None
+    if raw.get("shapes") is not None:
+        out["shapes"] = _names("shapes", raw["shapes"])
+    if raw.get("dtypes") is not None:
+        names = _names("dtypes", raw["dtypes"])
+        dts = []
+        for i, n in enumerate(names):
+            key = n.lower().removeprefix("torch.")
+            key = DTYPE_ALIASES.get(key, key)
+            if key not in DTYPES:
+                raise SpecError(
+                    f"spec.dtypes[{i}]: unknown dtype {n!r} (expected one of: "
+                    f"{', '.join(DTYPES)}, or bf16, fp16, fp32)"
+                )
+            dts.append(key)
+        out["dtypes"] = tuple(dict.fromkeys(dts))
+    if raw.get("configs") is not None:
+        out["configs"] = _configs(raw["configs"])
+    compile_targets = kind in ("inspect", "tune")
+    allowed = list(TARGETS) if compile_targets else ["cpu", *GPU_TYPES]
+    if kind == "floors":
+        allowed = list(GPU_TYPES)
+    if raw.get("targets") is None:
+        out["targets"] = {"inspect": ("sm_90",), "tune": ("sm_90",), "floors": ("H100",)}.get(
+            kind, ("cpu",)
+        )
+    else:
+        out["targets"] = _names("targets", raw["targets"], allowed)
+    if raw.get("seeds") is not None:
+        seeds = raw["seeds"]
+        if not isinstance(seeds, list | tuple) or not seeds:
+            raise SpecError(f"spec.seeds: expected a non-empty list of integers, got {seeds!r}")
+        out["seeds"] = tuple(
+            dict.fromkeys(_int(f"seeds[{i}]", s, 0, 2**63 - 1) for i, s in enumerate(seeds))
+        )
+    if raw.get("trials") is not None:
+        out["trials"] = _int("trials", raw["trials"], 1, 1000)
+    if raw.get("max_rows") is not None:
+        out["max_rows"] = _int("max_rows", raw["max_rows"], 0)
+    if raw.get("mode") is not None:
+        if raw["mode"] not in ("auto", "cold", "hot"):
+            raise SpecError(f"spec.mode: expected auto, cold or hot, got {raw['mode']!r}")
+        out["mode"] = raw["mode"]
+    if raw.get("retries") is not None:
+        out["retries"] = _int("retries", raw["retries"], 0, MAX_RETRIES)
+    return SweepSpec(**out)
+
+
+def load(path: str | Path) -> dict:
+    """The raw table of a spec file: ``.toml`` through tomllib, ``.json`` through orjson."""
+    p = Path(path)
+    if p.suffix not in (".toml", ".json"):
+        raise SpecError(f"spec: expected a .toml or .json file, got {str(p)!r}")
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise SpecError(f"spec: cannot read {str(p)!r} ({exc.strerror or exc})") from None
+    if p.suffix == ".toml" and tomllib is None:
+        raise SpecError(f"spec: {str(p)!r}: TOML needs Python 3.11 (tomllib); use JSON")
+    try:
+        raw = tomllib.loads(data.decode()) if p.suffix == ".toml" else orjson.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:  # TOMLDecodeError, JSONDecodeError
+        raise SpecError(f"spec: {str(p)!r} is not valid {p.suffix[1:].upper()} ({exc})") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"spec: {str(p)!r} must hold a table of keys, got {type(raw).__name__}")
+    return raw
+
+
+__all__ = ["GPU_TYPES", "KINDS", "SpecError", "SweepSpec", "load", "validate"]

@@ -1,0 +1,351 @@
+"""A spec expanded into tasks, each task's key and resource request, and running one task.
+
+A task is one unit of work of an existing instrument, run through its Python API:
+
+- inspect: one op × shape × dtype × config × compile target: every kernel the op launches
+  there, compiled and analysed exactly as ``kernelab inspect`` does (``inspect.ops.plan`` on
+  the op narrowed to that shape and config, then ``analyze_jobs``);
+- verify: one op × variant × shape set × dtype × seed × device type (``kernelab.verify.verify``);
+- bench: one op × shape set × dtype × device type, every variant asked for timed together in
+  one process, interleaved (``kernelab.bench.bench``), stored as ``kernelab bench`` stores it;
+- tune: one op × shape × dtype × compile target: the tuning space pruned statically (what
+  ``kernelab tune`` does on a CPU);
+- floors: one op × shape set × dtype × GPU type: every shape's speed-of-light floor from the
+  type's datasheet (``kernelab.bench.floors``, what ``kernelab bench --floors-for`` prints).
+
+The key of a task hashes what decides its result: kind, op, variant, shape, dtype, config,
+target, the task's parameters, the op's kernel source hash and the versions of kernelab, torch,
+triton (and inspect's parser). A stored key is never run again.
+
+Tasks are plain frozen data (picklable, sent to process-pool or Ray workers); a worker finds
+the op, shape and config again by name from the registry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from collections import Counter
+from dataclasses import dataclass
+
+import orjson
+
+from kernelab.sweep.spec import GPU_TYPES, SweepSpec
+
+#: Rough core-seconds per unit of work, for ``--dry-run``'s estimate (measured on a 2-core
+#: x86_64 VM, cold caches: inspect ~0.1 s per kernel and target compiled — the 1,840-job
+#: bfloat16 gate took 67–95 s on 2 cores —, verify ~0.05 s per case and trial on CPU, bench
+#: ~1 s of ceilings plus ~0.6 s per case and variant, tune ~0.1 s per config pruned).
+COST_S = {
+    "inspect": 0.1,
+    "verify": 0.05,
+    "bench": 0.6,
+    "bench_start": 1.0,
+    "tune": 0.1,
+    "floors": 0.001,
+}
+
+
+@dataclass(frozen=True)
+class Task:
+    kind: str
+    op: str
+    variant: str  # a variant name, or "+"-joined names (bench), or "*" (every one)
+    shape_set: str
+    shape_key: str  # a shape's key (inspect, tune) or the shape set and filter (verify, bench)
+    dtype: str
+    config: str  # "default", or the config's fields as JSON
+    target: str  # a compile target or a device type
+    params: str  # JSON of the kind's parameters (seed, trials, mode, ...)
+    kernel_hash: str
+    key: str
+    units: int = 1  # work units for the cost estimate (kernels, cases, configs)
+
+    @property
+    def gpu(self) -> bool:
+        """Whether the task runs on a GPU (floors of a GPU type are computed on a CPU)."""
+        return self.kind in ("verify", "bench") and self.target in GPU_TYPES
+
+    def row(self) -> dict:
+        """The ``sweep_tasks`` fields of this task."""
+        return {
+            "key": self.key,
+            "kind": self.kind,
+            "op": self.op,
+            "variant": self.variant,
+            "shape_key": self.shape_key,
+            "dtype": self.dtype,
+            "config": self.config,
+            "target": self.target,
+        }
+
+    def label(self) -> str:
+        parts = [self.kind, self.op, self.variant, self.shape_key, self.dtype, self.target]
+        if self.config != "default":
+            parts.append(self.config)
+        return " ".join(parts)
+
+
+def resources(task: Task) -> dict:
+    """What a task asks the scheduler for: one CPU; a GPU task one GPU and one unit of the
+    custom resource of its device type (``{"gpu:H100": 1}``), so it lands on such a node."""
+    if task.gpu:
+        return {"num_cpus": 1, "num_gpus": 1, "resources": {f"gpu:{task.target}": 1}}
+    return {"num_cpus": 1}
+
+
+@functools.cache
+def versions() -> dict:
+    import torch
+    import triton
+
+    import kernelab
+    from kernelab.inspect.runner import PARSER_VERSION
+
+    return {
+        "kernelab": kernelab.__version__,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "inspect_parser": PARSER_VERSION,
+    }
+
+
+def _json(value) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def config_text(config) -> str:
+    return "default" if config is None else _json(dataclasses.asdict(config))
+
+
+def _make(kind, op, variant, shape_set, shape_key, dtype, config, target, params, units=1):
+    from kernelab.ops._runtime.tuned import kernel_hash
+
+    khash = kernel_hash(op.kernels) if op.kernels else "-"
+    text = _json(
+        [kind, op.name, variant, shape_key, dtype, config, target, params, khash, versions()]
+    )
+    key = hashlib.sha256(text.encode()).hexdigest()[:32]
+    return Task(
+        kind,
+        op.name,
+        variant,
+        shape_set,
+        shape_key,
+        dtype,
+        config,
+        target,
+        params,
+        khash,
+        key,
+        units,
+    )
+
+
+def _dtypes(op, names) -> list:
+    """The op's dtypes that are named (all when none are); as ``kernelab inspect``, an op
+    taking none of them is run in its first."""
+    from kernelab.ops._model import dtype_name
+
+    if not names:
+        return list(op.dtypes)
+    return [d for d in op.dtypes if dtype_name(d) in names] or list(op.dtypes[:1])
+
+
+def _shapes(op, shape_set, wanted):
+    shapes = op.shapes(shape_set)
+    if wanted:
+        shapes = [s for s in shapes if any(w in s.label for w in wanted)]
+    return shapes
+
+
+def _configs(op, shape, dtype, configs, skipped: list[str]) -> list:
+    if configs == "default":
+        return [None]
+    if op.tuning_space is None:
+        skipped.append(f"{op.name}: declares no tuning space; default configs only")
+        return [None]
+    space = list(op.tuning_space(shape, dtype))
+    if configs == "space":
+        return space or [None]
+    out = []
+    for i, fields in enumerate(configs):
+        for name, _ in fields:
+            if space and not hasattr(space[0], name):
+                known = ", ".join(f.name for f in dataclasses.fields(space[0]))
+                raise ValueError(f"spec.configs[{i}].{name}: {op.name}'s configs have {known}")
+        out += [c for c in space if all(getattr(c, k) == v for k, v in fields) and c not in out]
+    return out
+
+
+def _compile_targets(op, shape, dtype, targets) -> list[str]:
+    """The targets among ``targets`` that some launch of the op compiles for."""
+    from kernelab.ops._runtime.backends import get_backend
+
+    try:
+        backends = {launch.backend for launch in op.launches(shape, dtype, None)}
+    except Exception:
+        return list(targets)  # the worker reports the failure
+    ok = set().union(*(get_backend(b).targets for b in backends)) if backends else set()
+    return [t for t in targets if t in ok]
+
+
+def expand(spec: SweepSpec) -> tuple[list[Task], list[str]]:
+    """The tasks of ``spec`` (in a stable order) and what was left out, one line each."""
+    from kernelab import ops as registry
+    from kernelab.ops._model import dtype_name
+
+    tasks: list[Task] = []
+    skipped: list[str] = []
+    for op in (registry.get(n) for n in spec.ops):
+        if spec.kind in ("inspect", "tune"):
+            if op.launches is None:
+                skipped.append(f"{op.name}: declares no launches (nothing to compile)")
+                continue
+            if spec.kind == "tune" and op.tuning_space is None:
+                skipped.append(f"{op.name}: declares no tuning space (nothing to tune)")
+                continue
+            variant = next((v.name for v in op.variants.values() if v.kind == "triton"), "*")
+            for dtype in _dtypes(op, spec.dtypes):
+                dt = dtype_name(dtype)
+                for shape_set in spec.shape_sets:
+                    for shape in _shapes(op, shape_set, spec.shapes):
+                        targets = _compile_targets(op, shape, dtype, spec.targets)
+                        if spec.kind == "tune":
+                            n = len(op.tuning_space(shape, dtype))
+                            for t in targets:
+                                tasks.append(
+                                    _make(
+                                        "tune",
+                                        op,
+                                        variant,
+                                        shape_set,
+                                        shape.key,
+                                        dt,
+                                        "space",
+                                        t,
+                                        "{}",
+                                        n,
+                                    )
+                                )
+                            continue
+                        for config in _configs(op, shape, dtype, spec.configs, skipped):
+                            for t in targets:
+                                tasks.append(
+                                    _make(
+                                        "inspect",
+                                        op,
+                                        variant,
+                                        shape_set,
+                                        shape.key,
+                                        dt,
+                                        config_text(config),
+                                        t,
+                                        "{}",
+                                    )
+                                )
+            continue
+        variants = (
+            ["-"]
+            if spec.kind == "floors"
+            else [
+                v.name
+                for v in op.variants.values()
+                if (spec.variants is None or v.name in spec.variants)
+                and (spec.variants is not None or v.kind != "compile")
+            ]
+        )
+        if not variants:
+            skipped.append(f"{op.name}: none of the variants asked for ({spec.variants})")
+            continue
+        for dtype in _dtypes(op, spec.dtypes):
+            dt = dtype_name(dtype)
+            for shape_set in spec.shape_sets:
+                n_shapes = len(_shapes(op, shape_set, spec.shapes))
+                if spec.kind == "floors":
+                    shape_key = shape_set + (f"[{'|'.join(spec.shapes)}]" if spec.shapes else "")
+                    params = _json({"shapes": list(spec.shapes or ())})
+                    for t in spec.targets:
+                        tasks.append(
+                            _make(
+                                "floors",
+                                op,
+                                "-",
+                                shape_set,
+                                shape_key,
+                                dt,
+                                "default",
+                                t,
+                                params,
+                                n_shapes,
+                            )
+                        )
+                    continue
+                if spec.kind == "bench":
+                    shape_key = shape_set + (f"[{'|'.join(spec.shapes)}]" if spec.shapes else "")
+                    params = _json(
+                        {
+                            "mode": spec.mode,
+                            "max_rows": spec.max_rows,
+                            "shapes": list(spec.shapes or ()),
+                        }
+                    )
+                    for t in spec.targets:
+                        tasks.append(
+                            _make(
+                                "bench",
+                                op,
+                                "+".join(variants),
+                                shape_set,
+                                shape_key,
+                                dt,
+                                "default",
+                                t,
+                                params,
+                                n_shapes * len(variants),
+                            )
+                        )
+                    continue
+                for variant in variants:
+                    for seed in spec.seeds:
+                        params = _json({"seed": seed, "trials": spec.trials})
+                        for t in spec.targets:
+                            tasks.append(
+                                _make(
+                                    "verify",
+                                    op,
+                                    variant,
+                                    shape_set,
+                                    shape_set,
+                                    dt,
+                                    "default",
+                                    t,
+                                    params,
+                                    n_shapes,
+                                )
+                            )
+    return tasks, list(dict.fromkeys(skipped))
+
+
+def estimate(tasks: list[Task]) -> dict:
+    """Task count per kind and the estimated core-seconds (see :data:`COST_S`)."""
+    counts = Counter(t.kind for t in tasks)
+    trials = {}
+    seconds = 0.0
+    for t in tasks:
+        per = COST_S[t.kind] * t.units
+        if t.kind == "verify":
+            trials.setdefault(t.params, orjson.loads(t.params).get("trials") or 3)
+            per *= trials[t.params]
+        if t.kind == "bench":
+            per += COST_S["bench_start"]
+        seconds += per
+    return {
+        "tasks": dict(counts),
+        "gpu_tasks": sum(t.gpu for t in tasks),
+        "core_seconds": round(seconds, 1),
+    }
+
+
+__all__ = ["COST_S", "Task", "estimate", "expand", "resources", "versions"]
