@@ -166,6 +166,24 @@ def _ray_execute(task: Task) -> dict:
     return out
 
 
+def ray_options(task: Task) -> dict:
+    """The options of ``task``'s Ray remote call: its resources, and no retries by Ray (the
+    runner retries, counting attempts the same way for both engines)."""
+    return {**resources(task), "max_retries": 0, "retry_exceptions": False}
+
+
+def _workers_import_this_kernelab() -> None:
+    """A local Ray's workers are new processes started by its raylet, with this process's
+    environment: put the folder this kernelab is imported from first on their PYTHONPATH, so
+    they run the same code (a checkout, a test run) rather than another installed copy."""
+    import kernelab
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(kernelab.__file__)))
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *[p for p in paths if p]])
+
+
 class RayEngine:
     """Ray tasks, on the cluster at ``address`` or on a local Ray started now with this
     machine's CPUs (``ray.init(num_cpus=os.cpu_count())``; shut down at ``close``)."""
@@ -188,6 +206,7 @@ class RayEngine:
             else:
                 init.setdefault("num_cpus", os.cpu_count() or 1)
                 init.setdefault("include_dashboard", False)
+                _workers_import_this_kernelab()
                 ray.init(**init)
             self._started = True
         cpus = int(ray.cluster_resources().get("CPU", 1))
@@ -197,15 +216,11 @@ class RayEngine:
         self.pids: set[int] = set()
         self.died = 0
 
-    def options(self, task: Task) -> dict:
-        """The options of ``task``'s remote call (tested without a GPU)."""
-        return {**resources(task), "max_retries": 0, "retry_exceptions": False}
-
     def capacity(self) -> int:
         return self.max_in_flight - len(self._refs)
 
     def submit(self, task: Task) -> None:
-        ref = self._remote.options(**self.options(task)).remote(task)
+        ref = self._remote.options(**ray_options(task)).remote(task)
         self._refs[ref] = task
 
     def running(self) -> int:
@@ -256,4 +271,4 @@ def make(engine: str, jobs: int | None = None, address: str | None = None):
     raise ValueError(f"engine: expected local or ray, got {engine!r}")
 
 
-__all__ = ["LocalEngine", "RayEngine", "make"]
+__all__ = ["LocalEngine", "RayEngine", "make", "ray_options"]

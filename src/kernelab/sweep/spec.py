@@ -99,11 +99,16 @@ class SweepSpec:
     retries: int = DEFAULT_RETRIES
 
     def as_dict(self) -> dict:
-        """The spec as plain JSON values (what the ledger stores, what the sweep id hashes)."""
+        """The spec as plain JSON values, the keys its kind takes (what the ledger stores and
+        the sweep id hashes; ``validate`` gives the same spec back)."""
         out = asdict(self)
         if not isinstance(self.configs, str):
             out["configs"] = [dict(c) for c in self.configs]
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+        return {
+            k: list(v) if isinstance(v, tuple) else v
+            for k, v in out.items()
+            if v is not None and self.kind in _ONLY.get(k, (self.kind,))
+        }
 
 
 def _names(key: str, value, allowed=None) -> tuple[str, ...]:
