@@ -195,3 +195,43 @@ def test_the_local_engine_refuses_gpu_tasks_before_anything_runs(tmp_path):
     )
     assert result.exit_code == 2 and "need --engine ray" in result.output
     assert not db.exists()
+
+
+def test_a_validated_spec_round_trips_and_retries_do_not_change_the_sweep():
+    raw = {"kind": "verify", "ops": ["rmsnorm"], "variants": ["torch"], "seeds": [3, 1],
+           "trials": 1, "dtypes": ["fp32"]}  # fmt: skip
+    spec = sweep.validate(raw)
+    assert sweep.validate(spec.as_dict()) == spec
+    assert "configs" not in spec.as_dict() and "mode" not in spec.as_dict()
+    again = sweep.validate({**raw, "retries": 5})
+    assert sweep.sweep_id(again) == sweep.sweep_id(spec)
+    assert sweep.sweep_id(sweep.validate({**raw, "seeds": [3]})) != sweep.sweep_id(spec)
+
+
+def test_tune_tasks_cover_each_shape_and_target_with_its_space():
+    import torch
+
+    from kernelab import ops
+
+    spec = sweep.validate({"kind": "tune", "ops": ["rmsnorm", "rope"], "dtypes": ["bf16"],
+                           "targets": ["sm_90", "gfx942"]})  # fmt: skip
+    tasks, skipped = sweep.expand(spec)
+    op = ops.get("rmsnorm")
+    shapes = op.shapes("representative")
+    assert len([t for t in tasks if t.op == "rmsnorm"]) == 2 * len(shapes)
+    assert {t.units for t in tasks if t.op == "rmsnorm"} <= {
+        len(op.tuning_space(s, torch.bfloat16)) for s in shapes
+    }
+    if ops.get("rope").tuning_space is None:
+        assert "rope: declares no tuning space (nothing to tune)" in skipped
+
+
+def test_a_gpu_task_on_a_worker_without_that_gpu_fails_with_the_reason():
+    from kernelab.sweep import work
+
+    spec = sweep.validate({"kind": "verify", "ops": ["rmsnorm"], "variants": ["torch"],
+                           "dtypes": ["fp32"], "targets": ["H200"]})  # fmt: skip
+    (task,) = sweep.expand(spec)[0]
+    assert task.gpu
+    with pytest.raises(RuntimeError, match="task asked for a H200 GPU; this worker has"):
+        work.execute(task)

@@ -76,8 +76,10 @@ class SweepInterrupted(KeyboardInterrupt):
 
 
 def sweep_id(spec: SweepSpec) -> str:
-    """The same spec always has the same id: a re-run continues the sweep."""
-    text = orjson.dumps(spec.as_dict(), option=orjson.OPT_SORT_KEYS)
+    """The same spec always has the same id: a re-run continues the sweep (how often a task
+    is tried again changes no result, so ``retries`` is not part of it)."""
+    what = {k: v for k, v in spec.as_dict().items() if k != "retries"}
+    text = orjson.dumps(what, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(text).hexdigest()[:12]
 
 

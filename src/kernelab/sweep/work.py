@@ -217,9 +217,10 @@ def _bench(task: Task) -> dict:
     from kernelab import ops as registry
 
     result = bench([registry.get(task.op)], device, cfg)
-    about = {"config": result.config, "ceilings": result.ceilings, "skipped": result.skipped}
+    about = {"config": result.config, "ceilings": result.ceilings}  # as `kernelab bench`
     prov = ledger.provenance(detect(device), bench=about)
     prov["sweep_task"] = {**task.row(), "params": params}
+    prov["skipped"] = result.skipped
     return {
         "kind": "bench",
         "cases": result.cases,
