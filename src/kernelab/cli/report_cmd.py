@@ -22,10 +22,11 @@ def register(app: click.Group) -> None:
         help="Variant that per-shape speedups within a run are measured against.",
     )
     @kind_option
+    @click.option("--sweep", "sweep_id", help="The bench runs a sweep stored (its id).")
     @click.option("--title", default="kernelab report", help="Page title.")
     @ledger_option
     @user_errors
-    def report_command(runs, out, baseline, baseline_variant, kind, title, ledger_url):
+    def report_command(runs, out, baseline, baseline_variant, kind, sweep_id, title, ledger_url):
         """Write an HTML report (roofline, latency and speedup charts, provenance) that opens
         offline: no scripts, no network.
 
@@ -36,6 +37,25 @@ def register(app: click.Group) -> None:
         from kernelab.report.html import write
 
         with ledger.open(ledger_url, readonly=True) as db:
-            path = write(db, list(runs or []), out, baseline, kind, baseline_variant, title)
+            runs = list(runs or [])
+            if sweep_id is not None:
+                runs = _sweep_runs(db, sweep_id, runs)
+            path = write(db, runs, out, baseline, kind, baseline_variant, title)
         echo(f"wrote {path}")
         kept(f"report {path}")
+
+
+def _sweep_runs(db, sweep_id: str, runs: list[str]) -> list[str]:
+    """The bench runs of a sweep, in task order (the report charts timings)."""
+    from kernelab.ledger.sweeps import get_sweep
+
+    if runs:
+        raise ValueError("--sweep: give either RUNS or --sweep, not both")
+    sw = get_sweep(db, sweep_id)
+    found = [t["run_id"] for t in sw["tasks"] if t["status"] == "done" and t["kind"] == "bench"]
+    if not found:
+        raise ValueError(
+            f"--sweep: sweep {sw['id']} stored no bench runs (a report charts timings; see "
+            f"`kernelab history --sweep {sw['id']}`)"
+        )
+    return found
