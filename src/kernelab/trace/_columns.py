@@ -238,8 +238,9 @@ class _Columns:
     def _append(self, arrays: dict, shapes: dict) -> None:
         self.parts.append(_Part(self.next_chunk - 1, self.base_us, arrays, shapes))
 
-    def add_raw(self, chunk: memoryview) -> None:
-        """Parse and append one JSON array of events (msgspec when installed, else orjson)."""
+    def add_raw(self, chunk: memoryview) -> bool:
+        """Parse and append one JSON array of events (msgspec when installed, else orjson).
+        Returns False, adding nothing, where the bytes are not one valid JSON array."""
         if _DECODER is not None:
             for decoder in (_DECODER, _ANY_CATEGORY):
                 try:
@@ -247,10 +248,17 @@ class _Columns:
                 except msgspec.ValidationError:
                     continue  # an unknown category (then odd field types): the next decoder
                 except msgspec.DecodeError:
-                    break  # invalid JSON: orjson and the careful path decide
+                    break  # invalid JSON: orjson decides
                 self.add(events, structs=True)
-                return
-        self.add(orjson.loads(chunk))
+                return True
+        try:
+            events = orjson.loads(chunk)
+        except orjson.JSONDecodeError:
+            return False
+        if type(events) is not list:
+            return False
+        self.add(events)
+        return True
 
     def add(self, events: list, structs: bool = False) -> None:
         """Append one chunk of events: a fast path for well-formed chunks, else a careful one."""
