@@ -31,6 +31,55 @@ except ImportError:  # pragma: no cover - exercised under environments without m
     msgspec = None
 
 
+#: The largest |ts| or dur kept, in microseconds: times are held as int64 nanoseconds
+#: relative to the trace's start, and 2**62 ns leaves room for that subtraction. Kineto's
+#: epoch-microsecond stamps are near 1.7e15 (2024); 1e16 or 1e300 is a corrupt stamp.
+TIME_LIMIT_US = 2**62 / 1000
+#: An edge group of events is an outlier when the gap that separates it from the rest is
+#: more than this many times the rest's span (a stamp of 0 among epoch times: 1e8 times).
+OUTLIER_GAP = 1000
+#: ... and more than this (ns): a tiny trace's few microseconds of lead-in are not outliers.
+OUTLIER_MIN_GAP_NS = 10**9
+#: At most this share of the events (and 1000) can be outliers at each edge.
+OUTLIER_SHARE = 0.01
+
+
+def _times_ok(ts_a: np.ndarray, dur_a: np.ndarray) -> np.ndarray:
+    """Per row: both times finite and within :data:`TIME_LIMIT_US`."""
+    with np.errstate(invalid="ignore"):
+        return (np.abs(ts_a) < TIME_LIMIT_US) & (np.abs(dur_a) < TIME_LIMIT_US)
+
+
+def outlying(ts: np.ndarray) -> np.ndarray:
+    """Rows whose start is far outside the bulk of the trace's start times: those before
+    the widest gap near the earliest starts (or after the widest near the latest) when that
+    gap exceeds :data:`OUTLIER_GAP` times the span of the rest's starts and
+    :data:`OUTLIER_MIN_GAP_NS`. The span leaves out the other edge's candidates, so one stray
+    stamp at each end does not hide the other; starts only, because an honest enclosing span
+    (a profiler step) ends long after the rest. Returns a boolean mask."""
+    n = len(ts)
+    out = np.zeros(n, dtype=bool)
+    if n < 3:
+        return out
+    m = max(1, min(int(n * OUTLIER_SHARE), 1000, n - 2))
+    order = np.argsort(ts, kind="stable")
+    s = ts[order].astype(np.float64)
+    bottom, top = s[m], s[n - 1 - m]
+    low = (s[1 : m + 1] - s[:m], top - s[1 : m + 1])
+    high = (s[n - m :] - s[n - m - 1 : n - 1], s[n - m - 1 : n - 1] - bottom)
+    for side, (gaps, rest) in (("low", low), ("high", high)):
+        wide = (gaps > OUTLIER_GAP * np.maximum(rest, 1)) & (gaps > OUTLIER_MIN_GAP_NS)
+        hit = np.flatnonzero(wide)
+        if not len(hit):
+            continue
+        i = int(hit[np.argmax(gaps[hit])])
+        if side == "low":
+            out[order[: i + 1]] = True
+        else:
+            out[order[n - m + i :]] = True
+    return out
+
+
 #: The category an event of a phase other than 'X' reports: ignored, never counted as unknown.
 _NOT_COMPLETE = "(not a complete event)"
 
@@ -227,6 +276,7 @@ class _Columns:
         self.parts: list[_Part] = []
         self.unknown: dict[str, int] = {}
         self.malformed = 0
+        self.out_of_range = 0
         self.base_us: int | None = None
         self.next_chunk = 0
         self.absorbed = False
@@ -307,10 +357,12 @@ class _Columns:
             ts_a = np.fromiter(map(field("ts"), rows), np.float64, n)
             dur_a = np.fromiter(map(field("dur"), rows), np.float64, n)
         else:
-            ts_a = np.array(list(map(field("ts"), rows)))
-            dur_a = np.array(list(map(field("dur"), rows)))
-            if ts_a.dtype.kind not in "if" or dur_a.dtype.kind not in "if":
-                raise TypeError("non-numeric times")
+            ts_l, dur_l = list(map(field("ts"), rows)), list(map(field("dur"), rows))
+            if not set(map(type, ts_l)) | set(map(type, dur_l)) <= {int, float}:
+                raise TypeError("non-numeric times")  # booleans are not numbers
+            ts_a, dur_a = np.array(ts_l, dtype=np.float64), np.array(dur_l, dtype=np.float64)
+        if not _times_ok(ts_a, dur_a).all():
+            raise ValueError("times beyond the representable range")
         if self.base_us is None:
             self.base_us = int(ts_a.min())
         kind_a = kind_all[keep]
@@ -378,31 +430,27 @@ class _Columns:
         kinds = [k for k in kinds if k >= 0]
         if not rows:
             return
-        names = [e.get("name") for e in rows]
-        ts = [e.get("ts") for e in rows]
-        dur = [e.get("dur") for e in rows]
-        try:
-            ts_a = np.array(ts)
-            dur_a = np.array(dur)
-            if (
-                ts_a.dtype.kind not in "if"
-                or dur_a.dtype.kind not in "if"
-                or set(map(type, names)) != {str}
-            ):
-                raise TypeError
-        except (TypeError, ValueError):
-            ok = [
-                type(n) is str and type(t) in (int, float) and type(d) in (int, float)
-                for n, t, d in zip(names, ts, dur, strict=False)
-            ]
-            self.malformed += ok.count(False)
-            rows = [e for e, g in zip(rows, ok, strict=False) if g]
-            kinds = [k for k, g in zip(kinds, ok, strict=False) if g]
-            if not rows:
-                return
-            names = [e["name"] for e in rows]
-            ts_a = np.array([e["ts"] for e in rows], dtype=np.float64)
-            dur_a = np.array([e["dur"] for e in rows], dtype=np.float64)
+        number = (int, float)  # booleans are not numbers
+        ok = [
+            type(e.get("name")) is str
+            and type(e.get("ts")) in number
+            and type(e.get("dur")) in number
+            for e in rows
+        ]
+        self.malformed += ok.count(False)
+        rows = [e for e, g in zip(rows, ok, strict=True) if g]
+        kinds = [k for k, g in zip(kinds, ok, strict=True) if g]
+        ts_a = np.array([e["ts"] for e in rows], dtype=np.float64)
+        dur_a = np.array([e["dur"] for e in rows], dtype=np.float64)
+        fits = _times_ok(ts_a, dur_a)
+        if not fits.all():
+            self.out_of_range += int((~fits).sum())
+            rows = [e for e, g in zip(rows, fits.tolist(), strict=True) if g]
+            kinds = [k for k, g in zip(kinds, fits.tolist(), strict=True) if g]
+            ts_a, dur_a = ts_a[fits], dur_a[fits]
+        if not rows:
+            return
+        names = [e["name"] for e in rows]
         if self.base_us is None:
             self.base_us = int(ts_a.min())
         table = self.table
@@ -450,6 +498,7 @@ class _Columns:
             "strings": list(self.table),
             "unknown": self.unknown,
             "malformed": self.malformed,
+            "out_of_range": self.out_of_range,
             "parts": [
                 {
                     "chunk": p.chunk,
@@ -489,6 +538,7 @@ class _Columns:
         for cat, count in header["unknown"].items():
             self.unknown[cat] = self.unknown.get(cat, 0) + count
         self.malformed += header["malformed"]
+        self.out_of_range += header["out_of_range"]
         self.absorbed = True
         return {"peak_rss": header["peak_rss"]}
 
@@ -514,6 +564,11 @@ class _Columns:
             remap[order] = np.arange(len(order), dtype=np.int32)
             cols["name"] = remap[cols["name"]]
             strings = [strings[i] for i in order.tolist()]
+        outliers = _drop_outliers(cols, strings)
+        mask = outliers.pop("_mask", None)
+        if mask is not None:  # rows renumbered after the dropped ones
+            row = np.cumsum(~mask) - 1
+            shapes = {int(row[i]): v for i, v in shapes.items() if not mask[i]}
         # Times so far are relative to the first chunk's earliest event; make them relative
         # to the trace's earliest (whole microseconds), whatever the chunking.
         if len(cols["ts"]):
@@ -529,8 +584,34 @@ class _Columns:
             shapes=shapes,
             unknown_categories=dict(self.unknown),
             malformed=self.malformed,
+            out_of_range=self.out_of_range,
+            outliers=outliers,
             **cols,
         )
+
+
+def _drop_outliers(cols: dict, strings: list) -> dict:
+    """Remove the rows :func:`outlying` finds from ``cols`` (in place); describe them."""
+    ts = cols["ts"]
+    mask = outlying(ts)
+    count = int(mask.sum())
+    if not count:
+        return {"count": 0, "examples": []}
+    rows = np.flatnonzero(mask)
+    bulk = ts[~mask]
+    lo, hi = int(bulk.min()), int((bulk + cols["dur"][~mask]).max())
+    examples = [
+        {
+            "name": strings[int(cols["name"][i])],
+            "offset_from_bulk_us": round(
+                (int(ts[i]) - lo if ts[i] < lo else int(ts[i]) - hi) / 1e3, 3
+            ),
+        }
+        for i in rows[:5].tolist()
+    ]
+    for k in list(cols):
+        cols[k] = cols[k][~mask]
+    return {"count": count, "examples": examples, "_mask": mask}
 
 
 def _read(rows: list, get, dtype=np.int64) -> np.ndarray:

@@ -1,11 +1,39 @@
-"""Rich tables for people. Every name from a trace is untrusted text: it is escaped
-(``rich.markup.escape``) before rendering, never interpreted as markup."""
+"""Rich tables for people. Every name from a trace is untrusted text: control characters
+are shown as escapes (a kernel name must not move the cursor or recolour the terminal) and
+markup is escaped (``rich.markup.escape``), never interpreted."""
 
 from __future__ import annotations
 
+import re
+
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as _markup_escape
 from rich.table import Table
+
+#: C0 controls (tab and newline included: a name is one line), DEL and C1 controls.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text) -> str:
+    """``text`` with every control character as a visible ``\\xNN`` escape."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
+def escape(text) -> str:
+    """Safe to print: control characters escaped, then markup."""
+    return _markup_escape(printable(text))
+
+
+def _more_devices(rest: list[dict]) -> str:
+    """`` (+7 more: 7 × Tesla V100-SXM2-32GB)``: how many other devices and which."""
+    if not rest:
+        return ""
+    counts: dict[str, int] = {}
+    for d in rest:
+        key = f"{d['name']} ({d['sms']} SMs)" if d.get("sms") else str(d["name"])
+        counts[key] = counts.get(key, 0) + 1
+    kinds = ", ".join(f"{n} × {name}" for name, n in counts.items())
+    return f" (+{len(rest)} more: {kinds})"
 
 
 def _short(text: str, width: int = 70) -> str:
@@ -35,7 +63,7 @@ def render_summary(console: Console, s: dict) -> None:
         table = d["hardware_table"] or "not in the hardware table"
         console.print(
             f"device: {escape(str(d['name']))}, {d['sms']} SMs → {escape(table)}"
-            + (f" (+{len(s['devices']) - 1} more)" if len(s["devices"]) > 1 else "")
+            + escape(_more_devices(s["devices"][1:]))
         )
     integ = s["integrity"]
     if integ["messages"]:
