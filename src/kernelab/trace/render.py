@@ -205,6 +205,8 @@ def _cpu_table(console: Console, cpu: dict) -> None:
 
 def render_diff(console: Console, d: dict) -> None:
     console.print(f"[bold]kernelab trace diff[/] {escape(d['a'])} → {escape(d['b'])}")
+    for w in d.get("warnings", []):
+        console.print(f"[yellow]warning:[/] {escape(w)}")
     t = Table(title="Per category (kernel time)")
     for col in ("category", "A", "B", "Δ", "Δ count"):
         t.add_column(col)
