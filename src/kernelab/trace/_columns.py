@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from itertools import chain, islice
 from operator import attrgetter, itemgetter, methodcaller
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
 import numpy as np
 import orjson
@@ -211,9 +211,37 @@ if msgspec is not None:
     )
     _DECODER = msgspec.json.Decoder(list[Union[(_KnownEvent, *_SKIPPED)]])
     _ANY_CATEGORY = msgspec.json.Decoder(list[Union[(_Event, *_SKIPPED)]])
+
+    class _MemArgs(msgspec.Struct, gc=False):
+        """The args of a ``[memory]`` instant (profile_memory=True)."""
+
+        addr: Any = msgspec.field(default=None, name="Addr")
+        nbytes: Any = msgspec.field(default=None, name="Bytes")
+        allocated: Any = msgspec.field(default=None, name="Total Allocated")
+        reserved: Any = msgspec.field(default=None, name="Total Reserved")
+        device_type: Any = msgspec.field(default=None, name="Device Type")
+        device_id: Any = msgspec.field(default=None, name="Device Id")
+
+    class _Instant(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
+        """An instant ('i') event, decoded only in chunks that hold ``[memory]`` events."""
+
+        name: Any = None
+        pid: Any = None
+        tid: Any = None
+        ts: Any = None
+        args: Any = None
+        cat: ClassVar[str] = _NOT_COMPLETE  # never a complete event
+
+    _NOT_INSTANT = tuple(x for x in _SKIPPED if x.__struct_config__.tag != "i")
+    _MEM_DECODERS = (
+        msgspec.json.Decoder(list[Union[(_KnownEvent, _Instant, *_NOT_INSTANT)]]),
+        msgspec.json.Decoder(list[Union[(_Event, _Instant, *_NOT_INSTANT)]]),
+    )
+    _MEM_ARGS = msgspec.json.Decoder(_MemArgs)
     _NO_ARGS = _Args()
 else:
     _DECODER = _ANY_CATEGORY = None
+    _MEM_DECODERS = None
     _NO_ARGS = None
 
 
@@ -235,6 +263,12 @@ def _as_dict(event) -> dict:
         out["args"] = {key: _plain(getattr(a, attr)) for key, attr in _ARG_ATTRS.items()}
     return {k: v for k, v in out.items() if v is not None}
 
+
+#: The args of a ``[memory]`` instant, in the order of :data:`MEMORY_COLUMNS` after ts, tid.
+_MEM_KEYS = ("Addr", "Bytes", "Total Allocated", "Total Reserved", "Device Type", "Device Id")
+#: The columns of :attr:`Trace.memory` (ts in ns like the events', the rest int64).
+MEMORY_COLUMNS = ("ts_us", "tid", "addr", "bytes", "allocated", "reserved", "device_type")
+MEMORY_COLUMNS += ("device_id",)
 
 #: The columns of a :class:`Trace` and their dtypes.
 COLUMNS = {
@@ -277,6 +311,7 @@ class _Columns:
         self.unknown: dict[str, int] = {}
         self.malformed = 0
         self.out_of_range = 0
+        self.memory: list[tuple[int, dict]] = []  # (chunk, columns) of [memory] instants
         self.base_us: int | None = None
         self.next_chunk = 0
         self.absorbed = False
@@ -288,18 +323,20 @@ class _Columns:
     def _append(self, arrays: dict, shapes: dict) -> None:
         self.parts.append(_Part(self.next_chunk - 1, self.base_us, arrays, shapes))
 
-    def add_raw(self, chunk: memoryview) -> bool:
+    def add_raw(self, chunk: memoryview, memory: bool = False) -> bool:
         """Parse and append one JSON array of events (msgspec when installed, else orjson).
-        Returns False, adding nothing, where the bytes are not one valid JSON array."""
+        ``memory``: the chunk holds ``[memory]`` instants (decoded too). Returns False,
+        adding nothing, where the bytes are not one valid JSON array."""
         if _DECODER is not None:
-            for decoder in (_DECODER, _ANY_CATEGORY):
+            decoders = _MEM_DECODERS if memory else (_DECODER, _ANY_CATEGORY)
+            for decoder in decoders:
                 try:
                     events = decoder.decode(chunk)
                 except msgspec.ValidationError:
                     continue  # an unknown category (then odd field types): the next decoder
                 except msgspec.DecodeError:
                     break  # invalid JSON: orjson decides
-                self.add(events, structs=True)
+                self.add(events, structs=True, memory=memory)
                 return True
         try:
             events = orjson.loads(chunk)
@@ -307,12 +344,15 @@ class _Columns:
             return False
         if type(events) is not list:
             return False
-        self.add(events)
+        self.add(events, memory=memory)
         return True
 
-    def add(self, events: list, structs: bool = False) -> None:
-        """Append one chunk of events: a fast path for well-formed chunks, else a careful one."""
+    def add(self, events: list, structs: bool = False, memory: bool | None = None) -> None:
+        """Append one chunk of events: a fast path for well-formed chunks, else a careful one.
+        ``memory``: whether it holds ``[memory]`` instants (None: look)."""
         self.next_chunk += 1
+        if memory or memory is None:
+            self._memory(events, structs)
         try:
             part, shapes, unknown = self._fast(events, structs)
         except (KeyError, TypeError, ValueError, AttributeError):
@@ -325,6 +365,39 @@ class _Columns:
         for cat, count in unknown.items():
             self.unknown[cat] = self.unknown.get(cat, 0) + count
         self._append(part, shapes)
+
+    def _memory(self, events: list, structs: bool) -> None:
+        """Keep the chunk's ``[memory]`` instants as columns (file order)."""
+        if structs:
+            found = [
+                (e.ts, e.tid, e.args)
+                for e in events
+                if type(e) is _Instant and e.name == "[memory]"
+            ]
+        else:
+            found = [
+                (e.get("ts"), e.get("tid"), e.get("args"))
+                for e in events
+                if type(e) is dict and e.get("ph") in ("i", "I") and e.get("name") == "[memory]"
+            ]
+        if not found:
+            return
+        rows = []
+        for ts, tid, args in found:
+            a = args if type(args) is dict else {}
+            vals = [a.get(k) for k in _MEM_KEYS]
+            ok = type(ts) in (int, float) and abs(ts) < TIME_LIMIT_US
+            ok = ok and all(type(v) is int and abs(v) < 2**63 for v in vals)
+            if not ok:
+                self.malformed += 1
+                continue
+            rows.append((float(ts), tid if type(tid) is int and abs(tid) < 2**63 else -1, *vals))
+        if rows:
+            cols = list(zip(*rows, strict=True))
+            part = {"ts_us": np.array(cols[0], dtype=np.float64)}
+            for k, v in zip(MEMORY_COLUMNS[1:], cols[1:], strict=True):
+                part[k] = np.array(v, dtype=np.int64)
+            self.memory.append((self.next_chunk - 1, part))
 
     def _fast(self, events: list, structs: bool = False):
         """Columns of a chunk where every 'X' event has all the fields; raises otherwise.
@@ -499,6 +572,7 @@ class _Columns:
             "unknown": self.unknown,
             "malformed": self.malformed,
             "out_of_range": self.out_of_range,
+            "memory": [[c, {k: v.tolist() for k, v in m.items()}] for c, m in self.memory],
             "parts": [
                 {
                     "chunk": p.chunk,
@@ -539,6 +613,10 @@ class _Columns:
             self.unknown[cat] = self.unknown.get(cat, 0) + count
         self.malformed += header["malformed"]
         self.out_of_range += header["out_of_range"]
+        for c, m in header["memory"]:
+            part = {"ts_us": np.array(m["ts_us"], dtype=np.float64)}
+            part.update({k: np.array(m[k], dtype=np.int64) for k in MEMORY_COLUMNS[1:]})
+            self.memory.append((c, part))
         self.absorbed = True
         return {"peak_rss": header["peak_rss"]}
 
@@ -577,6 +655,11 @@ class _Columns:
             base_us += shift_us
         meta = dict(meta)
         meta["base_us"] = base_us
+        memory = None
+        if self.memory:
+            parts = [m for _, m in sorted(self.memory, key=lambda cm: cm[0])]
+            memory = {k: np.concatenate([p[k] for p in parts]) for k in MEMORY_COLUMNS}
+            memory["ts"] = np.rint((memory.pop("ts_us") - base_us) * 1000).astype(np.int64)
         return Trace(
             path=path,
             meta=meta,
@@ -586,6 +669,7 @@ class _Columns:
             malformed=self.malformed,
             out_of_range=self.out_of_range,
             outliers=outliers,
+            memory=memory,
             **cols,
         )
 

@@ -173,11 +173,12 @@ def _add_in_place(cols: _Columns, buf: bytearray, a: int, b: int) -> bool:
     """Decode the events ``buf[a:b]`` as an array without copying them: the byte before
     (blank, comma or the array's '[') and the byte after (',' or blank) become the brackets
     for the call and are restored after it. False where the slice is not valid JSON."""
+    memory = buf.find(b'"[memory]"', a, b) >= 0
     saved = buf[a - 1], buf[b]
     buf[a - 1], buf[b] = 0x5B, 0x5D
     try:
         with memoryview(buf) as view, view[a - 1 : b + 1] as chunk:
-            return cols.add_raw(chunk)
+            return cols.add_raw(chunk, memory)
     finally:
         buf[a - 1], buf[b] = saved
 

@@ -73,6 +73,8 @@ def render_summary(console: Console, s: dict) -> None:
     gpu = s.get("gpu")
     if gpu:
         _gpu_tables(console, gpu)
+    for m in s.get("memory") or []:
+        _memory(console, m)
     _cpu_table(console, s["cpu"])
     if s.get("verdicts"):
         console.print("[bold]what to change[/]")
@@ -179,6 +181,56 @@ def _gpu_tables(console: Console, gpu: dict) -> None:
         console.print(t)
     elif occ.get("note"):
         console.print(f"occupancy: {escape(occ['note'])}")
+
+
+_BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list, width: int = 48) -> str:
+    """One character per point (the maximum of each of ``width`` groups), scaled to max."""
+    if not values:
+        return ""
+    if len(values) > width:
+        step = len(values) / width
+        values = [
+            max(values[int(i * step) : max(int((i + 1) * step), int(i * step) + 1)])
+            for i in range(width)
+        ]
+    top = max(values) or 1
+    return "".join(_BLOCKS[min(int(v / top * (len(_BLOCKS) - 1) + 0.5), 7)] for v in values)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if abs(n) >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def _memory(console: Console, m: dict) -> None:
+    reserved = (
+        f", peak reserved {_mb(m['peak_reserved_bytes'])} at {_us(m['peak_reserved_at_us'])}; "
+        f"reserved but unallocated at the peak {_mb(m['slack_at_peak_bytes'])}"
+        if m["peak_reserved_bytes"]
+        else " (no reserved totals: not a caching allocator)"
+    )
+    console.print(
+        f"[bold]memory {escape(m['device'])}[/]: peak allocated {_mb(m['peak_allocated_bytes'])} "
+        f"at {_us(m['peak_allocated_at_us'])}{reserved}; {m['allocations']} allocations, "
+        f"{m['frees']} frees"
+    )
+    console.print(f"allocated over time: {sparkline([p[1] for p in m['timeline']])}")
+    if m["live_at_peak_by_op"]:
+        t = Table(title="Live at the peak, by the op that allocated")
+        for col in ("op", "allocations", "bytes"):
+            t.add_column(col, justify="left" if col == "op" else "right")
+        for r in m["live_at_peak_by_op"]:
+            t.add_row(_short(r["op"], 50), str(r["allocations"]), _mb(r["bytes"]))
+        console.print(t)
+    nf = m["never_freed"]
+    if nf["allocations"]:
+        ops = ", ".join(f"{r['op']} {_mb(r['bytes'])}" for r in nf["by_op"][:3])
+        console.print(
+            f"never freed in the window: {nf['allocations']} allocations, {_mb(nf['bytes'])} "
+            f"({escape(ops)})"
+        )
 
 
 def _cpu_table(console: Console, cpu: dict) -> None:

@@ -15,6 +15,7 @@ from kernelab.trace.fusion import fusion_candidates
 from kernelab.trace.integrity import integrity
 from kernelab.trace.kernels import occupancy_table, top_kernels
 from kernelab.trace.launch import launch_analysis
+from kernelab.trace.memory import memory_analysis
 from kernelab.trace.roofline import match_device, roofline
 
 SCHEMA = "kernelab.trace.summary/1"
@@ -60,6 +61,7 @@ def summarize(
         "devices": _devices(trace),
         "integrity": integrity(links),
         "cpu": cpu_breakdown(links, top),
+        "memory": memory_analysis(links),
     }
     if len(links.gpu) == 0:
         out["gpu"] = None
