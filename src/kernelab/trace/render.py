@@ -114,6 +114,13 @@ def _gpu_tables(console: Console, gpu: dict) -> None:
         f"{_pct(la['short_share'])} shorter than {la['short_threshold_us']:g} us; "
         f"{la['graph_replays']} graph replays ({la['in_graph_replays']} kernels)"
     )
+    comm = gpu.get("communication", {}).get("trace") or {}
+    if comm.get("communication_us"):
+        console.print(
+            f"communication: {_us(comm['communication_us'])} of kernels, "
+            f"{_pct(comm['overlap_share'])} overlapped by compute, "
+            f"{_us(comm['exposed_us'])} exposed"
+        )
     t = Table(title="Top kernels (normalised names)")
     for col in ("kernel", "category", "op", "count", "total", "mean", "share"):
         t.add_column(col, justify="right" if col in ("count", "total", "mean", "share") else "left")
@@ -289,7 +296,8 @@ def render_diff(console: Console, d: dict) -> None:
 def render_ranks(console: Console, r: dict) -> None:
     console.print(f"[bold]kernelab trace summary[/] {escape(r['folder'])}: {len(r['ranks'])} ranks")
     t = Table(title="Per rank")
-    for col in ("rank", "file", "span", "compute", "communication", "idle", "comm share"):
+    cols = ("rank", "file", "span", "compute", "communication", "idle", "comm share")
+    for col in (*cols, "overlapped", "exposed"):
         t.add_column(col)
     for row in r["ranks"]:
         t.add_row(
@@ -300,6 +308,8 @@ def render_ranks(console: Console, r: dict) -> None:
             _us(row["communication_us"]),
             _us(row["idle_us"]),
             _pct(row["communication_share"]),
+            _pct(row.get("comm_overlap_share")),
+            _us(row.get("exposed_communication_us")),
         )
     console.print(t)
     for s in r["stragglers"]:

@@ -16,6 +16,7 @@ from kernelab.trace.integrity import integrity
 from kernelab.trace.kernels import occupancy_table, top_kernels
 from kernelab.trace.launch import launch_analysis
 from kernelab.trace.memory import memory_analysis
+from kernelab.trace.overlap import comm_overlap
 from kernelab.trace.roofline import match_device, roofline
 
 SCHEMA = "kernelab.trace.summary/1"
@@ -80,6 +81,7 @@ def summarize(
         "roofline": roofline(links, top),
         "fusion": fusion_candidates(links, 10, registered),
         "occupancy": occupancy_table(links, top),
+        "communication": comm_overlap(links),
         "warmup": warmup(links),
         "pageable_copies": pageable_copies(links),
     }
