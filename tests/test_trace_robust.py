@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from kernelab.cli import app
 from kernelab.trace import load, public, summarize
-from kernelab.trace._columns import outlying
+from kernelab.trace._times import outlying
 from tests.kineto_builder import TraceBuilder
 from tests.test_trace import scenario
 

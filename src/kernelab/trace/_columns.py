@@ -24,60 +24,12 @@ from kernelab.trace._events import (
     SHAPED_OPS,
     Trace,
 )
+from kernelab.trace._times import TIME_LIMIT_US, drop_outliers, times_ok
 
 try:  # a faster decoder that skips the fields we do not read; orjson does without it
     import msgspec
 except ImportError:  # pragma: no cover - exercised under environments without msgspec
     msgspec = None
-
-
-#: The largest |ts| or dur kept, in microseconds: times are held as int64 nanoseconds
-#: relative to the trace's start, and 2**62 ns leaves room for that subtraction. Kineto's
-#: epoch-microsecond stamps are near 1.7e15 (2024); 1e16 or 1e300 is a corrupt stamp.
-TIME_LIMIT_US = 2**62 / 1000
-#: An edge group of events is an outlier when the gap that separates it from the rest is
-#: more than this many times the rest's span (a stamp of 0 among epoch times: 1e8 times).
-OUTLIER_GAP = 1000
-#: ... and more than this (ns): a tiny trace's few microseconds of lead-in are not outliers.
-OUTLIER_MIN_GAP_NS = 10**9
-#: At most this share of the events (and 1000) can be outliers at each edge.
-OUTLIER_SHARE = 0.01
-
-
-def _times_ok(ts_a: np.ndarray, dur_a: np.ndarray) -> np.ndarray:
-    """Per row: both times finite and within :data:`TIME_LIMIT_US`."""
-    with np.errstate(invalid="ignore"):
-        return (np.abs(ts_a) < TIME_LIMIT_US) & (np.abs(dur_a) < TIME_LIMIT_US)
-
-
-def outlying(ts: np.ndarray) -> np.ndarray:
-    """Rows whose start is far outside the bulk of the trace's start times: those before
-    the widest gap near the earliest starts (or after the widest near the latest) when that
-    gap exceeds :data:`OUTLIER_GAP` times the span of the rest's starts and
-    :data:`OUTLIER_MIN_GAP_NS`. The span leaves out the other edge's candidates, so one stray
-    stamp at each end does not hide the other; starts only, because an honest enclosing span
-    (a profiler step) ends long after the rest. Returns a boolean mask."""
-    n = len(ts)
-    out = np.zeros(n, dtype=bool)
-    if n < 3:
-        return out
-    m = max(1, min(int(n * OUTLIER_SHARE), 1000, n - 2))
-    order = np.argsort(ts, kind="stable")
-    s = ts[order].astype(np.float64)
-    bottom, top = s[m], s[n - 1 - m]
-    low = (s[1 : m + 1] - s[:m], top - s[1 : m + 1])
-    high = (s[n - m :] - s[n - m - 1 : n - 1], s[n - m - 1 : n - 1] - bottom)
-    for side, (gaps, rest) in (("low", low), ("high", high)):
-        wide = (gaps > OUTLIER_GAP * np.maximum(rest, 1)) & (gaps > OUTLIER_MIN_GAP_NS)
-        hit = np.flatnonzero(wide)
-        if not len(hit):
-            continue
-        i = int(hit[np.argmax(gaps[hit])])
-        if side == "low":
-            out[order[: i + 1]] = True
-        else:
-            out[order[n - m + i :]] = True
-    return out
 
 
 #: The category an event of a phase other than 'X' reports: ignored, never counted as unknown.
@@ -212,16 +164,6 @@ if msgspec is not None:
     _DECODER = msgspec.json.Decoder(list[Union[(_KnownEvent, *_SKIPPED)]])
     _ANY_CATEGORY = msgspec.json.Decoder(list[Union[(_Event, *_SKIPPED)]])
 
-    class _MemArgs(msgspec.Struct, gc=False):
-        """The args of a ``[memory]`` instant (profile_memory=True)."""
-
-        addr: Any = msgspec.field(default=None, name="Addr")
-        nbytes: Any = msgspec.field(default=None, name="Bytes")
-        allocated: Any = msgspec.field(default=None, name="Total Allocated")
-        reserved: Any = msgspec.field(default=None, name="Total Reserved")
-        device_type: Any = msgspec.field(default=None, name="Device Type")
-        device_id: Any = msgspec.field(default=None, name="Device Id")
-
     class _Instant(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
         """An instant ('i') event, decoded only in chunks that hold ``[memory]`` events."""
 
@@ -237,7 +179,6 @@ if msgspec is not None:
         msgspec.json.Decoder(list[Union[(_KnownEvent, _Instant, *_NOT_INSTANT)]]),
         msgspec.json.Decoder(list[Union[(_Event, _Instant, *_NOT_INSTANT)]]),
     )
-    _MEM_ARGS = msgspec.json.Decoder(_MemArgs)
     _NO_ARGS = _Args()
 else:
     _DECODER = _ANY_CATEGORY = None
@@ -434,7 +375,7 @@ class _Columns:
             if not set(map(type, ts_l)) | set(map(type, dur_l)) <= {int, float}:
                 raise TypeError("non-numeric times")  # booleans are not numbers
             ts_a, dur_a = np.array(ts_l, dtype=np.float64), np.array(dur_l, dtype=np.float64)
-        if not _times_ok(ts_a, dur_a).all():
+        if not times_ok(ts_a, dur_a).all():
             raise ValueError("times beyond the representable range")
         if self.base_us is None:
             self.base_us = int(ts_a.min())
@@ -515,7 +456,7 @@ class _Columns:
         kinds = [k for k, g in zip(kinds, ok, strict=True) if g]
         ts_a = np.array([e["ts"] for e in rows], dtype=np.float64)
         dur_a = np.array([e["dur"] for e in rows], dtype=np.float64)
-        fits = _times_ok(ts_a, dur_a)
+        fits = times_ok(ts_a, dur_a)
         if not fits.all():
             self.out_of_range += int((~fits).sum())
             rows = [e for e, g in zip(rows, fits.tolist(), strict=True) if g]
@@ -642,7 +583,7 @@ class _Columns:
             remap[order] = np.arange(len(order), dtype=np.int32)
             cols["name"] = remap[cols["name"]]
             strings = [strings[i] for i in order.tolist()]
-        outliers = _drop_outliers(cols, strings)
+        outliers = drop_outliers(cols, strings)
         mask = outliers.pop("_mask", None)
         if mask is not None:  # rows renumbered after the dropped ones
             row = np.cumsum(~mask) - 1
@@ -672,30 +613,6 @@ class _Columns:
             memory=memory,
             **cols,
         )
-
-
-def _drop_outliers(cols: dict, strings: list) -> dict:
-    """Remove the rows :func:`outlying` finds from ``cols`` (in place); describe them."""
-    ts = cols["ts"]
-    mask = outlying(ts)
-    count = int(mask.sum())
-    if not count:
-        return {"count": 0, "examples": []}
-    rows = np.flatnonzero(mask)
-    bulk = ts[~mask]
-    lo, hi = int(bulk.min()), int((bulk + cols["dur"][~mask]).max())
-    examples = [
-        {
-            "name": strings[int(cols["name"][i])],
-            "offset_from_bulk_us": round(
-                (int(ts[i]) - lo if ts[i] < lo else int(ts[i]) - hi) / 1e3, 3
-            ),
-        }
-        for i in rows[:5].tolist()
-    ]
-    for k in list(cols):
-        cols[k] = cols[k][~mask]
-    return {"count": count, "examples": examples, "_mask": mask}
 
 
 def _read(rows: list, get, dtype=np.int64) -> np.ndarray:
