@@ -639,6 +639,12 @@ def _dims_product(args: list, mask: np.ndarray, get) -> np.ndarray:
     if not len(idx):
         return out
     vals = list(map(get, _pick(args, idx)))
+    types = set(map(type, vals))
+    if types != {list}:  # rows without a list (absent: some graph replays' kernels) stay -1
+        have = [i for i, v in enumerate(vals) if type(v) is list]
+        idx, vals = idx[have], [vals[i] for i in have]
+        if not vals:
+            return out
     if set(map(type, vals)) == {list} and set(map(len, vals)) == {3}:
         try:
             flat = np.fromiter(chain.from_iterable(vals), np.int64, 3 * len(vals))

@@ -169,11 +169,15 @@ _LOOKAHEAD = 1 << 16
 _HEAD_LIMIT = 1 << 26
 
 
-def _add_in_place(cols: _Columns, buf: bytearray, a: int, b: int) -> bool:
+def _add_in_place(
+    cols: _Columns, buf: bytearray, a: int, b: int, memory: bool | None = None
+) -> bool:
     """Decode the events ``buf[a:b]`` as an array without copying them: the byte before
     (blank, comma or the array's '[') and the byte after (',' or blank) become the brackets
-    for the call and are restored after it. False where the slice is not valid JSON."""
-    memory = buf.find(b'"[memory]"', a, b) >= 0
+    for the call and are restored after it. False where the slice is not valid JSON.
+    ``memory``: whether ``[memory]`` instants may be there (None: search the bytes)."""
+    if memory is None:
+        memory = buf.find(b'"[memory]"', a, b) >= 0
     saved = buf[a - 1], buf[b]
     buf[a - 1], buf[b] = 0x5B, 0x5D
     try:
@@ -237,7 +241,7 @@ def _load_streaming(path: Path, cols: _Columns, rank: int = 0, workers: int = 1)
         if cols.next_chunk % workers != rank:
             cols.skip()
             return True
-        if _add_in_place(cols, work, a, b):
+        if _add_in_place(cols, work, a, b, memory):
             return True
         if workers > 1:
             raise _WorkerFailed
@@ -261,6 +265,10 @@ def _load_streaming(path: Path, cols: _Columns, rank: int = 0, workers: int = 1)
 
     pieces = _pieces(path)
     head, buf, pos = _head(pieces)
+    # Kineto writes profile_memory before the events: without it (0), no chunk is searched
+    # for [memory] instants; with it, or where the flag comes later or not at all, each is.
+    flag = head.get("profile_memory") if head else None
+    memory = None if flag is None or flag else False
     cutter = _scan.Cutter()
     # The unparsed bytes sit in one reused buffer after a spare byte for the '[' (reused:
     # see _PIECE_BYTES).

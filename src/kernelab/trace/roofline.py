@@ -180,16 +180,20 @@ def roofline(links: Links, n: int = 15) -> dict:
     op_dev = np.zeros(len(uniq), dtype=np.int64)
     op_dev[inv] = dev
     groups: dict[tuple, dict] = {}
+    costs: dict[tuple, tuple | None] = {}  # a pure function of (op, shapes, dtypes): once each
     for u, row in enumerate(uniq.tolist()):
         shaped = t.shapes.get(row)
         if shaped is None:
             continue
         name = t.strings[int(t.name[row])]
         dims, types = shaped
-        cost = op_cost(name, dims, types)
+        shape_key = (name, str(dims), str(types))
+        if shape_key not in costs:
+            costs[shape_key] = op_cost(name, dims, types)
+        cost = costs[shape_key]
         if cost is None:
             continue
-        key = (name, str(dims), str(types), int(op_dev[u]))
+        key = (*shape_key, int(op_dev[u]))
         g = groups.setdefault(
             key, {"flops": cost[0], "bytes": cost[1], "dtype": cost[2], "time": 0.0, "calls": 0}
         )
