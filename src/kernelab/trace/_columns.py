@@ -186,6 +186,18 @@ else:
     _NO_ARGS = None
 
 
+def _shared(value, seen: dict):
+    """:func:`_plain`, one object per distinct raw JSON text: equal shapes are one object
+    (decoded once; analyses may key caches on its ``id``; never mutated)."""
+    if msgspec is not None and type(value) is msgspec.Raw:
+        key = bytes(value)
+        out = seen.get(key)
+        if out is None:
+            out = seen[key] = msgspec.json.decode(value)
+        return out
+    return value
+
+
 def _plain(value):
     """An args value as plain JSON data (raw JSON decoded)."""
     if msgspec is not None and type(value) is msgspec.Raw:
@@ -253,6 +265,7 @@ class _Columns:
         self.malformed = 0
         self.out_of_range = 0
         self.memory: list[tuple[int, dict]] = []  # (chunk, columns) of [memory] instants
+        self.shape_text: dict[bytes, object] = {}  # raw shape JSON -> its one decoded object
         self.base_us: int | None = None
         self.next_chunk = 0
         self.absorbed = False
@@ -424,8 +437,9 @@ class _Columns:
         if shaped_ids:
             rows_i = np.flatnonzero((kind_a == CPU_OP) & np.isin(name_a, shaped_ids, kind="table"))
             sub = _pick(args, rows_i)
-            dims_all = [_plain(x) for x in map(getter("Input Dims"), sub)]
-            types_all = [_plain(x) for x in map(getter("Input type"), sub)]
+            shared = self.shape_text
+            dims_all = [_shared(x, shared) for x in map(getter("Input Dims"), sub)]
+            types_all = [_shared(x, shared) for x in map(getter("Input type"), sub)]
             for i, dims, types in zip(rows_i.tolist(), dims_all, types_all, strict=True):
                 if type(dims) is list and type(types) is list:
                     shapes[i] = (dims, types)
