@@ -55,6 +55,7 @@ warnings.filterwarnings("ignore")
 logging.disable(logging.CRITICAL)
 from hta.trace_analysis import TraceAnalysis
 ta = TraceAnalysis(trace_files={0: sys.argv[1]}, include_last_profiler_step=True)
+ta.get_temporal_breakdown(visualize=False)
 kt, _ = ta.get_gpu_kernel_breakdown(visualize=False, include_memory_kernels=True)
 if sys.argv[2:] == ["--compare"]:  # per-category sums for the comparison (never timed)
     from hta.utils.utils import get_kernel_type
@@ -73,6 +74,212 @@ if sys.argv[2:] == ["--compare"]:  # per-category sums for the comparison (never
 KERNELAB_TO_HTA = {"compute": "COMPUTATION", "memory": "MEMORY", "communication": "COMMUNICATION"}
 #: The event categories kernelab counts as GPU work (HTA also counts any event with a stream).
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
+
+
+# --- synthetic traces: several streams, CUDA-graph replays, NCCL, in every layout ---
+
+A100 = {"id": 0, "name": "NVIDIA A100-SXM4-80GB", "totalGlobalMem": 84990623744,
+        "computeMajor": 8, "computeMinor": 0, "numSms": 108, "warpSize": 32,
+        "maxThreadsPerBlock": 1024, "maxThreadsPerMultiprocessor": 2048,
+        "regsPerBlock": 65536, "regsPerMultiprocessor": 65536, "sharedMemPerBlock": 49152,
+        "sharedMemPerMultiprocessor": 167936, "sharedMemPerBlockOptin": 166912}  # fmt: skip
+#: The layouts real tools write: name -> (file suffix, how the document is laid out).
+LAYOUTS = {
+    "kineto": ".json.gz",  # one event per line, metadata first (PyTorch's writer)
+    "one-line": ".json.gz",  # minified, traceEvents first, metadata after
+    "indent2": ".json.gz",  # json.dump(indent=2) style, metadata first
+    "one-line-raw": ".json",  # minified, not compressed
+}
+
+
+def synthetic_events(n: int):
+    """About ``n`` events of a training-like step, in blocks: per iteration a cpu op, its
+    launch call and kernel (three compute streams), the flow pair Kineto adds; every 16th a
+    CUDA-graph replay of 8 kernels; every 8th an NCCL all-reduce on a communication stream
+    overlapping compute; every 32nd a host-to-device copy."""
+    base, t, corr, made, i = 1_700_000_000_000, 0.0, 0, 0, 0
+    pid = 4242
+    while made < n:
+        block = []
+        for _ in range(256):
+            corr += 1
+            stream = 7 + i % 3
+            ts = base + t
+            block.append(
+                {
+                    "ph": "X",
+                    "cat": "cpu_op",
+                    "name": "aten::linear",
+                    "pid": pid,
+                    "tid": 1,
+                    "ts": ts,
+                    "dur": 9.5,
+                    "args": {
+                        "External id": corr,
+                        "Input Dims": [[8, 4096], [4096, 4096]],
+                        "Input type": ["float"] * 2,
+                    },
+                }
+            )
+            block.append(
+                {
+                    "ph": "X",
+                    "cat": "cuda_runtime",
+                    "name": "cudaLaunchKernel",
+                    "pid": pid,
+                    "tid": 1,
+                    "ts": ts + 1,
+                    "dur": 4.25,
+                    "args": {"correlation": corr, "cbid": 211},
+                }
+            )
+            block.append(
+                {
+                    "ph": "X",
+                    "cat": "kernel",
+                    "name": f"sm80_xmma_gemm_{i % 7}",
+                    "pid": 0,
+                    "tid": stream,
+                    "ts": ts + 6,
+                    "dur": 7.125,
+                    "args": {
+                        "correlation": corr,
+                        "device": 0,
+                        "stream": stream,
+                        "registers per thread": 128,
+                        "shared memory": 49152,
+                        "grid": [64, 1, 1],
+                        "block": [128, 1, 1],
+                    },
+                }
+            )
+            block.append(
+                {
+                    "ph": "s",
+                    "id": corr,
+                    "pid": pid,
+                    "tid": 1,
+                    "ts": ts + 1,
+                    "cat": "ac2g",
+                    "name": "ac2g",
+                }
+            )
+            block.append(
+                {
+                    "ph": "f",
+                    "id": corr,
+                    "pid": 0,
+                    "tid": stream,
+                    "ts": ts + 6,
+                    "cat": "ac2g",
+                    "name": "ac2g",
+                    "bp": "e",
+                }
+            )
+            if i % 16 == 0:
+                corr += 1
+                block.append(
+                    {
+                        "ph": "X",
+                        "cat": "cuda_runtime",
+                        "name": "cudaGraphLaunch",
+                        "pid": pid,
+                        "tid": 1,
+                        "ts": ts + 5,
+                        "dur": 3.0,
+                        "args": {"correlation": corr},
+                    }
+                )
+                for k in range(8):
+                    block.append(
+                        {
+                            "ph": "X",
+                            "cat": "kernel",
+                            "name": f"graph_kernel_{k}",
+                            "pid": 0,
+                            "tid": 11,
+                            "ts": ts + 8 + 2 * k,
+                            "dur": 1.5,
+                            "args": {"correlation": corr, "device": 0, "stream": 11},
+                        }
+                    )
+            if i % 8 == 0:
+                corr += 1
+                block.append(
+                    {
+                        "ph": "X",
+                        "cat": "kernel",
+                        "pid": 0,
+                        "tid": 20,
+                        "name": "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWork*)",
+                        "ts": ts + 3,
+                        "dur": 30.0,
+                        "args": {"correlation": corr, "device": 0, "stream": 20},
+                    }
+                )
+            if i % 32 == 0:
+                corr += 1
+                block.append(
+                    {
+                        "ph": "X",
+                        "cat": "gpu_memcpy",
+                        "pid": 0,
+                        "tid": 7,
+                        "name": "Memcpy HtoD (Pinned -> Device)",
+                        "ts": ts + 2,
+                        "dur": 2.0,
+                        "args": {"correlation": corr, "device": 0, "stream": 7, "bytes": 1 << 20},
+                    }
+                )
+            t += 12.0
+            i += 1
+        made += len(block)
+        yield block  # fmt: skip
+
+
+def write_synthetic(n: int, layout: str, path: Path) -> int:
+    """Write about ``n`` events in ``layout``; returns the number written."""
+    import gzip
+
+    import orjson
+
+    head = {"schemaVersion": 1, "deviceProperties": [A100, {**A100, "id": 1}],
+            "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 8}}  # fmt: skip
+    tail = {"traceName": "synthetic", "displayTimeUnit": "ms"}
+    raw = open(path, "wb")  # noqa: SIM115 - closed below, maybe through gzip
+    out = gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1) if path.suffix == ".gz" else raw
+    count = 0
+    first = True
+    if layout == "kineto":
+        out.write(
+            b"{\n"
+            + b"".join(b'  "%s": %s,\n' % (k.encode(), orjson.dumps(v)) for k, v in head.items())
+            + b'  "traceEvents": [\n'
+        )
+        sep, wrap = b",\n", lambda e: b"  " + orjson.dumps(e)
+        end = b"\n],\n" + orjson.dumps(tail)[1:-1] + b"\n}"
+    elif layout == "indent2":
+        meta = orjson.dumps(head, option=orjson.OPT_INDENT_2)
+        out.write(meta[:-2] + b',\n  "traceEvents": [\n')
+        sep = b",\n"
+
+        def wrap(e):
+            return b"    " + orjson.dumps(e, option=orjson.OPT_INDENT_2).replace(b"\n", b"\n    ")
+
+        end = b"\n  ],\n" + orjson.dumps(tail, option=orjson.OPT_INDENT_2)[2:]
+    else:  # minified, events first
+        out.write(b'{"traceEvents":[')
+        sep, wrap = b",", orjson.dumps
+        end = b"]," + orjson.dumps({**head, **tail})[1:]
+    for block in synthetic_events(n):
+        data = sep.join(map(wrap, block))
+        out.write(data if first else sep + data)
+        first = False
+        count += len(block)
+    out.write(end)
+    out.close()
+    raw.close()
+    return count
 
 
 def measure(cmd: list[str], env: dict) -> tuple[dict, bytes]:
@@ -161,8 +368,28 @@ def main() -> int:
     )
     ap.add_argument("--traces", nargs="*", help="trace files (default: the shared folder's)")
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument(
+        "--synthetic",
+        type=int,
+        nargs="*",
+        metavar="EVENTS",
+        help="instead of the shared traces: synthetic traces of these sizes (e.g. 200000 "
+        "2000000), each written in every layout (compared on time and memory only)",
+    )
+    ap.add_argument("--layouts", nargs="*", choices=sorted(LAYOUTS), help="with --synthetic")
     args = ap.parse_args()
-    if args.traces:
+    workdir = None
+    if args.synthetic:
+        workdir = tempfile.TemporaryDirectory(prefix="kernelab-bench-trace-")
+        traces = []
+        for n in args.synthetic:
+            for layout in args.layouts or list(LAYOUTS):
+                path = Path(workdir.name) / f"synthetic_{n}_{layout}{LAYOUTS[layout]}"
+                written = write_synthetic(n, layout, path)
+                print(f"wrote {path.name}: {written} events, {path.stat().st_size / 2**20:.0f} "
+                      f"MB ({layout})", flush=True)  # fmt: skip
+                traces.append(path)
+    elif args.traces:
         traces = [Path(t).resolve() for t in args.traces]
     else:
         shared = _flags.shared_dir()
@@ -203,10 +430,10 @@ def main() -> int:
                 "cpu_s": statistics.median(r["cpu_s"] for r in ok) if ok else None,
                 "error": None if ok else runs[0]["stderr"].strip().splitlines()[-1:],
             }
-        if row["hta"]["ok"]:  # HTA's category sums: one more run, outside the timing
+        if row["hta"]["ok"] and not args.synthetic:  # HTA's category sums: one more, untimed
             _, h_out = measure([args.hta_python, "-c", HTA, str(trace), "--compare"], env_h)
         cats = {}
-        if row["kernelab"]["ok"]:
+        if row["kernelab"]["ok"] and not args.synthetic:
             summary = json.loads(k_out)
             mine: dict[str, float] = {}
             for dev in (summary.get("gpu") or {}).get("breakdown", []):
@@ -269,6 +496,8 @@ def main() -> int:
             )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
+    if workdir is not None:
+        workdir.cleanup()
     return 0
 
 

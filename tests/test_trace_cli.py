@@ -182,6 +182,8 @@ def test_profile_tiny_model_on_cpu(tmp_path):
     names = {o["name"] for o in data["cpu"]["ops"]}
     assert "aten::addmm" in names
     assert data["cpu"]["steps"] == 3
+    assert data["memory"][0]["device"] == "cpu"  # recorded by default
+    assert data["memory"][0]["peak_allocated_bytes"] > 0
     assert 0 <= data["cpu"]["overhead_share"] < 1
     human = runner.invoke(
         app,
@@ -196,10 +198,12 @@ def test_profile_tiny_model_on_cpu(tmp_path):
             "cpu",
             "--out",
             str(tmp_path / "p2.json"),
+            "--no-memory",
         ],
     )
     assert human.exit_code == 0, human.output
     assert "CPU ops by self time" in human.output and "framework overhead" in human.output
+    assert "memory cpu" not in human.output  # not recorded when asked not to
 
 
 def test_profile_bad_target_is_one_line(tmp_path):

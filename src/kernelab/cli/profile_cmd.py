@@ -16,8 +16,14 @@ def register(app: click.Group) -> None:
     @device_option("auto, cpu or cuda: which activities to record.", default="auto")
     @json_option
     @click.option("--top", default=15, help="Rows in the summary tables.")
+    @click.option(
+        "--memory/--no-memory",
+        default=True,
+        show_default=True,
+        help="Record allocations (profile_memory): peak, timeline, live tensors by op.",
+    )
     @user_errors
-    def profile_command(target, steps, warmup, out, device, as_json, top):
+    def profile_command(target, steps, warmup, out, device, as_json, top, memory):
         """Profile a workload with shapes recorded, write its trace, and summarise it.
 
         TARGET is module:function, path/to/file.py:function, or path/to/script.py.
@@ -27,7 +33,9 @@ def register(app: click.Group) -> None:
 
         lost("the trace: written when every step is profiled")
         if as_json:
-            path = profile(target, steps=steps, warmup=warmup, out=out, device=device)
+            path = profile(
+                target, steps=steps, warmup=warmup, out=out, device=device, memory=memory
+            )
         else:
             from rich.progress import Progress
 
@@ -41,6 +49,7 @@ def register(app: click.Group) -> None:
                     warmup=warmup,
                     out=out,
                     device=device,
+                    memory=memory,
                     progress=lambda i, n: bar.update(task, completed=i),
                 )
             echo(f"trace written: {path}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from itertools import chain, islice
 from operator import attrgetter, itemgetter, methodcaller
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
 import numpy as np
 import orjson
@@ -24,6 +24,7 @@ from kernelab.trace._events import (
     SHAPED_OPS,
     Trace,
 )
+from kernelab.trace._times import TIME_LIMIT_US, drop_outliers, times_ok
 
 try:  # a faster decoder that skips the fields we do not read; orjson does without it
     import msgspec
@@ -162,10 +163,39 @@ if msgspec is not None:
     )
     _DECODER = msgspec.json.Decoder(list[Union[(_KnownEvent, *_SKIPPED)]])
     _ANY_CATEGORY = msgspec.json.Decoder(list[Union[(_Event, *_SKIPPED)]])
+
+    class _Instant(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
+        """An instant ('i') event, decoded only in chunks that hold ``[memory]`` events."""
+
+        name: Any = None
+        pid: Any = None
+        tid: Any = None
+        ts: Any = None
+        args: Any = None
+        cat: ClassVar[str] = _NOT_COMPLETE  # never a complete event
+
+    _NOT_INSTANT = tuple(x for x in _SKIPPED if x.__struct_config__.tag != "i")
+    _MEM_DECODERS = (
+        msgspec.json.Decoder(list[Union[(_KnownEvent, _Instant, *_NOT_INSTANT)]]),
+        msgspec.json.Decoder(list[Union[(_Event, _Instant, *_NOT_INSTANT)]]),
+    )
     _NO_ARGS = _Args()
 else:
     _DECODER = _ANY_CATEGORY = None
+    _MEM_DECODERS = None
     _NO_ARGS = None
+
+
+def _shared(value, seen: dict):
+    """:func:`_plain`, one object per distinct raw JSON text: equal shapes are one object
+    (decoded once; analyses may key caches on its ``id``; never mutated)."""
+    if msgspec is not None and type(value) is msgspec.Raw:
+        key = bytes(value)
+        out = seen.get(key)
+        if out is None:
+            out = seen[key] = msgspec.json.decode(value)
+        return out
+    return value
 
 
 def _plain(value):
@@ -186,6 +216,12 @@ def _as_dict(event) -> dict:
         out["args"] = {key: _plain(getattr(a, attr)) for key, attr in _ARG_ATTRS.items()}
     return {k: v for k, v in out.items() if v is not None}
 
+
+#: The args of a ``[memory]`` instant, in the order of :data:`MEMORY_COLUMNS` after ts, tid.
+_MEM_KEYS = ("Addr", "Bytes", "Total Allocated", "Total Reserved", "Device Type", "Device Id")
+#: The columns of :attr:`Trace.memory` (ts in ns like the events', the rest int64).
+MEMORY_COLUMNS = ("ts_us", "tid", "addr", "bytes", "allocated", "reserved", "device_type")
+MEMORY_COLUMNS += ("device_id",)
 
 #: The columns of a :class:`Trace` and their dtypes.
 COLUMNS = {
@@ -227,6 +263,9 @@ class _Columns:
         self.parts: list[_Part] = []
         self.unknown: dict[str, int] = {}
         self.malformed = 0
+        self.out_of_range = 0
+        self.memory: list[tuple[int, dict]] = []  # (chunk, columns) of [memory] instants
+        self.shape_text: dict[bytes, object] = {}  # raw shape JSON -> its one decoded object
         self.base_us: int | None = None
         self.next_chunk = 0
         self.absorbed = False
@@ -238,23 +277,36 @@ class _Columns:
     def _append(self, arrays: dict, shapes: dict) -> None:
         self.parts.append(_Part(self.next_chunk - 1, self.base_us, arrays, shapes))
 
-    def add_raw(self, chunk: memoryview) -> None:
-        """Parse and append one JSON array of events (msgspec when installed, else orjson)."""
+    def add_raw(self, chunk: memoryview, memory: bool = False) -> bool:
+        """Parse and append one JSON array of events (msgspec when installed, else orjson).
+        ``memory``: the chunk holds ``[memory]`` instants (decoded too). Returns False,
+        adding nothing, where the bytes are not one valid JSON array."""
         if _DECODER is not None:
-            for decoder in (_DECODER, _ANY_CATEGORY):
+            decoders = _MEM_DECODERS if memory else (_DECODER, _ANY_CATEGORY)
+            for decoder in decoders:
                 try:
                     events = decoder.decode(chunk)
                 except msgspec.ValidationError:
                     continue  # an unknown category (then odd field types): the next decoder
                 except msgspec.DecodeError:
-                    break  # invalid JSON: orjson and the careful path decide
-                self.add(events, structs=True)
-                return
-        self.add(orjson.loads(chunk))
+                    break  # invalid JSON: orjson decides
+                self.add(events, structs=True, memory=memory)
+                return True
+        try:
+            events = orjson.loads(chunk)
+        except orjson.JSONDecodeError:
+            return False
+        if type(events) is not list:
+            return False
+        self.add(events, memory=memory)
+        return True
 
-    def add(self, events: list, structs: bool = False) -> None:
-        """Append one chunk of events: a fast path for well-formed chunks, else a careful one."""
+    def add(self, events: list, structs: bool = False, memory: bool | None = None) -> None:
+        """Append one chunk of events: a fast path for well-formed chunks, else a careful one.
+        ``memory``: whether it holds ``[memory]`` instants (None: look)."""
         self.next_chunk += 1
+        if memory or memory is None:
+            self._memory(events, structs)
         try:
             part, shapes, unknown = self._fast(events, structs)
         except (KeyError, TypeError, ValueError, AttributeError):
@@ -267,6 +319,39 @@ class _Columns:
         for cat, count in unknown.items():
             self.unknown[cat] = self.unknown.get(cat, 0) + count
         self._append(part, shapes)
+
+    def _memory(self, events: list, structs: bool) -> None:
+        """Keep the chunk's ``[memory]`` instants as columns (file order)."""
+        if structs:
+            found = [
+                (e.ts, e.tid, e.args)
+                for e in events
+                if type(e) is _Instant and e.name == "[memory]"
+            ]
+        else:
+            found = [
+                (e.get("ts"), e.get("tid"), e.get("args"))
+                for e in events
+                if type(e) is dict and e.get("ph") in ("i", "I") and e.get("name") == "[memory]"
+            ]
+        if not found:
+            return
+        rows = []
+        for ts, tid, args in found:
+            a = args if type(args) is dict else {}
+            vals = [a.get(k) for k in _MEM_KEYS]
+            ok = type(ts) in (int, float) and abs(ts) < TIME_LIMIT_US
+            ok = ok and all(type(v) is int and abs(v) < 2**63 for v in vals)
+            if not ok:
+                self.malformed += 1
+                continue
+            rows.append((float(ts), tid if type(tid) is int and abs(tid) < 2**63 else -1, *vals))
+        if rows:
+            cols = list(zip(*rows, strict=True))
+            part = {"ts_us": np.array(cols[0], dtype=np.float64)}
+            for k, v in zip(MEMORY_COLUMNS[1:], cols[1:], strict=True):
+                part[k] = np.array(v, dtype=np.int64)
+            self.memory.append((self.next_chunk - 1, part))
 
     def _fast(self, events: list, structs: bool = False):
         """Columns of a chunk where every 'X' event has all the fields; raises otherwise.
@@ -299,10 +384,12 @@ class _Columns:
             ts_a = np.fromiter(map(field("ts"), rows), np.float64, n)
             dur_a = np.fromiter(map(field("dur"), rows), np.float64, n)
         else:
-            ts_a = np.array(list(map(field("ts"), rows)))
-            dur_a = np.array(list(map(field("dur"), rows)))
-            if ts_a.dtype.kind not in "if" or dur_a.dtype.kind not in "if":
-                raise TypeError("non-numeric times")
+            ts_l, dur_l = list(map(field("ts"), rows)), list(map(field("dur"), rows))
+            if not set(map(type, ts_l)) | set(map(type, dur_l)) <= {int, float}:
+                raise TypeError("non-numeric times")  # booleans are not numbers
+            ts_a, dur_a = np.array(ts_l, dtype=np.float64), np.array(dur_l, dtype=np.float64)
+        if not times_ok(ts_a, dur_a).all():
+            raise ValueError("times beyond the representable range")
         if self.base_us is None:
             self.base_us = int(ts_a.min())
         kind_a = kind_all[keep]
@@ -350,8 +437,9 @@ class _Columns:
         if shaped_ids:
             rows_i = np.flatnonzero((kind_a == CPU_OP) & np.isin(name_a, shaped_ids, kind="table"))
             sub = _pick(args, rows_i)
-            dims_all = [_plain(x) for x in map(getter("Input Dims"), sub)]
-            types_all = [_plain(x) for x in map(getter("Input type"), sub)]
+            shared = self.shape_text
+            dims_all = [_shared(x, shared) for x in map(getter("Input Dims"), sub)]
+            types_all = [_shared(x, shared) for x in map(getter("Input type"), sub)]
             for i, dims, types in zip(rows_i.tolist(), dims_all, types_all, strict=True):
                 if type(dims) is list and type(types) is list:
                     shapes[i] = (dims, types)
@@ -370,31 +458,27 @@ class _Columns:
         kinds = [k for k in kinds if k >= 0]
         if not rows:
             return
-        names = [e.get("name") for e in rows]
-        ts = [e.get("ts") for e in rows]
-        dur = [e.get("dur") for e in rows]
-        try:
-            ts_a = np.array(ts)
-            dur_a = np.array(dur)
-            if (
-                ts_a.dtype.kind not in "if"
-                or dur_a.dtype.kind not in "if"
-                or set(map(type, names)) != {str}
-            ):
-                raise TypeError
-        except (TypeError, ValueError):
-            ok = [
-                type(n) is str and type(t) in (int, float) and type(d) in (int, float)
-                for n, t, d in zip(names, ts, dur, strict=False)
-            ]
-            self.malformed += ok.count(False)
-            rows = [e for e, g in zip(rows, ok, strict=False) if g]
-            kinds = [k for k, g in zip(kinds, ok, strict=False) if g]
-            if not rows:
-                return
-            names = [e["name"] for e in rows]
-            ts_a = np.array([e["ts"] for e in rows], dtype=np.float64)
-            dur_a = np.array([e["dur"] for e in rows], dtype=np.float64)
+        number = (int, float)  # booleans are not numbers
+        ok = [
+            type(e.get("name")) is str
+            and type(e.get("ts")) in number
+            and type(e.get("dur")) in number
+            for e in rows
+        ]
+        self.malformed += ok.count(False)
+        rows = [e for e, g in zip(rows, ok, strict=True) if g]
+        kinds = [k for k, g in zip(kinds, ok, strict=True) if g]
+        ts_a = np.array([e["ts"] for e in rows], dtype=np.float64)
+        dur_a = np.array([e["dur"] for e in rows], dtype=np.float64)
+        fits = times_ok(ts_a, dur_a)
+        if not fits.all():
+            self.out_of_range += int((~fits).sum())
+            rows = [e for e, g in zip(rows, fits.tolist(), strict=True) if g]
+            kinds = [k for k, g in zip(kinds, fits.tolist(), strict=True) if g]
+            ts_a, dur_a = ts_a[fits], dur_a[fits]
+        if not rows:
+            return
+        names = [e["name"] for e in rows]
         if self.base_us is None:
             self.base_us = int(ts_a.min())
         table = self.table
@@ -442,6 +526,8 @@ class _Columns:
             "strings": list(self.table),
             "unknown": self.unknown,
             "malformed": self.malformed,
+            "out_of_range": self.out_of_range,
+            "memory": [[c, {k: v.tolist() for k, v in m.items()}] for c, m in self.memory],
             "parts": [
                 {
                     "chunk": p.chunk,
@@ -481,6 +567,11 @@ class _Columns:
         for cat, count in header["unknown"].items():
             self.unknown[cat] = self.unknown.get(cat, 0) + count
         self.malformed += header["malformed"]
+        self.out_of_range += header["out_of_range"]
+        for c, m in header["memory"]:
+            part = {"ts_us": np.array(m["ts_us"], dtype=np.float64)}
+            part.update({k: np.array(m[k], dtype=np.int64) for k in MEMORY_COLUMNS[1:]})
+            self.memory.append((c, part))
         self.absorbed = True
         return {"peak_rss": header["peak_rss"]}
 
@@ -506,6 +597,11 @@ class _Columns:
             remap[order] = np.arange(len(order), dtype=np.int32)
             cols["name"] = remap[cols["name"]]
             strings = [strings[i] for i in order.tolist()]
+        outliers = drop_outliers(cols, strings)
+        mask = outliers.pop("_mask", None)
+        if mask is not None:  # rows renumbered after the dropped ones
+            row = np.cumsum(~mask) - 1
+            shapes = {int(row[i]): v for i, v in shapes.items() if not mask[i]}
         # Times so far are relative to the first chunk's earliest event; make them relative
         # to the trace's earliest (whole microseconds), whatever the chunking.
         if len(cols["ts"]):
@@ -514,6 +610,11 @@ class _Columns:
             base_us += shift_us
         meta = dict(meta)
         meta["base_us"] = base_us
+        memory = None
+        if self.memory:
+            parts = [m for _, m in sorted(self.memory, key=lambda cm: cm[0])]
+            memory = {k: np.concatenate([p[k] for p in parts]) for k in MEMORY_COLUMNS}
+            memory["ts"] = np.rint((memory.pop("ts_us") - base_us) * 1000).astype(np.int64)
         return Trace(
             path=path,
             meta=meta,
@@ -521,6 +622,9 @@ class _Columns:
             shapes=shapes,
             unknown_categories=dict(self.unknown),
             malformed=self.malformed,
+            out_of_range=self.out_of_range,
+            outliers=outliers,
+            memory=memory,
             **cols,
         )
 
@@ -549,6 +653,12 @@ def _dims_product(args: list, mask: np.ndarray, get) -> np.ndarray:
     if not len(idx):
         return out
     vals = list(map(get, _pick(args, idx)))
+    types = set(map(type, vals))
+    if types != {list}:  # rows without a list (absent: some graph replays' kernels) stay -1
+        have = [i for i, v in enumerate(vals) if type(v) is list]
+        idx, vals = idx[have], [vals[i] for i in have]
+        if not vals:
+            return out
     if set(map(type, vals)) == {list} and set(map(len, vals)) == {3}:
         try:
             flat = np.fromiter(chain.from_iterable(vals), np.int64, 3 * len(vals))

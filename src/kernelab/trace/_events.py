@@ -145,6 +145,13 @@ class Trace:
     shapes: dict[int, tuple[list, list]] = field(default_factory=dict)  # row -> (dims, types)
     unknown_categories: dict[str, int] = field(default_factory=dict)
     malformed: int = 0  # 'X' events without a usable ts/dur/name
+    out_of_range: int = 0  # 'X' events whose ts or dur overflows (skipped)
+    #: Events far outside the bulk of the times (dropped): count and a few examples.
+    outliers: dict = field(default_factory=lambda: {"count": 0, "examples": []})
+    #: ``[memory]`` instants (profile_memory=True), in file order: ts (ns, like the events'),
+    #: tid, addr, bytes (negative: a free), allocated and reserved totals after the event,
+    #: device_type (0 CPU, 1 CUDA, ...), device_id; None when the trace has none.
+    memory: dict | None = None
     #: How the file was read: processes used, and the peak memory of the extra ones (bytes).
     ingest: dict = field(default_factory=dict)
 

@@ -1,11 +1,12 @@
 """Reading a Kineto (PyTorch profiler) Chrome trace into columnar numpy arrays.
 
 The file is decompressed as it is read; the ``traceEvents`` array is cut into chunks of
-about two megabytes at the top-level object boundaries Kineto writes, and each chunk is
-decoded (msgspec, reading only the fields used, or orjson) and turned into numpy columns at
-once. The decoded events of a chunk are dropped before the next is decoded, so peak memory
-stays near one chunk plus the columns, never the whole file. Names are interned into one
-string table. A trace written without Kineto's line layout (e.g. minified) is parsed whole.
+about a megabyte at event boundaries (any JSON layout: see :mod:`kernelab.trace._scan`),
+and each chunk is decoded (msgspec, reading only the fields used, or orjson) and turned
+into numpy columns at once. The decoded events of a chunk are dropped before the next is
+decoded, so peak memory stays near one chunk plus the columns, never the whole file. Names
+are interned into one string table. Only a file that is not valid JSON is parsed whole, for
+the exact error.
 
 Times are kept as int64 nanoseconds (Kineto writes microseconds, sometimes with a fraction).
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import re
 import signal
 import sys
 import threading
@@ -26,6 +26,7 @@ import orjson
 
 from kernelab import _flags
 from kernelab._workers import ending_with, in_worker
+from kernelab.trace import _scan
 from kernelab.trace._columns import _Columns
 from kernelab.trace._events import (  # noqa: F401 - re-exported for the analyses
     ANNOTATION,
@@ -57,7 +58,6 @@ _ZLIB_ERRORS = (zlib.error, _inflate.error)
 #: 4 KB, which on a virtual machine costs about as much as decoding the bytes).
 _CHUNK_BYTES = 1 << 20
 _PIECE_BYTES = 1 << 16
-_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 
 
 def _read_bytes(path: Path) -> bytearray:
@@ -158,100 +158,165 @@ def _pieces(path: Path, size: int | None = None):
 
 
 class _Fallback(Exception):
-    """The file is not laid out as Kineto writes it: parse it whole instead."""
+    """The stream cannot be read as a Chrome trace (not JSON, truncated, no event array):
+    the whole document is parsed instead, for the exact error."""
 
 
-def _add_in_place(cols: _Columns, buf: bytearray, a: int, b: int) -> None:
+#: Bytes left unread past each cut, so that the end of the event array and the top-level
+#: fields after it reach the exact end-of-stream handling rather than a guessed cut.
+_LOOKAHEAD = 1 << 16
+#: The most bytes read while looking for the event array before giving up on streaming.
+_HEAD_LIMIT = 1 << 26
+
+
+def _add_in_place(
+    cols: _Columns, buf: bytearray, a: int, b: int, memory: bool | None = None
+) -> bool:
     """Decode the events ``buf[a:b]`` as an array without copying them: the byte before
-    (blank or the array's '[') and the byte after (',' or blank) become the brackets for
-    the call and are restored after it."""
+    (blank, comma or the array's '[') and the byte after (',' or blank) become the brackets
+    for the call and are restored after it. False where the slice is not valid JSON.
+    ``memory``: whether ``[memory]`` instants may be there (None: search the bytes)."""
+    if memory is None:
+        memory = buf.find(b'"[memory]"', a, b) >= 0
     saved = buf[a - 1], buf[b]
     buf[a - 1], buf[b] = 0x5B, 0x5D
     try:
         with memoryview(buf) as view, view[a - 1 : b + 1] as chunk:
-            cols.add_raw(chunk)
+            return cols.add_raw(chunk, memory)
     finally:
         buf[a - 1], buf[b] = saved
+
+
+def _head(pieces) -> tuple[dict | None, bytearray, int]:
+    """Read until the event array opens at the top level. Returns the top-level fields
+    before it (None for a bare array document), the bytes read, and the position after
+    the array's '['."""
+    buf = bytearray()
+    search = 0
+    while True:
+        piece = next(pieces, None)
+        if piece is None:
+            raise _Fallback
+        buf += piece
+        first = _scan.skip_blanks(buf, 0)
+        if first < len(buf) and buf[first] == 0x5B:
+            return None, buf, first + 1
+        if first < len(buf) and buf[first] != 0x7B:
+            raise _Fallback
+        m = _scan.EVENTS_KEY.search(buf, search)
+        while m is not None:
+            try:
+                head = _scan.lenient_loads(bytes(buf[: m.start()]).rstrip().rstrip(b",") + b"}")
+            except ValueError:
+                head = None
+            if isinstance(head, dict):
+                return head, buf, m.end()
+            m = _scan.EVENTS_KEY.search(buf, m.start() + 1)  # inside a string or a value
+        if len(buf) > _HEAD_LIMIT:
+            raise _Fallback
+        search = max(0, len(buf) - 256)  # a key cut across two pieces is found next time
+
+
+def _lead(buf, lo: int, hi: int) -> int:
+    """The first byte of the next value: past blanks and one separating comma."""
+    pos = _scan.skip_blanks(buf, lo)
+    if pos < hi and buf[pos] == 0x2C:
+        pos = _scan.skip_blanks(buf, pos + 1)
+    return min(pos, hi)
 
 
 def _load_streaming(path: Path, cols: _Columns, rank: int = 0, workers: int = 1) -> dict:
     """Decompress, cut and parse the events as they stream in; returns the top-level fields.
 
-    With several ``workers``, this one decodes the chunks whose number is ``rank`` modulo
-    ``workers`` (every worker cuts the same chunks). Memory stays near one piece plus one
-    chunk. Raises :class:`_Fallback` where the layout is not Kineto's (the caller then parses
-    the whole document).
+    Any layout: compact or indented, one line or many, the event array first, last or
+    between other fields, or a bare array (see :mod:`kernelab.trace._scan` for how chunks
+    are cut). With several ``workers``, this one decodes the chunks whose number is
+    ``rank`` modulo ``workers``; every worker cuts the same chunks (the guesses depend on
+    the bytes only), and a chunk that does not decode raises :class:`_WorkerFailed` (one
+    process then reads again, proving each cut). Memory stays near one chunk plus the
+    look-ahead. Raises :class:`_Fallback` for a stream that is not a readable trace.
     """
 
-    def take(a: int, b: int) -> None:
-        if cols.next_chunk % workers == rank:
-            _add_in_place(cols, work, a, b)
-        else:
+    def take(a: int, b: int) -> bool:
+        if cols.next_chunk % workers != rank:
             cols.skip()
+            return True
+        if _add_in_place(cols, work, a, b, memory):
+            return True
+        if workers > 1:
+            raise _WorkerFailed
+        return False
+
+    def exact(a: int, hi: int) -> tuple[int, int]:
+        """Decode the complete events of ``work[a:hi]`` at their exact boundaries; returns
+        the end of the last one and the array's ']' (-1 if not in the slice)."""
+        ends, close = _scan.structure(work, a, hi)
+        done = ends[-1] if ends else a
+        if close >= 0 and _lead(work, done, close) != close:
+            raise _Fallback  # a value that is not an object or array: not a trace
+        if ends and not take(a, done):
+            try:
+                events, bad = _scan.events_of(work, a, ends)
+            except ValueError:
+                raise _Fallback from None
+            cols.malformed += bad
+            cols.add(events)
+        return done, close
 
     pieces = _pieces(path)
-    buf = bytearray()
-    m = None
-    while m is None or len(buf) <= m.end() + 256:
-        piece = next(pieces, None)
-        if piece is None:
-            break
-        buf += piece
-        if m is None:
-            m = _EVENTS_KEY.search(buf)
-            if m is None and len(buf) > 1 << 26:
-                raise _Fallback
-    if m is None:
-        raise _Fallback
-    first = re.compile(rb"\s*").match(buf, m.end()).end()
-    nl = buf.rfind(b"\n", m.end(), first)
-    if first >= len(buf) or buf[first : first + 1] != b"{" or nl < 0:
-        raise _Fallback
-    sep = b"},\n" + bytes(buf[nl + 1 : first]) + b"{"
-    try:
-        head = orjson.loads(bytes(buf[: m.start()]).rstrip().rstrip(b",") + b"}")
-    except orjson.JSONDecodeError:
-        raise _Fallback from None
-    if not isinstance(head, dict):
-        raise _Fallback
-    # From here on the unparsed bytes (from the next event's '{') sit in one reused buffer,
-    # after a spare byte for the '[' (reused: see _PIECE_BYTES).
-    work = bytearray(_CHUNK_BYTES + 2 * _PIECE_BYTES)
-    size = len(buf) - first
-    work[1 : 1 + size] = memoryview(buf)[first:]
+    head, buf, pos = _head(pieces)
+    # Kineto writes profile_memory before the events: without it (0), no chunk is searched
+    # for [memory] instants; with it, or where the flag comes later or not at all, each is.
+    flag = head.get("profile_memory") if head else None
+    memory = None if flag is None or flag else False
+    cutter = _scan.Cutter()
+    # The unparsed bytes sit in one reused buffer after a spare byte for the '[' (reused:
+    # see _PIECE_BYTES).
+    work = bytearray(_CHUNK_BYTES + _LOOKAHEAD + 2 * _PIECE_BYTES)
+    size = len(buf) - pos
+    work[1 : 1 + size] = memoryview(buf)[pos:]
     del buf
+    close = -1
     for piece in pieces:
         end = 1 + size + len(piece)
         work[1 + size : end] = piece  # grows the buffer only for events longer than a chunk
         size += len(piece)
-        if size < _CHUNK_BYTES:
+        if size < _CHUNK_BYTES + _LOOKAHEAD:
             continue
-        cut = work.rfind(sep, 1, end)
-        if cut < 1:  # one event longer than a chunk: keep reading
+        a = _lead(work, 1, end)
+        guess = cutter.guess(work, a, end - _LOOKAHEAD)
+        if guess is None:  # one event longer than a chunk: keep reading
             continue
-        take(1, cut + 1)
-        nxt = cut + len(sep) - 1  # the next event's '{'
+        nxt = guess[1]
+        if not take(a, guess[0] + 1):  # a wrong guess, or not valid JSON as a whole
+            nxt, close = exact(a, end)
+            if close >= 0:
+                break
         work[1 : 1 + end - nxt] = bytes(memoryview(work)[nxt:end])
         size = end - nxt
-    del work[1 + size :]
-    buf = work
-    start = 1
-    # The rest: the last events, the array's ']' and the trailing top-level fields.
-    tail = buf.rfind(b"]")
-    close = buf.rfind(b"}", start, tail)
-    while close > start and buf[close + 1 : tail].strip():
-        tail = buf.rfind(b"]", start, tail)
-        close = buf.rfind(b"}", start, tail)
-    if close <= start:
+    if close < 0:
+        hi = 1 + size
+        _, close = exact(_lead(work, 1, hi), hi)
+        if close < 0:
+            raise _Fallback  # the array never closes: truncated, or not JSON
+        rest = bytes(work[close + 1 : hi])
+    else:
+        rest = bytes(work[close + 1 : end])
+    rest = (rest + b"".join(pieces)).strip()
+    if head is None:  # a bare array
+        if rest:
+            raise _Fallback
+        return {}
+    if rest == b"}":
+        return head
+    if not rest.startswith(b","):
         raise _Fallback
-    rest = bytes(buf[tail + 1 :]).lstrip().lstrip(b",").strip()
     try:
-        trailer = orjson.loads(b"{" + rest) if rest not in (b"}", b"") else {}
-    except orjson.JSONDecodeError:
+        trailer = _scan.lenient_loads(b"{" + rest[1:])
+    except ValueError:
         raise _Fallback from None
     if not isinstance(trailer, dict):
         raise _Fallback
-    take(start, close + 1)
     return {**head, **trailer}
 
 

@@ -93,6 +93,11 @@ def breakdown(links: Links) -> list[dict]:
     return out
 
 
+#: Host-caused idle gaps shorter than this (ns) are launch overhead (the host launches as
+#: fast as it can and the GPU finishes first); longer ones are the host doing other work.
+LAUNCH_GAP_NS = 100_000
+
+
 def idle_gaps(links: Links, min_gap_ns: int = 0) -> list[dict]:
     """Per device: idle gaps with their attribution, summed, plus the largest gaps."""
     t = links.trace
@@ -145,6 +150,14 @@ def idle_gaps(links: Links, min_gap_ns: int = 0) -> list[dict]:
         totals = {
             name: _us(length[kind == k].sum()) for k, name in enumerate(("sync", "host", "other"))
         }
+        host_len = np.sort(length[kind == 1])
+        short_host = host_len[host_len < LAUNCH_GAP_NS]
+        host_gaps = {
+            "count": len(host_len),
+            "p50_us": _us(host_len[len(host_len) // 2]) if len(host_len) else 0.0,
+            "max_us": _us(host_len[-1]) if len(host_len) else 0.0,
+            "short_us": _us(short_host.sum()),
+        }
         sync_by_kind: dict[str, float] = {}
         for i in np.flatnonzero(kind == 0):
             sk = sync_kind.get(int(t.name[sync_of[i]]), "device")
@@ -157,6 +170,7 @@ def idle_gaps(links: Links, min_gap_ns: int = 0) -> list[dict]:
                 "idle_us": _us(length.sum()),
                 "by_cause_us": totals,
                 "sync_by_kind_us": sync_by_kind,
+                "host_gaps": host_gaps,
                 "largest": [
                     {
                         "start_us": _us(gap_a[i] - ms[0]),

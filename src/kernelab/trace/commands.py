@@ -10,7 +10,7 @@ import orjson
 
 from kernelab.trace.diff import diff
 from kernelab.trace.multirank import summarize_ranks
-from kernelab.trace.perfetto import write_annotated
+from kernelab.trace.perfetto import check_output, write_annotated
 from kernelab.trace.summary import NothingToAnalyse, public, summarize
 
 # rich (and the renderers) load only for output meant for people: --json stays light.
@@ -41,6 +41,8 @@ def run_summary(
         raise ValueError(f"top: expected at least 1, got {top}")
     if short_us <= 0:
         raise ValueError(f"short_us: expected a positive threshold in us, got {short_us}")
+    if perfetto:
+        check_output(perfetto)  # before the analysis, not after it
     p = Path(path)
     if not as_json:
         from rich.console import Console

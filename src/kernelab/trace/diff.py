@@ -28,6 +28,15 @@ def kernel_groups(links: Links) -> dict[str, tuple[int, float, str]]:
     }
 
 
+def _devices(t: Trace) -> list[str]:
+    """``'8 × Tesla V100-SXM2-32GB'``-style counts of the devices a trace describes."""
+    counts: dict[str, int] = {}
+    for p in t.device_properties():
+        name = str(p.get("name"))
+        counts[name] = counts.get(name, 0) + 1
+    return [f"{n} × {name}" for name, n in sorted(counts.items())]
+
+
 def diff(a: str | Trace, b: str | Trace, top: int = 20, workers: int | None = 1) -> dict:
     """Kernel-group and category deltas from ``a`` to ``b`` (``workers`` as in ``load``)."""
     ta = a if isinstance(a, Trace) else load(a, workers=workers)
@@ -69,10 +78,19 @@ def diff(a: str | Trace, b: str | Trace, top: int = 20, workers: int | None = 1)
             }
         )
     cats.sort(key=lambda r: -abs(r["delta_us"]))
+    da, db = _devices(ta), _devices(tb)
+    warnings = []
+    if da != db:
+        warnings.append(
+            f"the traces come from different devices (A: {', '.join(da) or 'none recorded'}; "
+            f"B: {', '.join(db) or 'none recorded'}): kernel times differ by hardware too"
+        )
     return {
         "schema": SCHEMA,
         "a": ta.path,
         "b": tb.path,
+        "devices": {"a": da, "b": db},
+        "warnings": warnings,
         "categories": cats,
         "kernels": rows[:top],
         "groups": {

@@ -127,7 +127,7 @@ def fusion_candidates(links: Links, n: int = 10, registered: set[str] | None = N
         op = int(op_rows[i])
         dims, types = t.shapes[op]
         dev = int(t.pid[gpu[kern[i]]])
-        key = (int(op_name[i]), str(dims), str(types), dev)
+        key = (int(op_name[i]), id(dims), id(types), dev)  # equal shapes: often one object
         hit = cache.get(key)
         if hit is None:
             oname = strings[int(op_name[i])]

@@ -48,6 +48,8 @@ def integrity(links: Links) -> dict:
     same = ks[1:] == ks[:-1]
     issues["overlapping_on_stream"] = int((same & (s[1:] < e[:-1])).sum())
     issues["malformed_events"] = t.malformed
+    issues["time_out_of_range"] = t.out_of_range
+    issues["outlying_timestamps"] = t.outliers["count"]
     issues["unknown_category_events"] = int(sum(t.unknown_categories.values()))
     messages = []
     text = {
@@ -58,15 +60,25 @@ def integrity(links: Links) -> dict:
         "launch_without_gpu_event": "launch calls without a matching GPU event",
         "gpu_event_without_launch": "GPU events without a launch call",
         "overlapping_on_stream": "kernels overlapping an earlier kernel on the same stream",
-        "malformed_events": "events without a usable name, ts or dur (skipped)",
+        "malformed_events": "events without a usable name, ts or dur (skipped; NaN and "
+        "Infinity are not usable, nor are booleans)",
+        "time_out_of_range": "events whose ts or dur overflows (beyond 4.6e15 us; skipped)",
+        "outlying_timestamps": "events far outside the bulk of the timestamps (left out of "
+        "every span and total)",
         "unknown_category_events": "events of unknown categories (skipped)",
     }
     for k, v in issues.items():
         if v:
             messages.append(f"{v} {text[k]}")
+            if k == "outlying_timestamps":
+                messages[-1] += ": " + ", ".join(
+                    f"{e['name']} ({e['offset_from_bulk_us']:+.3g} us)"
+                    for e in t.outliers["examples"]
+                )
     return {
         "counts": issues,
         "unknown_categories": dict(t.unknown_categories),
+        "outliers": list(t.outliers["examples"]),
         "messages": messages,
         "ok": not messages,
     }

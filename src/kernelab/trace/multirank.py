@@ -54,6 +54,8 @@ def summarize_ranks(folder, top: int = 10, progress=None) -> dict:
                 "communication_us": round(comm, 3),
                 "idle_us": round(sum(d["idle_us"] for d in b), 3),
                 "communication_share": round(comm / span, 4) if span else 0.0,
+                "comm_overlap_share": s["gpu"]["communication"]["trace"]["overlap_share"],
+                "exposed_communication_us": s["gpu"]["communication"]["trace"]["exposed_us"],
             }
         )
     rows.sort(key=lambda r: r["rank"])

@@ -9,6 +9,7 @@ from pathlib import Path
 import orjson
 
 from kernelab.trace._ingest import TraceError, _read_bytes
+from kernelab.trace._scan import lenient_loads
 
 PID = "kernelab findings"
 MAX_GAPS = 20000
@@ -84,17 +85,28 @@ def annotations(summary: dict) -> list[dict]:
     return out
 
 
+def check_output(out_path) -> Path:
+    """The annotated trace is Chrome-trace JSON: its name must say so (.json or .json.gz)."""
+    out = Path(out_path)
+    if not out.name.endswith((".json", ".json.gz")) or out.name in (".json", ".json.gz"):
+        raise ValueError(
+            f"perfetto: expected a .json or .json.gz file name (the annotated trace is "
+            f"Chrome-trace JSON, which ui.perfetto.dev opens), got {str(out_path)!r}"
+        )
+    return out
+
+
 def write_annotated(summary: dict, out_path) -> Path:
     """Write the original trace plus the findings to ``out_path`` (.json or .json.gz)."""
+    out = check_output(out_path)
     src = Path(summary["trace"])
     try:
-        doc = orjson.loads(_read_bytes(src))
-    except orjson.JSONDecodeError as exc:
+        doc = lenient_loads(_read_bytes(src))
+    except ValueError as exc:
         raise TraceError(f"trace: {str(src)!r} is not valid JSON ({exc})") from None
     if isinstance(doc, list):
         doc = {"traceEvents": doc}
     doc["traceEvents"].extend(annotations(summary))
-    data = orjson.dumps(doc)
-    out = Path(out_path)
+    data = orjson.dumps(doc)  # NaN or Infinity read from the source are written as null
     out.write_bytes(gzip.compress(data) if out.name.endswith(".gz") else data)
     return out

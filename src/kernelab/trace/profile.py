@@ -40,8 +40,10 @@ def profile(
     out: str | Path | None = None,
     device: str = "auto",
     progress: Callable[[int, int], None] | None = None,
+    memory: bool = True,
 ) -> Path:
-    """Profile ``target`` and return the path of the written trace (.json or .json.gz)."""
+    """Profile ``target`` and return the path of the written trace (.json or .json.gz).
+    ``memory``: record allocations (``profile_memory=True``: ``[memory]`` events)."""
     import torch
     from torch.profiler import ProfilerActivity, schedule
     from torch.profiler import profile as torch_profile
@@ -79,6 +81,7 @@ def profile(
         prof_ctx = torch_profile(
             activities=activities,
             record_shapes=True,
+            profile_memory=bool(memory),
             schedule=schedule(wait=0, warmup=warmup, active=steps, repeat=1),
             on_trace_ready=export,
         )

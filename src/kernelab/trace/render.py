@@ -1,11 +1,39 @@
-"""Rich tables for people. Every name from a trace is untrusted text: it is escaped
-(``rich.markup.escape``) before rendering, never interpreted as markup."""
+"""Rich tables for people. Every name from a trace is untrusted text: control characters
+are shown as escapes (a kernel name must not move the cursor or recolour the terminal) and
+markup is escaped (``rich.markup.escape``), never interpreted."""
 
 from __future__ import annotations
 
+import re
+
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as _markup_escape
 from rich.table import Table
+
+#: C0 controls (tab and newline included: a name is one line), DEL and C1 controls.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text) -> str:
+    """``text`` with every control character as a visible ``\\xNN`` escape."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
+def escape(text) -> str:
+    """Safe to print: control characters escaped, then markup."""
+    return _markup_escape(printable(text))
+
+
+def _more_devices(rest: list[dict]) -> str:
+    """`` (+7 more: 7 × Tesla V100-SXM2-32GB)``: how many other devices and which."""
+    if not rest:
+        return ""
+    counts: dict[str, int] = {}
+    for d in rest:
+        key = f"{d['name']} ({d['sms']} SMs)" if d.get("sms") else str(d["name"])
+        counts[key] = counts.get(key, 0) + 1
+    kinds = ", ".join(f"{n} × {name}" for name, n in counts.items())
+    return f" (+{len(rest)} more: {kinds})"
 
 
 def _short(text: str, width: int = 70) -> str:
@@ -35,7 +63,7 @@ def render_summary(console: Console, s: dict) -> None:
         table = d["hardware_table"] or "not in the hardware table"
         console.print(
             f"device: {escape(str(d['name']))}, {d['sms']} SMs → {escape(table)}"
-            + (f" (+{len(s['devices']) - 1} more)" if len(s["devices"]) > 1 else "")
+            + escape(_more_devices(s["devices"][1:]))
         )
     integ = s["integrity"]
     if integ["messages"]:
@@ -45,6 +73,8 @@ def render_summary(console: Console, s: dict) -> None:
     gpu = s.get("gpu")
     if gpu:
         _gpu_tables(console, gpu)
+    for m in s.get("memory") or []:
+        _memory(console, m)
     _cpu_table(console, s["cpu"])
     if s.get("verdicts"):
         console.print("[bold]what to change[/]")
@@ -84,6 +114,13 @@ def _gpu_tables(console: Console, gpu: dict) -> None:
         f"{_pct(la['short_share'])} shorter than {la['short_threshold_us']:g} us; "
         f"{la['graph_replays']} graph replays ({la['in_graph_replays']} kernels)"
     )
+    comm = gpu.get("communication", {}).get("trace") or {}
+    if comm.get("communication_us"):
+        console.print(
+            f"communication: {_us(comm['communication_us'])} of kernels, "
+            f"{_pct(comm['overlap_share'])} overlapped by compute, "
+            f"{_us(comm['exposed_us'])} exposed"
+        )
     t = Table(title="Top kernels (normalised names)")
     for col in ("kernel", "category", "op", "count", "total", "mean", "share"):
         t.add_column(col, justify="right" if col in ("count", "total", "mean", "share") else "left")
@@ -153,6 +190,56 @@ def _gpu_tables(console: Console, gpu: dict) -> None:
         console.print(f"occupancy: {escape(occ['note'])}")
 
 
+_BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list, width: int = 48) -> str:
+    """One character per point (the maximum of each of ``width`` groups), scaled to max."""
+    if not values:
+        return ""
+    if len(values) > width:
+        step = len(values) / width
+        values = [
+            max(values[int(i * step) : max(int((i + 1) * step), int(i * step) + 1)])
+            for i in range(width)
+        ]
+    top = max(values) or 1
+    return "".join(_BLOCKS[min(int(v / top * (len(_BLOCKS) - 1) + 0.5), 7)] for v in values)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if abs(n) >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def _memory(console: Console, m: dict) -> None:
+    reserved = (
+        f", peak reserved {_mb(m['peak_reserved_bytes'])} at {_us(m['peak_reserved_at_us'])}; "
+        f"reserved but unallocated at the peak {_mb(m['slack_at_peak_bytes'])}"
+        if m["peak_reserved_bytes"]
+        else " (no reserved totals: not a caching allocator)"
+    )
+    console.print(
+        f"[bold]memory {escape(m['device'])}[/]: peak allocated {_mb(m['peak_allocated_bytes'])} "
+        f"at {_us(m['peak_allocated_at_us'])}{reserved}; {m['allocations']} allocations, "
+        f"{m['frees']} frees"
+    )
+    console.print(f"allocated over time: {sparkline([p[1] for p in m['timeline']])}")
+    if m["live_at_peak_by_op"]:
+        t = Table(title="Live at the peak, by the op that allocated")
+        for col in ("op", "allocations", "bytes"):
+            t.add_column(col, justify="left" if col == "op" else "right")
+        for r in m["live_at_peak_by_op"]:
+            t.add_row(_short(r["op"], 50), str(r["allocations"]), _mb(r["bytes"]))
+        console.print(t)
+    nf = m["never_freed"]
+    if nf["allocations"]:
+        ops = ", ".join(f"{r['op']} {_mb(r['bytes'])}" for r in nf["by_op"][:3])
+        console.print(
+            f"never freed in the window: {nf['allocations']} allocations, {_mb(nf['bytes'])} "
+            f"({escape(ops)})"
+        )
+
+
 def _cpu_table(console: Console, cpu: dict) -> None:
     if not cpu["ops"]:
         return
@@ -177,6 +264,8 @@ def _cpu_table(console: Console, cpu: dict) -> None:
 
 def render_diff(console: Console, d: dict) -> None:
     console.print(f"[bold]kernelab trace diff[/] {escape(d['a'])} → {escape(d['b'])}")
+    for w in d.get("warnings", []):
+        console.print(f"[yellow]warning:[/] {escape(w)}")
     t = Table(title="Per category (kernel time)")
     for col in ("category", "A", "B", "Δ", "Δ count"):
         t.add_column(col)
@@ -207,7 +296,8 @@ def render_diff(console: Console, d: dict) -> None:
 def render_ranks(console: Console, r: dict) -> None:
     console.print(f"[bold]kernelab trace summary[/] {escape(r['folder'])}: {len(r['ranks'])} ranks")
     t = Table(title="Per rank")
-    for col in ("rank", "file", "span", "compute", "communication", "idle", "comm share"):
+    cols = ("rank", "file", "span", "compute", "communication", "idle", "comm share")
+    for col in (*cols, "overlapped", "exposed"):
         t.add_column(col)
     for row in r["ranks"]:
         t.add_row(
@@ -218,6 +308,8 @@ def render_ranks(console: Console, r: dict) -> None:
             _us(row["communication_us"]),
             _us(row["idle_us"]),
             _pct(row["communication_share"]),
+            _pct(row.get("comm_overlap_share")),
+            _us(row.get("exposed_communication_us")),
         )
     console.print(t)
     for s in r["stragglers"]:

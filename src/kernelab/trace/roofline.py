@@ -180,16 +180,20 @@ def roofline(links: Links, n: int = 15) -> dict:
     op_dev = np.zeros(len(uniq), dtype=np.int64)
     op_dev[inv] = dev
     groups: dict[tuple, dict] = {}
+    costs: dict[tuple, tuple] = {}  # cost and text: pure functions of (op, shapes, dtypes)
     for u, row in enumerate(uniq.tolist()):
         shaped = t.shapes.get(row)
         if shaped is None:
             continue
         name = t.strings[int(t.name[row])]
         dims, types = shaped
-        cost = op_cost(name, dims, types)
+        by_id = (name, id(dims), id(types))  # equal shapes are often one object (ingest)
+        if by_id not in costs:
+            costs[by_id] = (op_cost(name, dims, types), str(dims), str(types))
+        cost, dims_text, types_text = costs[by_id]
         if cost is None:
             continue
-        key = (name, str(dims), str(types), int(op_dev[u]))
+        key = (name, dims_text, types_text, int(op_dev[u]))
         g = groups.setdefault(
             key, {"flops": cost[0], "bytes": cost[1], "dtype": cost[2], "time": 0.0, "calls": 0}
         )

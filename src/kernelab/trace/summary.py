@@ -8,20 +8,29 @@ from __future__ import annotations
 
 from kernelab.trace._ingest import KIND_NAMES, Trace, TraceError, load
 from kernelab.trace._link import Links
+from kernelab.trace.advice import SETUP_OPS, pageable_copies, warmup
 from kernelab.trace.breakdown import breakdown, idle_gaps
 from kernelab.trace.cpu import cpu_breakdown
 from kernelab.trace.fusion import fusion_candidates
 from kernelab.trace.integrity import integrity
 from kernelab.trace.kernels import occupancy_table, top_kernels
 from kernelab.trace.launch import launch_analysis
+from kernelab.trace.memory import memory_analysis
+from kernelab.trace.overlap import comm_overlap
 from kernelab.trace.roofline import match_device, roofline
 
 SCHEMA = "kernelab.trace.summary/1"
 
 #: Thresholds behind the verdicts (shares of a device's span).
-HOST_BOUND_SHARE = 0.2  # idle waiting on launches
+HOST_BOUND_SHARE = 0.2  # idle waiting on the host (any gap length): a host stall
+LAUNCH_IDLE_SHARE = 0.1  # idle in short host gaps (launch overhead)
 SYNC_SHARE = 0.05  # idle after host synchronisations
 SHORT_SHARE = 0.5  # kernels shorter than the short threshold
+#: Set-up (context, allocator growth, module loading, algorithm search) as a share of the
+#: host window: the trace shows warm-up, not the step.
+SETUP_SHARE = 0.2
+#: Pageable copies as a share of a device's GPU time.
+PAGEABLE_SHARE = 0.1
 
 
 class NothingToAnalyse(ValueError):
@@ -53,6 +62,7 @@ def summarize(
         "devices": _devices(trace),
         "integrity": integrity(links),
         "cpu": cpu_breakdown(links, top),
+        "memory": memory_analysis(links),
     }
     if len(links.gpu) == 0:
         out["gpu"] = None
@@ -71,6 +81,9 @@ def summarize(
         "roofline": roofline(links, top),
         "fusion": fusion_candidates(links, 10, registered),
         "occupancy": occupancy_table(links, top),
+        "communication": comm_overlap(links),
+        "warmup": warmup(links),
+        "pageable_copies": pageable_copies(links),
     }
     out["verdicts"] = verdicts(out)
     out["_links"] = links
@@ -96,17 +109,55 @@ def _devices(trace: Trace) -> list[dict]:
     return out
 
 
+def _warmup_verdict(summary: dict) -> dict | None:
+    w = summary["gpu"]["warmup"]
+    window = w["window_us"]
+    if not window or w["setup_us"] < SETUP_SHARE * window:
+        return None
+    parts = [f"{c['name']} {_time(c['total_us'])}" for c in w["calls"][:3]]
+    if w["slow_launches"]["count"]:
+        sl = w["slow_launches"]
+        parts.append(f"{sl['count']} launch calls over 1 ms: {_time(sl['total_us'])}")
+    ops = [o for o in summary["cpu"]["ops"] if o["name"] in SETUP_OPS and o["self_us"] > 0]
+    within = ", ".join(f"{o['name']} ({_time(o['self_us'])} self)" for o in ops[:2])
+    return {
+        "finding": f"the trace is mostly warm-up: {_time(w['setup_us'])} of the "
+        f"{_time(window)} host window is set-up ({'; '.join(parts)})"
+        + (f", inside {within}" if within else ""),
+        "fix": "record after warm-up: run a few steps first, or use torch.profiler.schedule("
+        "wait=1, warmup=2, active=3); the times here measure set-up, not the step",
+        "severity": round(min(w["setup_us"] / window, 1.0), 4),
+        "evidence": {"setup_us": w["setup_us"], "window_us": window},
+    }
+
+
+def _time(us: float) -> str:
+    return (
+        f"{us / 1e6:.3g} s" if us >= 1e5 else f"{us / 1e3:.3g} ms" if us >= 100 else f"{us:.3g} us"
+    )
+
+
 def verdicts(summary: dict) -> list[dict]:
-    """Findings with the change that addresses each, most important first."""
+    """Findings with the change that addresses each, most important first. Each verdict
+    states the evidence that defines it and fires only with that evidence."""
     gpu = summary["gpu"]
     out = []
     launch = gpu["launch"]
+    warm = _warmup_verdict(summary)
+    if warm:
+        out.append(warm)
     for dev, idle in zip(gpu["breakdown"], gpu["idle"], strict=False):
         span = dev["span_us"] or 1.0
         host = idle["by_cause_us"]["host"] / span
         sync = idle["by_cause_us"]["sync"] / span
-        if host >= HOST_BOUND_SHARE or (
-            launch["short_share"] >= SHORT_SHARE and host >= HOST_BOUND_SHARE / 2
+        hg = idle["host_gaps"]
+        short_idle = hg["short_us"] / span
+        # Launch-bound: short kernels, the stream empty between them, and the short host
+        # gaps (launch overhead) holding most of the idle time.
+        if (
+            launch["short_share"] >= SHORT_SHARE
+            and short_idle >= LAUNCH_IDLE_SHARE
+            and hg["short_us"] >= 0.5 * (idle["idle_us"] or 1.0)
         ):
             fix = []
             if launch["graph_replays"] == 0:
@@ -116,10 +167,30 @@ def verdicts(summary: dict) -> list[dict]:
             fix.append("move host work (Python, data loading) off the launch path")
             out.append(
                 {
-                    "finding": f"device {dev['device']} is launch-bound: {host:.0%} of its span "
-                    f"is idle waiting on the host to launch; {launch['short_share']:.0%} of "
-                    f"kernels are shorter than {launch['short_threshold_us']:g} us",
+                    "finding": f"device {dev['device']} is launch-bound: {short_idle:.0%} of its "
+                    f"span is idle in host gaps shorter than 100 us (median "
+                    f"{hg['p50_us']:g} us), between kernels of which "
+                    f"{launch['short_share']:.0%} are shorter than "
+                    f"{launch['short_threshold_us']:g} us",
                     "fix": "; ".join(fix),
+                    "severity": round(short_idle, 4),
+                }
+            )
+        elif host >= HOST_BOUND_SHARE:
+            largest = next((g for g in idle["largest"] if g["cause"] == "host"), None)
+            where = f" (largest {_time(largest['length_us'])})" if largest else ""
+            out.append(
+                {
+                    "finding": f"device {dev['device']} waits on the host for {host:.0%} of its "
+                    f"span in {hg['count']} gaps{where}; not launch overhead "
+                    f"({launch['short_share']:.0%} of kernels shorter than "
+                    f"{launch['short_threshold_us']:g} us, {short_idle:.0%} of the span in "
+                    "gaps under 100 us)",
+                    "fix": "see the warm-up finding: record the steady state"
+                    if warm
+                    else "find the host work in the long gaps (CPU ops by self time: data "
+                    "loading, Python, preprocessing) and overlap it with the GPU or move it out "
+                    "of the step",
                     "severity": round(host, 4),
                 }
             )
@@ -132,6 +203,19 @@ def verdicts(summary: dict) -> list[dict]:
                     "fix": "remove synchronisations from the step (.item(), .cpu(), prints, "
                     "explicit synchronize); use non-blocking copies and events",
                     "severity": round(sync, 4),
+                }
+            )
+    for c in gpu["pageable_copies"]:
+        if c["share_of_gpu_time"] >= PAGEABLE_SHARE:
+            out.append(
+                {
+                    "finding": f"device {c['device']}: {c['count']} copies from pageable host "
+                    f"memory take {_time(c['time_us'])}, {c['share_of_gpu_time']:.0%} of its GPU "
+                    f"time ({', '.join(c['names'])})",
+                    "fix": "pin the host buffers (DataLoader(pin_memory=True), "
+                    "tensor.pin_memory()) and copy with .to(device, non_blocking=True): pinned "
+                    "copies are not staged by the driver and can overlap compute",
+                    "severity": round(c["share_of_gpu_time"], 4),
                 }
             )
     comm = [d["categories"]["communication"]["share_of_span"] for d in gpu["breakdown"]]

@@ -1,0 +1,131 @@
+"""Finding the events of a Chrome trace's ``traceEvents`` array in any JSON layout.
+
+Streaming cuts the array into chunks at event boundaries and decodes each chunk as an
+array of its own. A boundary is first *guessed* (the last ``}`` followed by blanks, a comma,
+blanks and ``{``; the separator seen last is tried first, so Kineto's ``},\\n  {`` or a
+minified ``},{`` is one ``rfind``), and the guess is *proved* by the decoder: a slice that
+starts at an event and decodes as a JSON array of complete values ends where the real
+document's parser would be back at the array's level, because a JSON parser's state after
+a prefix depends only on that prefix. Where a guess fails (a ``},{`` inside nested args or a
+string, the end of the array, or an event that is not valid JSON), :func:`structure` finds
+the exact boundaries with a vectorised bracket count that skips strings and escapes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import orjson
+
+#: The top-level key of the event array; a match counts only if what precedes it parses as
+#: the start of a JSON object (so a match inside a string or a nested value is passed over).
+EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_SEP = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
+_BLANK = re.compile(rb"[ \t\r\n]*")
+_OPEN, _CLOSE, _QUOTE, _BACKSLASH = (ord(c) for c in '{}"\\')
+
+
+def skip_blanks(buf, pos: int) -> int:
+    return _BLANK.match(buf, pos).end()
+
+
+class Cutter:
+    """Guesses the last event boundary in a buffer; remembers the separator it saw last."""
+
+    def __init__(self, sep: bytes = b"},{"):
+        self.sep = sep
+
+    def guess(self, buf, lo: int, hi: int) -> tuple[int, int] | None:
+        """``(close, next_open)``: the ``}`` ending the last event that seems complete in
+        ``buf[lo:hi]`` and the ``{`` of the event after it; None if no separator is seen."""
+        at = buf.rfind(self.sep, lo, hi)
+        if at >= lo:
+            return at, at + len(self.sep) - 1
+        pos = hi
+        while True:
+            pos = buf.rfind(b"}", lo, pos)
+            if pos < lo:
+                return None
+            m = _SEP.match(buf, pos, hi)
+            if m:
+                self.sep = bytes(m.group())
+                return pos, m.end() - 1
+
+
+def structure(buf, lo: int, hi: int) -> tuple[list[int], int]:
+    """Exact boundaries of the values in ``buf[lo:hi]``, which starts at a value of the
+    events array (outside any string): the position one past each complete value that ends
+    in a bracket, and the position of the array's closing ``]`` (-1 if not in the slice).
+    Only brackets outside strings count; a quote after an odd run of backslashes is
+    escaped."""
+    n = hi - lo
+    if n <= 0:
+        return [], -1
+    a = np.frombuffer(buf, np.uint8, n, lo)
+    quote = a == _QUOTE
+    bs = np.flatnonzero(a == _BACKSLASH)
+    if len(bs):
+        first = np.r_[True, np.diff(bs) != 1]  # starts of backslash runs
+        starts = np.flatnonzero(first)
+        lengths = np.diff(np.r_[starts, len(bs)])
+        after = bs[np.r_[starts[1:] - 1, len(bs) - 1]] + 1  # the byte after each run
+        after = after[(lengths % 2 == 1) & (after < n)]
+        quote[after] = False
+    inside = (np.cumsum(quote, dtype=np.int64) & 1).astype(bool)
+    step = np.zeros(n, np.int8)
+    step[(a == _OPEN) | (a == ord("["))] = 1
+    step[(a == _CLOSE) | (a == ord("]"))] = -1
+    step[inside] = 0
+    depth = np.cumsum(step, dtype=np.int32)
+    below = np.flatnonzero(depth < 0)
+    close = int(below[0]) if len(below) else n
+    ends = np.flatnonzero((step[:close] == -1) & (depth[:close] == 0)) + (lo + 1)
+    return ends.tolist(), (lo + close if len(below) else -1)
+
+
+class NonFinite(float):
+    """A NaN or Infinity token (Python's json accepts them; orjson and msgspec do not)."""
+
+
+def _non_finite(token: str) -> NonFinite:
+    return NonFinite(float(token))
+
+
+def lenient_loads(data) -> object:
+    """orjson's parse, or where it fails Python's json with NaN / Infinity tokens read as
+    :class:`NonFinite` floats; raises ValueError for anything else that is not JSON."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        text = bytes(data).decode("utf-8", errors="replace")
+        return json.loads(text, parse_constant=_non_finite)
+
+
+def has_non_finite(value) -> bool:
+    if type(value) is NonFinite:
+        return True
+    if type(value) is dict:
+        return any(has_non_finite(v) for v in value.values())
+    if type(value) is list:
+        return any(has_non_finite(v) for v in value)
+    return False
+
+
+def events_of(buf, lo: int, ends: list[int]) -> tuple[list, int]:
+    """Decode the values ``buf[lo:ends[-1]]`` one at a time (the slow path for a chunk that
+    is not valid JSON as a whole): returns the decoded events and how many held NaN or
+    Infinity (dropped, to be counted malformed). Raises ValueError on real syntax errors."""
+    out, bad = [], 0
+    start = lo
+    for end in ends:
+        value = lenient_loads(memoryview(buf)[start:end])
+        if has_non_finite(value):
+            bad += 1
+        else:
+            out.append(value)
+        start = skip_blanks(buf, end)
+        if start < len(buf) and buf[start] == ord(","):
+            start = skip_blanks(buf, start + 1)
+    return out, bad
