@@ -230,10 +230,12 @@ class Pallas:
         return jax.__version__
 
     def compile(self, launch: Any, target: Any) -> dict:
-        """Lower ``launch`` (a ``PallasCall``) for TPU; the module text under "mosaic"."""
-        name = getattr(target, "name", target)
-        lowered = launch.lower("tpu")
-        return {"target": name, "kernel": launch.name, "mosaic": lowered.as_text()}
+        """Lower ``launch`` (a ``PallasCall``) for the TPU generation ``target`` names, under
+        an abstract device of that kind; the Mosaic text of each kernel, its backend config
+        and operand types (``kernelab.ops._runtime.mosaic``)."""
+        from kernelab.ops._runtime import mosaic
+
+        return mosaic.compile_call(launch, target)
 
 
 # --- the registry -------------------------------------------------------------------------
