@@ -1,0 +1,317 @@
+"""inspect for TPU targets: Pallas calls lowered to Mosaic with no TPU, the facts read from the
+Mosaic text, the findings (planted defects caught, honest calls clean), the gate's TPU
+entries, and the TPU rows of the device table with their floors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from kernelab.cli import app
+from kernelab.inspect import baseline as bl
+from kernelab.inspect import mosaic as mp
+from kernelab.inspect.findings import Finding
+from kernelab.inspect.report import KernelReport, analyze
+from kernelab.inspect.targets import TPU_TARGETS, parse_targets
+
+pytest.importorskip("jax")
+
+from tests import tpu_kernels as tk
+
+MIB = 2**20
+runner = CliRunner()
+
+
+def _kinds(rep):
+    return sorted(f.kind for f in rep.findings)
+
+
+# Each call is lowered once per target for the whole module (~0.1 s a lowering).
+CALLS = {
+    "rows": tk.rows,
+    "matmul": tk.matmul,
+    "f32_4x128": lambda: tk.copy((64, 128), (4, 128)),
+    "sort": tk.sort_rows,
+    "over_capacity": lambda: tk.copy((4096, 8192), (2048, 8192)),
+    "over_limit": lambda: tk.rows(vmem_limit_bytes=4 * MIB),
+    "arbitrary_only": lambda: tk.rows(semantics=("arbitrary", "arbitrary")),
+    "bf16_8x128": lambda: tk.copy((4096, 1024), (8, 128), torch.bfloat16),
+    "int8_16x128": lambda: tk.copy((4096, 1024), (16, 1024), torch.int8),
+    "int8_32x1024": lambda: tk.copy((4096, 1024), (1024, 1024), torch.int8),
+    "small_f32": lambda: tk.copy((1024, 128), (8, 128)),
+}
+
+
+@pytest.fixture(scope="module")
+def reports():
+    return {(name, t): analyze(make(), t) for name, make in CALLS.items() for t in TPU_TARGETS}
+
+
+@pytest.mark.parametrize("name", ["rows", "matmul", "int8_32x1024"])
+def test_honest_calls_lower_with_no_finding_on_every_target(reports, name):
+    for t in TPU_TARGETS:
+        rep = reports[(name, t)]
+        assert rep.error is None and rep.ok, rep.summary()
+        assert rep.findings == [], [f.message for f in rep.findings]
+
+
+def test_facts_of_a_row_call(reports):
+    f = reports[("rows", "tpu_v5e")].facts
+    assert f["grid"] == [4, 1] and f["steps"] == 4
+    assert f["semantics"] == ["parallel", "parallel"]
+    x, w, o = f["windows"]
+    assert (x["role"], x["block"], x["array"], x["dtype"]) == (
+        "in",
+        [256, 4096],
+        [1024, 4096],
+        "bf16",
+    )
+    assert (w["block"], w["dtype"], o["role"], o["block"]) == (
+        [1, 4096],
+        "fp32",
+        "out",
+        [256, 4096],
+    )
+    # 2 buffers of each bf16 block (2 MiB) and of the weight row padded to 8 sublanes (128 KB)
+    assert f["vmem_estimate_bytes"] == 2 * 2 * 2 * MIB + 2 * 8 * 4096 * 4
+    assert f["vmem_limit_bytes"] is None and f["scratch"] == []
+
+
+def test_facts_of_a_matmul_with_scratch_and_k_loop(reports):
+    f = reports[("matmul", "tpu_v6e")].facts
+    assert f["grid"] == [2, 2, 2]
+    assert f["semantics"] == ["parallel", "parallel", "arbitrary"]
+    assert [w["block"] for w in f["windows"]] == [[512, 1024], [1024, 512], [512, 512]]
+    (acc,) = f["scratch"]
+    assert (acc["shape"], acc["dtype"], acc["memory"]) == ([512, 512], "fp32", "vmem")
+    assert f["vmem_scratch_bytes"] == 512 * 512 * 4
+    assert f["vmem_block_bytes"] == 2 * (1 + 1 + 0.5) * MIB
+
+
+def test_vmem_limit_asked_for_is_read_from_the_backend_config(reports):
+    assert reports[("over_limit", "tpu7x")].facts["vmem_limit_bytes"] == 4 * MIB
+
+
+def test_block_off_the_8x128_rule_is_reported_as_not_lowering_with_the_rule(reports):
+    for t in TPU_TARGETS:
+        rep = reports[("f32_4x128", t)]
+        assert not rep.ok and rep.facts is None
+        assert rep.error.startswith("does not lower: ValueError")
+        assert "divisible by 8 and 128" in rep.error and "(4, 128)" not in rep.summary()[:12]
+
+
+def test_unsupported_primitive_is_reported_as_not_lowering(reports):
+    rep = reports[("sort", "tpu_v6e")]
+    assert rep.error.startswith("does not lower: NotImplementedError")
+    assert "sort" in rep.error
+
+
+def test_vmem_over_capacity_and_over_the_asked_limit_are_errors(reports):
+    for t in TPU_TARGETS:
+        cap = reports[("over_capacity", t)]
+        assert _kinds(cap) == ["vmem"] and not cap.ok
+        assert "VMEM per TensorCore" in cap.findings[0].message
+        lim = reports[("over_limit", t)]
+        assert _kinds(lim) == ["vmem"] and "scoped VMEM limit" in lim.findings[0].message
+
+
+def test_grid_with_only_arbitrary_axes_is_flagged(reports):
+    for t in TPU_TARGETS:
+        (f,) = reports[("arbitrary_only", t)].findings
+        assert f.kind == "no-parallel-axis" and f.severity == "info"  # one TensorCore per device
+        assert '"parallel"' in f.suggestion
+
+
+def test_sub_native_blocks_are_flagged_for_bf16_and_int8_not_for_f32(reports):
+    bf16 = reports[("bf16_8x128", "tpu_v5e")]
+    tiling = [f for f in bf16.findings if f.kind == "tiling"]
+    assert len(tiling) == 2 and "multiple of 16" in tiling[0].message  # in and out blocks
+    int8 = [f for f in reports[("int8_16x128", "tpu_v6e")].findings if f.kind == "tiling"]
+    assert int8 and "multiple of 32" in int8[0].message
+    assert "tiling" not in _kinds(reports[("small_f32", "tpu_v5e")])  # 8×128 is f32's tile
+
+
+def test_blocks_too_small_for_the_per_step_overhead_are_flagged(reports):
+    for t in TPU_TARGETS:
+        rep = reports[("small_f32", t)]
+        assert _kinds(rep) == ["small-blocks"]
+        assert "0.35 µs" in rep.findings[0].message
+
+
+def test_the_chip_generation_reaches_the_lowering():
+    # sign() needs the TPU generation: without an abstract device of a TPU kind it cannot lower
+    call = tk.rows()
+    with pytest.raises(ValueError, match="Unsupported TPU device kind"):
+        call.lower("tpu")
+    assert analyze(call, "tpu_v5e").error is None
+
+
+def test_tpu_results_are_not_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELAB_CACHE_DIR", str(tmp_path))
+    rep = analyze(tk.rows(), "tpu_v6e")
+    assert not rep.cached and not (tmp_path / "inspect").exists()
+
+
+# --- the Mosaic reader on its own (no jax) ----------------------------------------------------
+
+TEXT = """module attributes {stable_mosaic.version = 11 : i64} {
+  func.func @k(%arg0: i32, %arg1: memref<4xi32, #tpu.memory_space<smem>>, %arg2: memref<64x128xf32, #tpu.memory_space<any>>, %arg3: memref<16x256xbf16, #tpu.memory_space<vmem>>, %arg4: memref<16x256xbf16, #tpu.memory_space<vmem>>, %arg5: memref<2x!tpu.dma_semaphore, #tpu.memory_space<semaphore_mem>>, %arg6: memref<3x100xf32, #tpu.memory_space<vmem>>) attributes {dimension_semantics = [#tpu.dimension_semantics<arbitrary>], iteration_bounds = array<i64: 6>, scalar_prefetch = 1 : i64, scratch_operands = 2 : i64, tpu.core_type = #tpu.core_type<tc>, window_params = [{}, {pipeline_mode = #tpu.pipeline_mode<synchronous>, transform_indices = @transform_1, window_bounds = array<i64: 16, 256>}, {transform_indices = @transform_2, window_bounds = array<i64: 16, 256>}]} {
+    return
+  }
+  func.func @transform_1(%arg0: i32, %arg1: memref<4xi32, #tpu.memory_space<smem>>) -> (i32, i32) {
+    return %arg0, %arg0 : i32, i32
+  }
+}"""  # noqa: E501
+
+
+def test_reader_on_a_handwritten_module():
+    call = {
+        "mosaic": TEXT,
+        "config": {"scoped_memory_configs": [{"memory_space": 1, "offset": 0, "size": 1 << 20}]},
+        "operands": ["tensor<4xi32>", "tensor<64x128xf32>", "tensor<96x256xbf16>"],
+        "results": ["tensor<96x256xbf16>"],
+    }
+    f = mp.parse_call(call)
+    assert (f["kernel"], f["grid"], f["semantics"]) == ("k", [6], ["arbitrary"])
+    hbm, x, out = f["windows"]
+    assert (hbm["memory"], hbm["block"], hbm["array"]) == ("any", None, [64, 128])
+    assert (x["buffers"], x["array"], out["role"], out["buffers"]) == (1, [96, 256], "out", 2)
+    sem, buf = f["scratch"]
+    assert sem["dtype"] == "semaphore" and sem["vmem_bytes"] == 0
+    assert buf["vmem_bytes"] == 8 * 128 * 4  # 3×100 f32 padded to one 8×128 tile
+    assert f["vmem_estimate_bytes"] == 16 * 256 * 2 * (1 + 2) + 8 * 128 * 4
+    assert f["vmem_limit_bytes"] == 1 << 20 and f["step_bytes"] == 16 * 256 * 2
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("module {}", "no kernel function"),
+        (TEXT.replace("scratch_operands = 2", "scratch_operands = 5"), "do not cover"),
+        (TEXT.replace("16x256xbf16", "?x256xbf16", 1), "dynamic or unknown shape"),
+        (TEXT.replace("16x256xbf16", "16x256xq7", 1), "element type 'q7'"),
+    ],
+)
+def test_reader_refuses_text_it_does_not_understand(text, match):
+    with pytest.raises(mp.MosaicParseError, match=match):
+        mp.parse_call({"mosaic": text})
+
+
+def test_padding_to_the_native_tile():
+    assert mp.padded_bytes([1, 4096], 32) == 8 * 4096 * 4
+    assert mp.padded_bytes([8, 128], 16) == 16 * 128 * 2
+    assert mp.padded_bytes([32, 256], 8) == 32 * 256
+    assert mp.split_top("a<b, c>, d -> e, f(g, h)") == ["a<b, c>", "d -> e", "f(g, h)"]
+
+
+# --- the gate --------------------------------------------------------------------------------
+
+
+def _rep(key="op/k/tpu_v6e/bfloat16/s", vmem=MIB, findings=(), error=None):
+    facts = None
+    if error is None:
+        facts = {"grid": [4], "semantics": ["parallel"], "vmem_estimate_bytes": vmem}
+    return KernelReport(key, "op", "k", "tpu_v6e", "s", "", facts, None, list(findings), error)
+
+
+_SMALL = Finding("small-blocks", "warn", "m")
+_VMEM = Finding("vmem", "error", "m")
+
+
+@pytest.mark.parametrize(
+    "now, regression",
+    [
+        (_rep(error="does not lower: ValueError: rule"), "no longer lowers: does not lower"),
+        (_rep(vmem=int(1.2 * MIB)), "VMEM estimate 1.00 → 1.20 MiB"),
+        (_rep(findings=[_SMALL]), "small-blocks findings 0 → 1"),
+        (_rep(findings=[_VMEM]), "can no longer run"),
+    ],
+)
+def test_gate_fails_on_tpu_regressions(now, regression):
+    base = bl.build([_rep()])
+    c = bl.compare([now], base)
+    assert c.failed and any(regression in r for r in c.regressions), c.regressions
+
+
+def test_gate_passes_unchanged_and_improved_tpu_entries():
+    base = bl.build([_rep(vmem=2 * MIB, findings=[_SMALL])])
+    assert base["entries"]["op/k/tpu_v6e/bfloat16/s"]["findings"] == {"small-blocks": 1}
+    assert base["triton"] == []  # TPU entries bring no triton version
+    assert not bl.compare([_rep(vmem=int(2.1 * MIB), findings=[_SMALL])], base).failed
+    c = bl.compare([_rep(vmem=MIB)], base)
+    assert not c.failed and c.improvements
+    broken = bl.build([_rep(error="does not lower: x")])
+    assert bl.compare([_rep()], broken).improvements == [
+        "k on tpu_v6e [op/k/tpu_v6e/bfloat16/s]: lowers now"
+    ]
+
+
+# --- targets, plans, the command -------------------------------------------------------------
+
+
+def test_triton_launches_are_not_sent_to_tpu_targets():
+    from kernelab import ops
+    from kernelab.inspect.ops import plan
+
+    p = plan([ops.get("rmsnorm")], parse_targets("tpu_v5e"))
+    if not any(v.kind == "pallas" for v in ops.get("rmsnorm").variants.values()):
+        assert p.jobs == [] and any("no Pallas variant" in s for s in p.skipped)
+    else:
+        assert p.jobs and all(j.spec.backend == "pallas" for j in p.jobs)
+
+
+def test_inspect_tpu_json_for_an_op():
+    from kernelab import ops
+
+    result = runner.invoke(app, ["inspect", "rmsnorm", "-t", "tpu_v5e", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    if not any(v.kind == "pallas" for v in ops.get("rmsnorm").variants.values()):
+        assert data["reports"] == [] and "no Pallas variant" in data["skipped"][0]
+        return
+    reps = [r for r in data["reports"] if r["target"] == "tpu_v5e"]
+    assert reps and all(r["error"] is None for r in reps)
+    for r in reps:
+        f = r["facts"]
+        assert f["grid"] and f["semantics"] and f["vmem_estimate_bytes"] > 0
+        assert all(w["block"] for w in f["windows"] if w["memory"] == "vmem")
+
+
+def test_tpu_table_fits_80_columns(reports, monkeypatch):
+    from rich.console import Console
+
+    from kernelab.cli.inspect_cmd import tpu_sheet
+
+    shown = [reports[(n, "tpu_v6e")] for n in ("rows", "matmul", "f32_4x128")]
+    console = Console(width=80, record=True, force_terminal=False)
+    tpu_sheet(shown).print(console)
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "4×1" in text and "par,par,arb" in text and "does not lower" in text
+
+
+# --- the device table ------------------------------------------------------------------------
+
+
+def test_tpu_rows_of_the_device_table_carry_their_source():
+    from kernelab.hardware import lookup
+
+    v6e = lookup("tpu_v6e")
+    assert v6e.peak_for("bf16") == 918e12 and v6e.hbm_bytes_per_s == 1640e9
+    assert "cloud.google.com/tpu/docs/v6e" in v6e.source
+    assert lookup("TPU v5 lite").name == "TPU v5e" and lookup("ironwood").name == "TPU7x"
+    assert lookup("tpu_v5p").peak_for("int8") is None  # not published on its page
+    assert lookup("tpu7x").sm_count == 2 and lookup("tpu7x").l2_bytes is None
+
+
+def test_floors_for_a_tpu_are_datasheet_figures():
+    result = runner.invoke(app, ["bench", "rmsnorm", "--floors-for", "tpu_v6e", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["device"] == "TPU v6e" and data["floors"]
+    assert all(
+        r["floor_s"] > 0 and "datasheet TPU v6e" in r["ceiling_source"] for r in data["floors"]
+    )
