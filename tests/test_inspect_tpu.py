@@ -315,3 +315,47 @@ def test_floors_for_a_tpu_are_datasheet_figures():
     assert all(
         r["floor_s"] > 0 and "datasheet TPU v6e" in r["ceiling_source"] for r in data["floors"]
     )
+
+
+# --- an op with a Pallas variant, through the plan and the gate ------------------------------
+
+
+def _toy_op(vmem_limit_bytes=None):
+    from kernelab.ops import Variant
+    from kernelab.ops._runtime.pallas import Block, Out, PallasCall, PallasPlan
+    from tests.flawed import toy_ops
+
+    def plan(x, config=None, target=None):
+        whole = Block(tuple(x.shape), lambda i: (0, 0))
+        call = PallasCall(
+            kernel=tk._copy,
+            grid=(1,),
+            inputs=(x,),
+            in_specs=(whole,),
+            outputs=(Out(tuple(x.shape), x.dtype, whole),),
+            semantics=("parallel",),
+            vmem_limit_bytes=vmem_limit_bytes,
+        )
+        return PallasPlan(calls=(call,), finish=lambda outs: outs[0][0])
+
+    op = toy_ops.double_op()
+    op.add_variant(Variant("pallas", lambda **kw: None, "pallas", plan=plan))
+    return op
+
+
+def test_an_ops_pallas_calls_are_planned_per_tpu_target_and_gated(tmp_path):
+    from kernelab.inspect import inspect_ops
+
+    result = inspect_ops([_toy_op()], "tpu_v5e,tpu7x,sm_90")
+    tpu = [r for r in result.reports if r.is_tpu]
+    assert sorted({r.target for r in tpu}) == ["tpu7x", "tpu_v5e"]
+    assert len(tpu) == 2 * 2  # two representative shapes, each lowered for both chips
+    assert all(r.ok and r.findings == [] and r.key.startswith("toy_double/_copy/") for r in tpu)
+    assert {tuple(r.facts["grid"]) for r in tpu} == {(1,)}
+    path = tmp_path / "baseline.json"
+    bl.write(path, result.reports)
+    base = bl.load(path)
+    assert not bl.compare(result.reports, base).failed
+    worse = inspect_ops([_toy_op(vmem_limit_bytes=1024)], "tpu_v5e,tpu7x").reports
+    c = bl.compare(worse, base)
+    assert c.failed and sum("vmem findings 0 → 1" in r for r in c.regressions) == 4

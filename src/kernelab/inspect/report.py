@@ -171,11 +171,12 @@ class Verdict:
 
 def prune(launch, target: str | Target = "sm_90", report: KernelReport | None = None) -> Verdict:
     """Whether a config is worth timing on ``target``: it must compile, not spill, fit in
-    shared memory, reach one block per SM, and keep tensor cores where the kernel has a dot."""
+    shared memory, reach one block per SM, and keep tensor cores where the kernel has a dot;
+    on a TPU target, lower and fit in VMEM."""
     rep = report or analyze(launch, target)
     reasons = []
     if rep.error:
-        reasons.append(f"does not compile: {rep.error}")
+        reasons.append(rep.error if rep.is_tpu else f"does not compile: {rep.error}")
     elif rep.unsupported:
         reasons.append(f"not for this target: {rep.unsupported}")
     else:
@@ -188,4 +189,6 @@ def prune(launch, target: str | Target = "sm_90", report: KernelReport | None = 
             reasons.append(f"cannot reach one block per SM ({rep.occupancy['limiter']})")
         if "no-tensor-cores" in kinds:
             reasons.append("loses tensor cores")
+        if "vmem" in kinds:
+            reasons.append(next(f.message for f in rep.findings if f.kind == "vmem"))
     return Verdict(not reasons, tuple(reasons))
