@@ -263,6 +263,12 @@ def verify(
                     "ask for it with --variant compile"
                 )
                 continue
+            if variant.kind == "pallas" and dev_type == "cpu" and variants is None:
+                report.skipped.append(
+                    f"{op.name}/{variant.name}: the TPU interpreter compiles each shape for "
+                    "seconds on CPU; ask for it with --variant pallas"
+                )
+                continue
             subject = Subject(variant.name, variant.fn, variant.prepare, variant.supports)
             run_subject(
                 report, op, subject, sets, op_dtypes, device, trials, cap, baseline, progress

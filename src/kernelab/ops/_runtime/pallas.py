@@ -124,6 +124,69 @@ def tpu_attached() -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class Chip:
+    """What block choices depend on, per TensorCore: VMEM capacity and the MXU's width (from
+    jax 0.10.2's ``jax/_src/pallas/mosaic/tpu_info.py``)."""
+
+    vmem_bytes: int
+    mxu: int
+
+
+CHIPS = {
+    "tpu_v5e": Chip(128 << 20, 128),
+    "tpu_v6e": Chip(128 << 20, 256),
+    "tpu7x": Chip(64 << 20, 256),
+}
+
+#: Rows of a native (sublanes × 128 lanes) tile by element size: 8 f32, 16 bf16, 32 int8.
+SUBLANES = {4: 8, 2: 16, 1: 32}
+LANES = 128
+
+
+def sublanes(dtype: torch.dtype) -> int:
+    return SUBLANES[torch.empty((), dtype=dtype).element_size()]
+
+
+@dataclass(frozen=True)
+class RowBlocks:
+    """Blocks of ``block_rows`` whole rows (row-wise kernels: norms, activations).
+
+    The default holds about ``VMEM / 128`` bytes of the widest operand per block (1 MiB on
+    v5e/v6e, 512 KiB on TPU7x): in, out and their double buffers stay a small part of VMEM,
+    and a step moves enough to amortise its fixed cost. A choice, not a measurement (no TPU
+    here): ``tuning_space`` lists the alternatives. Rows are a multiple of the dtype's
+    sublane count, or all the rows when there are fewer.
+    """
+
+    block_rows: int
+
+    @classmethod
+    def default_for(cls, n_rows: int, row_bytes: int, dtype: torch.dtype, target=None):
+        chip = CHIPS[generation(target)]
+        sub = sublanes(dtype)
+        rows = max(sub, (chip.vmem_bytes // 128) // max(row_bytes, 1) // sub * sub)
+        rows = min(rows, 1024)
+        if n_rows <= rows:
+            return cls(max(n_rows, 1))
+        return cls(rows)
+
+    @classmethod
+    def tuning_space(cls, n_rows: int, row_bytes: int, dtype: torch.dtype, target=None):
+        chip = CHIPS[generation(target)]
+        sub = sublanes(dtype)
+        space = [cls(r) for r in (8, 16, 32, 64, 128, 256, 512, 1024)]
+
+        def keep(c: RowBlocks) -> bool:
+            return c.block_rows % sub == 0 and 4 * c.block_rows * row_bytes <= chip.vmem_bytes // 4
+
+        return [c for c in space if keep(c)] or [cls.default_for(n_rows, row_bytes, dtype, target)]
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def generation(target: str | None) -> str:
     """The TPU generation a config is chosen for: ``target``, or the default."""
     if target is None:
