@@ -256,28 +256,49 @@ def test_triton_launches_are_not_sent_to_tpu_targets():
     from kernelab import ops
     from kernelab.inspect.ops import plan
 
-    p = plan([ops.get("rmsnorm")], parse_targets("tpu_v5e"))
-    if not any(v.kind == "pallas" for v in ops.get("rmsnorm").variants.values()):
-        assert p.jobs == [] and any("no Pallas variant" in s for s in p.skipped)
-    else:
-        assert p.jobs and all(j.spec.backend == "pallas" for j in p.jobs)
+    p = plan([ops.get("rmsnorm"), ops.get("softmax")], parse_targets("tpu_v5e"))
+    assert p.jobs and all(j.spec.backend == "pallas" and j.op == "rmsnorm" for j in p.jobs)
+    assert any("no Pallas variant" in s and "softmax" in s for s in p.skipped)
 
 
-def test_inspect_tpu_json_for_an_op():
-    from kernelab import ops
-
-    result = runner.invoke(app, ["inspect", "rmsnorm", "-t", "tpu_v5e", "--json"])
+def test_inspect_rmsnorm_for_tpu_v5e_as_json():
+    result = runner.invoke(
+        app, ["inspect", "rmsnorm", "-t", "tpu_v5e", "--dtype", "bfloat16", "--json"]
+    )
     assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout)
-    if not any(v.kind == "pallas" for v in ops.get("rmsnorm").variants.values()):
-        assert data["reports"] == [] and "no Pallas variant" in data["skipped"][0]
-        return
-    reps = [r for r in data["reports"] if r["target"] == "tpu_v5e"]
-    assert reps and all(r["error"] is None for r in reps)
+    reps = json.loads(result.stdout)["reports"]
+    assert reps and all(r["target"] == "tpu_v5e" and r["error"] is None for r in reps)
     for r in reps:
         f = r["facts"]
-        assert f["grid"] and f["semantics"] and f["vmem_estimate_bytes"] > 0
-        assert all(w["block"] for w in f["windows"] if w["memory"] == "vmem")
+        assert f["grid"] and f["semantics"] == ["parallel"] * len(f["grid"])
+        assert f["vmem_estimate_bytes"] > 0
+        x = f["windows"][0]
+        assert x["role"] == "in" and x["dtype"] == "bf16" and x["block"][-1] == x["array"][-1]
+
+
+def _op_report(op_name, shape_index, dtype, config, target):
+    from kernelab import ops
+    from kernelab.ops._runtime import pallas
+
+    op = ops.get(op_name)
+    shape = op.shapes("representative")[shape_index]
+    (call,) = pallas.launches(op, shape, dtype, config=config, target=target)
+    return analyze(call, target)
+
+
+def test_planted_configs_of_the_ops_pallas_variants_are_caught():
+    from kernelab.ops._runtime.pallas import RowBlocks
+    from kernelab.ops.activation._pallas import ActBlocks
+
+    # rmsnorm 4096x4096 and silu_and_mul 4096x2x14336: prefill shapes, many rows
+    rep = _op_report("rmsnorm", 4, torch.float32, RowBlocks(4), "tpu_v5e")
+    assert rep.error.startswith("does not lower") and "divisible by 8 and 128" in rep.error
+    rep = _op_report("rmsnorm", 4, torch.bfloat16, RowBlocks(8), "tpu_v6e")
+    assert "tiling" in _kinds(rep) and "multiple of 16" in rep.findings[0].message
+    rep = _op_report("silu_and_mul", 2, torch.bfloat16, ActBlocks(16, 128), "tpu7x")
+    assert _kinds(rep) == ["small-blocks"]
+    rep = _op_report("silu_and_mul", 2, torch.float32, ActBlocks(4096, 2048), "tpu7x")
+    assert _kinds(rep) == ["vmem"]  # 3 blocks of 32 MiB, double-buffered
 
 
 def test_tpu_table_fits_80_columns(reports, monkeypatch):
@@ -359,3 +380,16 @@ def test_an_ops_pallas_calls_are_planned_per_tpu_target_and_gated(tmp_path):
     worse = inspect_ops([_toy_op(vmem_limit_bytes=1024)], "tpu_v5e,tpu7x").reports
     c = bl.compare(worse, base)
     assert c.failed and sum("vmem findings 0 → 1" in r for r in c.regressions) == 4
+
+
+def test_adding_tpu_entries_keeps_the_triton_entries_and_their_version(tmp_path):
+    path = tmp_path / "baseline.json"
+    facts = {"registers": 32, "loads": {"128": 1}, "stores": {"128": 1}}
+    triton = KernelReport(
+        "op/k/sm_90/bfloat16/s", "op", "k", "sm_90", "s", "", facts, triton="3.9.0"
+    )
+    bl.write(path, [triton])
+    bl.write(path, [_rep()], merge=True)
+    data = bl.load(path)
+    assert data["triton"] == "3.9.0"
+    assert sorted(data["entries"]) == ["op/k/sm_90/bfloat16/s", "op/k/tpu_v6e/bfloat16/s"]

@@ -105,6 +105,8 @@ def write(path: str | Path, reports: Sequence[KernelReport], merge: bool = False
         entries = dict(old["entries"])
         entries.update(data["entries"])
         data["entries"] = dict(sorted(entries.items()))
+        if not data["triton"]:  # only TPU lowerings now: the Triton entries keep their version
+            data["triton"] = old.get("triton", [])
     Path(path).write_bytes(dumps(data))
     return data
 
