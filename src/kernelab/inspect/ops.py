@@ -100,7 +100,8 @@ def plan(
 
 
 def _pallas_variants(op) -> list:
-    return [v for v in op.variants.values() if v.kind == "pallas" and v.plan is not None]
+    variants = getattr(op, "variants", None) or {}
+    return [v for v in variants.values() if v.kind == "pallas" and v.plan is not None]
 
 
 def _plan_pallas(out: Plan, ops, targets: Sequence[Target], dtypes, shape_set: str) -> None:
