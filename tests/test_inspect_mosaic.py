@@ -131,3 +131,15 @@ def test_without_jax_the_tpu_targets_say_why_and_the_gpu_ones_still_plan(monkeyp
     p = plan([ops.get("rmsnorm")], parse_targets("sm_90,tpu_v5e"), dtypes=["bfloat16"])
     assert p.jobs and {j.target.name for j in p.jobs} == {"sm_90"}
     assert any("Pallas variants not lowered: jax not installed" in s for s in p.skipped)
+
+
+def test_a_tampered_tpu_entry_is_read_as_zero_not_a_crash():
+    base = bl.build([_rep()])
+    entry = base["entries"]["op/k/tpu_v6e/bfloat16/s"]
+    entry["vmem_estimate_bytes"], entry["findings"] = "lots", {"small-blocks": "x"}
+    c = bl.compare([_rep(findings=[_SMALL])], base)
+    where = "k on tpu_v6e [op/k/tpu_v6e/bfloat16/s]"
+    assert c.regressions == [  # fails safe: the junk counts as nothing
+        f"{where}: VMEM estimate 0.00 → 1.00 MiB (more than 10%)",
+        f"{where}: small-blocks findings 0 → 1",
+    ]

@@ -222,8 +222,13 @@ def compare(
     return out
 
 
+def _count(value) -> int:
+    """A non-negative count or size from the baseline file (0 for anything else)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def _compare_tpu(out: Comparison, where: str, base: dict, now: dict) -> None:
-    b_vmem, n_vmem = int(base.get("vmem_estimate_bytes", 0)), int(now["vmem_estimate_bytes"])
+    b_vmem, n_vmem = _count(base.get("vmem_estimate_bytes")), int(now["vmem_estimate_bytes"])
     if n_vmem > b_vmem * (1 + VMEM_SLACK):
         out.regressions.append(
             f"{where}: VMEM estimate {b_vmem / 2**20:.2f} → {n_vmem / 2**20:.2f} MiB "
@@ -237,7 +242,7 @@ def _compare_tpu(out: Comparison, where: str, base: dict, now: dict) -> None:
     if not isinstance(b_kinds, dict):
         b_kinds = {}
     for kind, n in now["findings"].items():
-        if n > int(b_kinds.get(kind, 0)):
-            out.regressions.append(f"{where}: {kind} findings {int(b_kinds.get(kind, 0))} → {n}")
+        if n > _count(b_kinds.get(kind)):
+            out.regressions.append(f"{where}: {kind} findings {_count(b_kinds.get(kind))} → {n}")
     if base.get("launchable", True) and not now["launchable"]:
         out.regressions.append(f"{where}: can no longer run (VMEM)")
