@@ -261,3 +261,31 @@ def test_an_ops_pallas_calls_are_planned_per_tpu_target_and_gated(tmp_path):
     worse = inspect_ops([_toy_op(vmem_limit_bytes=1024)], "tpu_v5e,tpu7x").reports
     c = bl.compare(worse, base)
     assert c.failed and sum("vmem findings 0 → 1" in r for r in c.regressions) == 4
+
+
+def test_calls_differing_only_in_an_index_map_are_lowered_apart():
+    from kernelab.inspect.report import Job, analyze_jobs
+    from kernelab.inspect.targets import TARGETS
+    from kernelab.inspect.tpu import TpuSpec
+    from kernelab.ops._runtime.pallas import Block, Out, PallasCall
+
+    x = torch.empty((1024, 1024), dtype=torch.float32, device="meta")
+
+    def call(index_map):
+        return PallasCall(
+            kernel=tk._copy,
+            grid=(4, 4),
+            inputs=(x,),
+            in_specs=(Block((256, 256), index_map),),
+            outputs=(Out((1024, 1024), torch.float32, Block((256, 256), lambda i, j: (i, j))),),
+            semantics=("parallel", "parallel"),
+        )
+
+    straight, transposed = call(lambda i, j: (i, j)), call(lambda i, j: (j, i))
+    assert TpuSpec(straight).identity() == TpuSpec(transposed).identity()  # same description
+    t = TARGETS["tpu_v6e"]
+    seen = []
+    jobs = [Job(TpuSpec(straight), t, "a"), Job(TpuSpec(transposed), t, "b")]
+    jobs.append(Job(TpuSpec(straight), t, "c"))  # the very same call: lowered once
+    a, b, c = analyze_jobs(jobs, progress=lambda done, total: seen.append(total))
+    assert seen[-1] == 2 and a.facts is c.facts and a.facts is not b.facts

@@ -145,7 +145,7 @@ def run(
     # A spec compiled in this process is never cached: its key only deduplicates (and asks the
     # backend for no version, which would import its compiler before the workers fork).
     keys = [
-        f"local:{s.identity()}:{t.name}" if getattr(s, "in_process", False) else cache_key(s, t)
+        f"local:{s.local_key()}:{t.name}" if getattr(s, "in_process", False) else cache_key(s, t)
         for s, t in pairs
     ]
     results: dict[str, dict] = {}

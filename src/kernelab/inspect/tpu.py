@@ -78,6 +78,15 @@ class TpuSpec:
     def source_key(self) -> str:
         return self.identity()
 
+    def local_key(self) -> str:
+        """Names this call within the process: the declaration's own key (kernel and index-map
+        code, closures, shapes, blocks), which :meth:`identity` (stable across processes, for
+        report keys) does not fully cover."""
+        try:
+            return f"{self.identity()}:{hash(self.call.key())}"
+        except TypeError:  # an unhashable parameter: never deduplicated
+            return f"{self.identity()}:{id(self.call)}"
+
     def config_text(self) -> str:
         cfg = self.call.config
         if cfg is not None and is_dataclass(cfg):
