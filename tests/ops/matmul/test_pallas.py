@@ -1,5 +1,6 @@
-"""The Pallas GEMM (matmul/_pallas.py) through the TPU interpreter: K masked on a partial last
-step, B in both layouts, the whole epilogue; an accumulator never zeroed fails verify."""
+"""The Pallas GEMMs (matmul/_pallas.py) through the TPU interpreter: K masked on a partial last
+step, B in both layouts, the whole epilogue, int8 weights with column scales; an accumulator
+never zeroed fails verify."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from kernelab.ops import GEMM, Shape
+from kernelab.ops import GEMM, W8A16_GEMM, Shape
 from kernelab.ops._runtime import pallas
 from kernelab.ops.matmul import _pallas as mp
 from kernelab.ops.matmul._pallas import MatmulTiles
@@ -31,6 +32,15 @@ PLAIN = Shape("20x200x300", {"M": 20, "N": 200, "K": 300}, {}, batch_dim="M")
 def test_verify_passes_with_a_masked_k_tail_and_the_whole_epilogue():
     report = pc.verify(GEMM, pc.configured(VARIANT, TILES), [FULL])
     assert pc.passed(report), pc.failures(report)
+
+
+def test_w8a16_verify_passes_with_a_masked_k_tail_and_bias():
+    shape = Shape("20x200x300 bias", {"M": 20, "N": 200, "K": 300}, {"bias": True}, batch_dim="M")
+    variant = W8A16_GEMM.variants["pallas"]
+    report = pc.verify(W8A16_GEMM, pc.configured(variant, TILES), [shape])
+    assert pc.passed(report), pc.failures(report)
+    (call,) = pallas.launches(W8A16_GEMM, shape, torch.bfloat16)
+    assert call.inputs[1].dtype == torch.int8  # the weight crosses as int8, never dequantized
 
 
 def _never_zeroed_kernel(a_ref, b_ref, o_ref, acc_ref, *, k_size, bk, nk, **_):

@@ -85,6 +85,34 @@ def _gemm_kernel(*refs, k_size, bk, nk, has_bias, has_res, activation):
         o_ref[...] = _epilogue(acc_ref[...], bias, res, activation).astype(o_ref.dtype)
 
 
+def _w8a16_kernel(*refs, k_size, bk, has_bias):
+    """W8A16: acc (+)= x[i, k] · q[k, j] with the int8 tile converted to x's dtype (exact:
+    int8 values are bf16/fp16 integers); at the last step out = acc · scales[j] (+ bias), the
+    column scale applied once to the float32 sum. Reads int8 weight tiles (half the bytes of
+    bf16), writes each output tile once."""
+    from jax.experimental import pallas as pl
+
+    x_ref, q_ref, s_ref, *rest = refs
+    bias_ref = rest.pop(0) if has_bias else None
+    o_ref, acc_ref = rest
+    k = pl.program_id(2)
+
+    @pl.when(k == 0)
+    def _init():
+        acc_ref[...] = _zeros(acc_ref)
+
+    x = x_ref[...]
+    a, b = _k_tile(x, q_ref[...].astype(x.dtype), k, k_size=k_size, bk=bk, nk=False)
+    acc_ref[...] += _dot(a, b, False)
+
+    @pl.when(k == pl.num_programs(2) - 1)
+    def _write():
+        acc = acc_ref[...] * s_ref[...].astype("float32")
+        if has_bias:
+            acc = acc + bias_ref[...].astype("float32")
+        o_ref[...] = acc.astype(o_ref.dtype)
+
+
 def _zeros(ref):
     import jax.numpy as jnp
 
@@ -202,6 +230,49 @@ def gemm_plan(
             has_res=residual is not None,
             activation=activation,
         ),
+        config=cfg,
+    )
+
+    def finish(outs):
+        return result.copy_(outs[0][0])
+
+    return PallasPlan((call,), finish)
+
+
+def w8a16_plan(x, qweight, scales, bias=None, out=None, config=None, target=None) -> PallasPlan:
+    """The launch of ``_w8a16_kernel`` for these (validated) arguments: the GEMM's grid and
+    accumulator over x [M, K] and the int8 weight in the op's layout, [K, N], with the
+    per-column scales and bias as (1, bn) blocks. K steps are a multiple of 32 (int8's
+    sublane tiling) or all of K."""
+    m, k = x.shape
+    n = qweight.shape[1]
+    result = out if out is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return PallasPlan(result=result)
+    if k == 0:
+        raise ValueError("x: K = 0 is not supported by the Pallas W8A16 GEMM")
+    cfg = config or MatmulTiles.default_for(m, n, k, x.dtype, target)
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    if bk != k and bk % 32:
+        raise ValueError(f"config: block_k {bk} must be a multiple of 32 (int8 tiles) or K")
+    inputs = [x, qweight, scales.reshape(1, n)]
+    specs = [
+        Block((bm, bk), lambda i, j, s: (i, s)),
+        Block((bk, bn), lambda i, j, s: (s, j)),
+        Block((1, bn), lambda i, j, s: (0, j)),
+    ]
+    if bias is not None:
+        inputs.append(bias.reshape(1, n))
+        specs.append(Block((1, bn), lambda i, j, s: (0, j)))
+    call = PallasCall(
+        _w8a16_kernel,
+        grid=(_pl.cdiv(m, bm), _pl.cdiv(n, bn), _pl.cdiv(k, bk)),
+        inputs=tuple(inputs),
+        in_specs=tuple(specs),
+        outputs=(Out((m, n), result.dtype, Block((bm, bn), lambda i, j, s: (i, j))),),
+        scratch=(Scratch("vmem", (bm, bn), torch.float32),),
+        semantics=("parallel", "parallel", "arbitrary"),
+        params=dict(k_size=k, bk=bk, has_bias=bias is not None),
         config=cfg,
     )
 
