@@ -66,4 +66,8 @@ def classes(report) -> set[str]:
 
 
 def failures(report) -> str:
-    return "; ".join(f"{c.shape_label}: {c.classes}" for c in report.cases if c.failure_class)
+    return "; ".join(
+        f"{c.shape}: {c.classes} {[f.message[:200] for f in c.failures[:2]]}"
+        for c in report.cases
+        if c.failure_class
+    )
