@@ -5,6 +5,7 @@ gate's rules: test_inspect_mosaic.py; the TPU device rows: test_hardware.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -44,9 +45,18 @@ CALLS = {
 }
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _cache_dir(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KERNELAB_CACHE_DIR", str(tmp_path_factory.mktemp("tpu-cache")))
+        yield
+
+
 @pytest.fixture(scope="module")
-def reports():
-    return {(name, t): analyze(make(), t) for name, make in CALLS.items() for t in TPU_TARGETS}
+def reports(_cache_dir):
+    reps = {(name, t): analyze(make(), t) for name, make in CALLS.items() for t in TPU_TARGETS}
+    assert not any(r.cached for r in reps.values())  # each lowered here, none read back
+    return reps
 
 
 @pytest.mark.parametrize("name", ["rows", "matmul", "int8_32x1024"])
@@ -148,10 +158,40 @@ def test_the_chip_generation_reaches_the_lowering():
     assert analyze(call, "tpu_v5e").error is None
 
 
-def test_tpu_results_are_not_cached(tmp_path, monkeypatch):
-    monkeypatch.setenv("KERNELAB_CACHE_DIR", str(tmp_path))
-    rep = analyze(tk.rows(), "tpu_v6e")
-    assert not rep.cached and not (tmp_path / "inspect").exists()
+KERNEL_FILE = """
+import jax.numpy as jnp
+
+
+def _helper(x):
+    return x * {factor}
+
+
+def scaled_copy(x_ref, o_ref):
+    o_ref[...] = _helper(x_ref[...])
+"""
+
+
+def _user_call(path, factor):
+    import importlib.util
+
+    path.write_text(KERNEL_FILE.format(factor=factor))
+    spec = importlib.util.spec_from_file_location(f"user_kernel_{factor}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    call = tk.copy((1024, 1024), (256, 1024))
+    return dataclasses.replace(call, kernel=module.scaled_copy)
+
+
+def test_tpu_lowerings_are_cached_by_the_source_of_their_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELAB_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "kern.py"
+    first = analyze(_user_call(src, 2), "tpu_v6e")
+    again = analyze(_user_call(src, 2), "tpu_v6e")
+    assert not first.cached and again.cached and again.facts == first.facts
+    assert any((tmp_path / "cache" / "inspect").rglob("*.json"))
+    # A helper of the kernel's file changed: the key changes with the file's text
+    assert not analyze(_user_call(src, 3), "tpu_v6e").cached
+    assert not analyze(_user_call(src, 2), "tpu_v6e", use_cache=False).cached
 
 
 # --- targets, plans, the command -------------------------------------------------------------

@@ -40,7 +40,9 @@ def cache_key(spec: Spec, target: Target) -> str:
             spec.source_key(),
             spec.identity(),
             target.name,
-            backend_version(spec.backend),
+            spec.compiler_version()
+            if hasattr(spec, "compiler_version")
+            else backend_version(spec.backend),
             str(PARSER_VERSION),
         )
     )
@@ -87,9 +89,18 @@ def _lower_tpu(spec, target: Target) -> dict:
         art = compile_artifacts(spec, target)
         return {"facts": mosaic.parse(art)}
     except Exception as exc:  # a launch that does not lower is a result, not a crash
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        rule = lines[0] if lines else type(exc).__name__
-        return {"error": f"does not lower: {type(exc).__name__}: {rule}"[:700]}
+        return {"error": f"does not lower: {type(exc).__name__}: {lowering_rule(str(exc))}"}
+
+
+def lowering_rule(text: str) -> str:
+    """The rule a lowering error quotes, and the block it names: its first line, without the
+    source path and the index map's jaxpr (they make the line long, and the path differs
+    between machines)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    rule = lines[0] if lines else ""
+    rule = re.sub(r" at \S+\.py:\d+", "", rule)
+    rule = rule.split(", and index_map", 1)[0]
+    return rule[:600]
 
 
 def compile_one(spec: Spec, target: Target) -> dict:
@@ -142,12 +153,15 @@ def run(
 ) -> list[dict]:
     """Results for each pair, in order, each with ``cached`` (bool) added."""
     global _JOBS
-    # A spec compiled in this process is never cached: its key only deduplicates (and asks the
-    # backend for no version, which would import its compiler before the workers fork).
-    keys = [
-        f"local:{s.local_key()}:{t.name}" if getattr(s, "in_process", False) else cache_key(s, t)
-        for s, t in pairs
-    ]
+    keys = [cache_key(s, t) for s, t in pairs]
+    # A spec compiled in this process (TPU lowerings) is deduplicated by its own key, and its
+    # cache entry read under the cache key.
+    locals_ = {
+        i: f"{keys[i]}:{s.local_key()}"
+        for i, (s, _) in enumerate(pairs)
+        if getattr(s, "in_process", False)
+    }
+    keys = [locals_.get(i, k) for i, k in enumerate(keys)]
     results: dict[str, dict] = {}
     todo: dict[str, int] = {}
     local: dict[str, int] = {}  # compiled in this process, never cached (TPU lowerings)
@@ -155,12 +169,12 @@ def run(
         if key in results or key in todo or key in local:
             continue
         spec = pairs[i][0]
-        if getattr(spec, "in_process", False):
-            local[key] = i
-            continue
-        hit = _read(key) if use_cache and getattr(spec, "cacheable", True) else None
+        store = key.split(":", 1)[0]
+        hit = _read(store) if use_cache and getattr(spec, "cacheable", True) else None
         if hit is not None:
             results[key] = {**hit, "cached": True}
+        elif getattr(spec, "in_process", False):
+            local[key] = i
         else:
             todo[key] = i
     jobs = default_jobs() if jobs is None else max(1, jobs)
@@ -205,7 +219,9 @@ def run(
                 progress(done, total)
     # After the forked workers are gone: jax starts threads, and a fork after that is unsafe.
     for key, i in local.items():
-        results[key] = {**compile_one(*pairs[i]), "cached": False}
+        data = compile_one(*pairs[i])
+        _write(key.split(":", 1)[0], data)
+        results[key] = {**data, "cached": False}
         done += 1
         if progress:
             progress(done, total)

@@ -23,7 +23,10 @@ Rules (severity), each with the change that fixes it:
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
+import os
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
@@ -41,16 +44,18 @@ MIB = 2**20
 class TpuSpec:
     """One declared Pallas call (``kernelab.ops._runtime.pallas.PallasCall``) to lower.
 
-    Lowering takes tens of milliseconds, so results are not cached (an index map or a kernel
-    body changed without changing a cache key would go unseen), and jax runs in this process
-    (never in forked workers)."""
+    Lowered in this process (jax starts threads: never in forked workers). Cached under
+    :meth:`source_key`: the full text of every source file defining the kernel or one of its
+    index maps, and of the declaration module, with the call's description and jax's version.
+    A helper imported from any other module is not covered: ``--no-cache`` after changing
+    one."""
 
     call: Any
     label: str = ""
     max_elements: int | None = None
     backend: str = "pallas"
     extra: dict = field(default_factory=dict)
-    cacheable = False
+    cacheable = True
     in_process = True
 
     @property
@@ -76,7 +81,29 @@ class TpuSpec:
         return hashlib.sha256(text).hexdigest()[:20]
 
     def source_key(self) -> str:
-        return self.identity()
+        from kernelab.ops._runtime import pallas
+
+        h = hashlib.sha256(self.identity().encode())
+        fns = [self.call.kernel] + [b.index_map for b in self.call.in_specs]
+        fns += [o.block.index_map for o in self.call.outputs]
+        files = {_source_file(f) for f in fns if f is not None} | {_source_file(pallas.PallasCall)}
+        for path in sorted(f for f in files if f):
+            h.update(path.encode())
+            h.update(_file_digest(path))
+        for f in fns:  # which function of those files (two lambdas of one file differ here)
+            h.update(_code_key(f))
+        h.update(repr(sorted((k, repr(v)) for k, v in self.call.params.items())).encode())
+        return h.hexdigest()
+
+    def compiler_version(self) -> str:
+        """jax's version, read without importing jax (the cache key is computed before any
+        forked workers start)."""
+        from importlib import metadata
+
+        try:
+            return metadata.version("jax")
+        except metadata.PackageNotFoundError:
+            return "none"
 
     def local_key(self) -> str:
         """Names this call within the process: the declaration's own key (kernel and index-map
@@ -100,6 +127,42 @@ class TpuSpec:
 
     def all_aligned(self) -> TpuSpec:
         return self
+
+
+def _source_file(obj) -> str | None:
+    while isinstance(obj, functools.partial):
+        obj = obj.func
+    try:
+        return inspect.getsourcefile(obj)
+    except TypeError:  # a builtin or a C function: nothing to hash
+        return None
+
+
+def _code_key(fn) -> bytes:
+    """A function's name, line, bytecode and closure values, stable across processes (a
+    closure value whose repr holds an address only costs cache hits)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return repr(fn).encode()
+    cells = [repr(c.cell_contents) for c in (getattr(fn, "__closure__", None) or ())]
+    head = f"{fn.__qualname__}:{code.co_firstlineno}:{cells!r}:{fn.__defaults__!r}"
+    return head.encode() + code.co_code
+
+
+@functools.lru_cache(maxsize=256)
+def _file_digest_cached(path: str, mtime_ns: int, size: int) -> bytes:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).digest()
+
+
+def _file_digest(path: str) -> bytes:
+    try:
+        st = os.stat(path)
+        return _file_digest_cached(path, st.st_mtime_ns, st.st_size)
+    except OSError:  # the file is gone: a key that matches nothing cached
+        return os.urandom(16)
 
 
 def _kb(n: float) -> str:
