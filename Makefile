@@ -28,7 +28,7 @@ run: setup  ## the kernel report card
 test: setup lint inspect-check  ## lint, the inspect gate, then the whole test suite
 	$(BIN)/python -m pytest -n 2 -q
 
-inspect-check: setup  ## compile every kernel for sm_80/sm_90/sm_100/gfx942; fail on regressions
+inspect-check: setup  ## compile every kernel for the GPUs, lower each Pallas call for the TPUs; fail on regressions
 	$(BIN)/kernelab inspect --check --dtype bfloat16
 
 inspect-baseline: setup  ## rewrite inspect-baseline.json from the kernels as they are now

@@ -1,6 +1,11 @@
-import pytest
+import json
 
+import pytest
+from click.testing import CliRunner
+
+from kernelab.cli import app
 from kernelab.hardware import detect, lookup, occupancy
+from kernelab.hardware.tpu import TPU_LIMITS, native_tile
 
 
 def test_occupancy_worked_check_from_the_hardware_table():
@@ -52,3 +57,30 @@ def test_detect_cpu():
     assert info.type == "cpu" and info.threads >= 1
     with pytest.raises(ValueError, match="device: expected"):
         detect("tpu")
+
+
+def test_tpu_rows_of_the_device_table_carry_their_source():
+    v6e = lookup("tpu_v6e")
+    assert v6e.peak_for("bf16") == 918e12 and v6e.hbm_bytes_per_s == 1640e9
+    assert "cloud.google.com/tpu/docs/v6e" in v6e.source
+    assert lookup("TPU v5 lite").name == "TPU v5e" and lookup("ironwood").name == "TPU7x"
+    assert lookup("tpu_v5p").peak_for("int8") is None  # not published on its page
+    assert lookup("tpu7x").sm_count == 2 and lookup("tpu7x").l2_bytes is None
+
+
+def test_tpu_limits_and_native_tiles():
+    assert [native_tile(b) for b in (32, 16, 8)] == [(8, 128), (16, 128), (32, 128)]
+    assert TPU_LIMITS["tpu7x"].vmem_bytes == 64 * 2**20 and not TPU_LIMITS["tpu7x"].megacore
+    assert TPU_LIMITS["tpu_v5p"].megacore and TPU_LIMITS["tpu_v5e"].device_kind == "TPU v5 lite"
+    for name, lim in TPU_LIMITS.items():  # each chip of the table has its device row
+        assert lookup(name).sm_count == lim.tensor_cores
+
+
+def test_floors_for_a_tpu_are_datasheet_figures():
+    result = CliRunner().invoke(app, ["bench", "rmsnorm", "--floors-for", "tpu_v6e", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["device"] == "TPU v6e" and data["floors"]
+    assert all(
+        r["floor_s"] > 0 and "datasheet TPU v6e" in r["ceiling_source"] for r in data["floors"]
+    )

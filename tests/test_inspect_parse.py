@@ -136,7 +136,10 @@ def test_kernel_must_be_a_triton_function():
 
 
 def test_targets():
-    assert [t.name for t in parse_targets(None)] == ["sm_80", "sm_90", "sm_100", "gfx942"]
+    assert [t.name for t in parse_targets(None)] == [
+        "sm_80", "sm_90", "sm_100", "gfx942", "tpu_v5e", "tpu_v6e", "tpu7x"
+    ]  # fmt: skip
+    assert [t.is_tpu for t in parse_targets("tpu7x,sm_90")] == [True, False]
     assert [t.name for t in parse_targets("gfx942, sm_90")] == ["gfx942", "sm_90"]
     with pytest.raises(ValueError, match="target: expected"):
         parse_targets("sm_75")

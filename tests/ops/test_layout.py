@@ -186,3 +186,48 @@ def test_tests_mirror_the_tree():
         tests = {p.stem.removeprefix("test_") for p in (TESTS / family).glob("test_*.py")}
         assert public <= tests, f"{family}: op modules without a test file: {public - tests}"
         assert tests <= modules, f"{family}: test files named after no module: {tests - modules}"
+
+
+# --- Pallas kernels -------------------------------------------------------------------------
+
+
+def _pallas_kernels(path: Path) -> list[str]:
+    return [
+        n.name
+        for n in _tree(path).body
+        if isinstance(n, ast.FunctionDef) and n.name.startswith("_") and n.name.endswith("_kernel")
+    ]
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    found = set()
+    for node in _tree(path).body:
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pallas_kernels_live_in_pallas_modules_each_declared_once(family):
+    # Pallas kernels (``_<name>_kernel`` functions of refs) and their PallasCall declarations
+    # live in the family's ``_pallas.py``; one declaration per kernel, as for KernelCall.
+    for path in _modules(family):
+        declared = [
+            n.lineno
+            for n in ast.walk(_tree(path))
+            if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "PallasCall"
+        ]
+        if path.name == "_pallas.py":
+            kernels = _pallas_kernels(path)
+            assert len(declared) == len(kernels), f"{family}: {kernels}, declared at {declared}"
+        else:
+            assert not declared, f"{family}/{path.name} declares a Pallas call outside _pallas.py"
+
+
+def test_no_ops_module_imports_jax_at_import_time():
+    # ``import kernelab`` never imports jax (seconds, and an extra): jax is imported by the
+    # Pallas runtime on first use, and kernel bodies import it where they trace.
+    for path in sorted(OPS.rglob("*.py")):
+        assert not _top_level_imports(path) & {"jax", "jaxlib"}, path.relative_to(OPS)

@@ -113,7 +113,7 @@ def register(app: click.Group) -> None:
     @ledger_option
     @click.option(
         "--floors-for",
-        help="Print datasheet floors for a device (e.g. h200) and exit; no timing.",
+        help="Print datasheet floors for a device (e.g. h200, tpu_v6e) and exit; no timing.",
     )
     @json_option
     @csv_option
@@ -160,8 +160,8 @@ def register(app: click.Group) -> None:
             spec = lookup(floors_for)
             if spec is None:
                 raise ValueError(
-                    f"floors-for: expected a device of the table (a100, h100, h200, b200, "
-                    f"mi300x), got {floors_for!r}"
+                    "floors-for: expected a device of the table (a100, h100, h200, b200, "
+                    f"mi300x, tpu_v5e, tpu_v6e, tpu_v5p, tpu7x), got {floors_for!r}"
                 )
             rows = bench.floors(spec, select_ops(ops), shape_set, dtypes)
             if as_csv:
@@ -381,3 +381,5 @@ def _print_floors(spec, rows, json: bool) -> None:
     sheet.print(console)
     if rows:
         echo((f"ceiling: {rows[0]['ceiling_source']}", "dim"))
+    if spec.source != "HARDWARE.md":
+        echo((f"figures: {spec.source}", "dim"))

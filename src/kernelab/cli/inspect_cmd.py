@@ -26,7 +26,10 @@ _SEV = {"error": "bold red", "warn": "yellow", "info": "cyan"}
 def register(app: click.Group) -> None:
     @app.command("inspect")
     @click.argument("ops", nargs=-1)
-    @target_option("Comma-separated: sm_80,sm_90,sm_100,gfx942 (default: all four).")
+    @target_option(
+        "Comma-separated: sm_80,sm_90,sm_100,gfx942 (Triton kernels), tpu_v5e,tpu_v6e,tpu7x "
+        "(Pallas calls, lowered to Mosaic); default: all."
+    )
     @click.option("--space", is_flag=True, help="Every config of the tuning space.")
     @dtype_option()
     @click.option("--kernel", help="A user's kernel: path/to/file.py:kernel (@triton.jit).")
@@ -68,7 +71,8 @@ def register(app: click.Group) -> None:
         as_json,
     ):
         """Compile kernels for GPU targets on this machine and report registers, spills, shared
-        memory, occupancy, load/store widths and tensor-core use, with findings.
+        memory, occupancy, load/store widths and tensor-core use, with findings; lower Pallas
+        calls for TPU targets and report grid, blocks, semantics and a VMEM estimate.
 
         OPS are the ops to inspect (default: all).
         """
@@ -100,6 +104,8 @@ def register(app: click.Group) -> None:
             spec = parse_signature(
                 load_callable(kernel, "kernel", require_callable=False), signature
             )
+            if target is None:  # a user's Triton kernel: the GPU targets
+                targets = [t for t in targets if not t.is_tpu]
             result = Inspection(
                 analyze_spec(spec, targets, use_cache=not no_cache), [], triton_version()
             )
@@ -184,7 +190,12 @@ def _print(result, elapsed: float, all_rows: bool) -> None:
         shown = [v[1] for v in best.values()]
     else:
         shown = reps
-    inspect_sheet(result, shown).print(console)
+    gpu = [r for r in shown if not r.is_tpu]
+    tpus = [r for r in shown if r.is_tpu]
+    if gpu or not tpus:
+        inspect_sheet(result, gpu).print(console)
+    if tpus:
+        tpu_sheet(tpus).print(console)
     lines = []
     for r in shown:
         for fd in r.findings:
@@ -204,13 +215,16 @@ def _print(result, elapsed: float, all_rows: bool) -> None:
     for line in result.skipped:
         echo(("skipped:", "yellow"), f" {line}")
     cached = sum(r.cached for r in reps)
+    jax = sorted({(r.facts or {}).get("jax") for r in reps if r.is_tpu} - {None})
     echo(
         (
             f"{len(reps)} kernel×target×config, {cached} from cache, {elapsed:.1f} s, "
-            f"compiled by triton {result.triton}",
+            f"compiled by triton {result.triton}" + (f", lowered by jax {jax[0]}" if jax else ""),
             "dim",
         )
     )
+    if any(r.is_tpu for r in reps):
+        echo((TPU_NOTE, "dim"))
 
 
 def inspect_sheet(result, shown):
@@ -262,6 +276,72 @@ def inspect_sheet(result, shown):
             "+".join(f"{k}×{v}" for k, v in sorted((f.get("tensor_cores") or {}).items()))
             + (" tma" if f.get("tma") else ""),
             r.config,
+            "",
+        )
+    return sheet
+
+
+#: What the TPU VMEM column is, printed under the TPU table.
+TPU_NOTE = (
+    "VMEM ≥: blocks double-buffered (once when Mosaic marks them synchronous) + scratch, padded "
+    "to the native tile; Mosaic's internal scratch and the layouts libtpu assigns (not "
+    "available here) come on top. Limit: the call's vmem_limit_bytes (-: XLA's default)."
+)
+
+
+def _mib(n) -> str:
+    return "-" if n is None else f"{n / 2**20:.1f}"
+
+
+def _blocks(f: dict) -> str:
+    parts = []
+    for w in f.get("windows", []):
+        shape = "×".join(str(d) for d in w["block"]) if w.get("block") else "HBM"
+        parts.append(f"{'in' if w['role'] == 'in' else 'out'} {shape} {w['dtype']}")
+    return ", ".join(parts)
+
+
+_SEM = {"parallel": "par", "arbitrary": "arb", "core_parallel": "core"}
+
+
+def tpu_sheet(shown):
+    """One group per kernel, one row per TPU target and launch: grid, semantics, blocks, the
+    VMEM estimate and limit (MiB)."""
+    from rich.text import Text
+
+    from kernelab.cli._table import Col, Sheet
+
+    sheet = Sheet(
+        "kernelab inspect — Pallas calls lowered for TPU (Mosaic)",
+        [
+            Col("target"),
+            Col("shape, dtype", give="below", step=2),
+            Col("grid", right=True),
+            Col("semantics", give="below", step=3),
+            Col("VMEM ≥ MiB", right=True),
+            Col("limit", right=True),
+            Col("blocks", give="below", step=1),
+            Col("note", give="below", step=4, hide_empty=True),
+        ],
+    )
+    group = None
+    for r in shown:
+        name = f"{r.op}/{r.kernel}" if r.op else r.kernel
+        if name != group:
+            group = name
+            sheet.group(name)
+        f = r.facts or {}
+        if r.error:
+            sheet.row(r.target, r.label, "", "", "", "", "", Text(r.error, style="red"))
+            continue
+        sheet.row(
+            r.target,
+            r.label,
+            "×".join(str(g) for g in f.get("grid", [])) or "1",
+            ",".join(_SEM.get(x, x) for x in f.get("semantics", [])) or "-",
+            _mib(f.get("vmem_estimate_bytes")),
+            _mib(f.get("vmem_limit_bytes")),
+            _blocks(f),
             "",
         )
     return sheet

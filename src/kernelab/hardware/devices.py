@@ -25,14 +25,16 @@ class DeviceSpec:
     """Datasheet facts for one GPU model (dense peaks, no sparsity)."""
 
     name: str
-    vendor: str  # "nvidia" | "amd" | "cpu"
-    arch: str  # "sm_80", "sm_90", "sm_100", "gfx942", "cpu"
-    sm_count: int  # SMs (NVIDIA) or CUs (AMD)
+    vendor: str  # "nvidia" | "amd" | "google" | "cpu"
+    arch: str  # "sm_80", "sm_90", "sm_100", "gfx942", "tpu_v5e", ..., "cpu"
+    sm_count: int  # SMs (NVIDIA), CUs (AMD) or TensorCores per chip (TPU)
     memory_gb: float
     hbm_bytes_per_s: float
-    l2_bytes: int
+    l2_bytes: int | None  # None: the device has no such cache (TPUs)
     peak_flops: dict[str, float] = field(default_factory=dict)  # by compute dtype
     aliases: tuple[str, ...] = ()
+    #: Where the figures come from, when not HARDWARE.md (the TPU rows: the vendor's pages).
+    source: str = "HARDWARE.md"
 
     def peak_for(self, dtype: str) -> float | None:
         """Peak FLOP/s for a compute dtype name ("bf16", "fp16", "fp8", "tf32", "fp32")."""
@@ -44,7 +46,7 @@ class DeviceSpec:
         return None if peak is None else peak / self.hbm_bytes_per_s
 
 
-# Source: HARDWARE.md (NVIDIA A100/H100/H200/B200 and AMD MI300X datasheets).
+# Source: HARDWARE.md (NVIDIA A100/H100/H200/B200 and AMD MI300X datasheets); TPUs below.
 DEVICES: tuple[DeviceSpec, ...] = (
     DeviceSpec(
         "A100 80GB SXM",
@@ -112,6 +114,62 @@ DEVICES: tuple[DeviceSpec, ...] = (
             "fp32": 163 * TF,
         },
         aliases=("mi300x", "mi300"),
+    ),
+    # TPUs: per chip, from Google Cloud's system-architecture pages (each row names its page).
+    # A figure a page does not publish is left out (None), never filled in from elsewhere.
+    # VMEM per TensorCore is not on these pages: see kernelab.hardware.tpu.
+    DeviceSpec(
+        "TPU v5e",
+        "google",
+        "tpu_v5e",
+        1,
+        16,
+        819e9,
+        None,
+        {"bf16": 197 * TF, "int8": 393 * TF},
+        aliases=("tpu_v5e", "v5e", "tpu v5 lite", "tpu v5e"),
+        source="cloud.google.com/tpu/docs/v5e: peak per chip bf16 197 TFLOPs, int8 393 "
+        "TFLOPs; HBM2 16 GB, 819 GBps; one TensorCore per chip; fp8 not published",
+    ),
+    DeviceSpec(
+        "TPU v6e",
+        "google",
+        "tpu_v6e",
+        1,
+        32,
+        1640e9,
+        None,
+        {"bf16": 918 * TF, "int8": 1836 * TF, "fp8": 918 * TF},
+        aliases=("tpu_v6e", "v6e", "trillium", "tpu v6 lite", "tpu v6e"),
+        source="cloud.google.com/tpu/docs/v6e: peak per chip bf16 918 TFLOPs, int8 1836 TOPs; "
+        "HBM 32 GB, 1640 GBps per chip; one TensorCore per chip; fp8 918 TFLOPs from "
+        "cloud.google.com/tpu/docs/tpu7x (its v6e column)",
+    ),
+    DeviceSpec(
+        "TPU v5p",
+        "google",
+        "tpu_v5p",
+        2,
+        95 * 2**30 / 1e9,
+        2765e9,
+        None,
+        {"bf16": 459 * TF, "fp8": 459 * TF},
+        aliases=("tpu_v5p", "v5p", "tpu v5p", "tpu v5"),
+        source="cloud.google.com/tpu/docs/v5p: peak per chip bf16 459 TFLOPs, fp8 459 TFLOPs; "
+        "HBM 95 GiB, 2765 GBps per chip; 2 TensorCores per chip; int8 not published",
+    ),
+    DeviceSpec(
+        "TPU7x",
+        "google",
+        "tpu7x",
+        2,
+        192 * 2**30 / 1e9,
+        7380e9,
+        None,
+        {"bf16": 2307 * TF, "fp8": 4614 * TF},
+        aliases=("tpu7x", "ironwood", "tpu v7x", "tpu_v7x"),
+        source="cloud.google.com/tpu/docs/tpu7x: peak per chip bf16 2307 TFLOPs, fp8 4614 "
+        "TFLOPs; HBM 192 GiB, 7380 GB/s per chip; 2 TensorCores per chip; int8 not published",
     ),
 )
 

@@ -1,5 +1,6 @@
 """inspect: what the compiler made of each kernel, for sm_80, sm_90, sm_100 and gfx942, without
-a GPU.
+a GPU; and what Mosaic receives from each Pallas call for tpu_v5e, tpu_v6e and tpu7x, without a
+TPU (:mod:`kernelab.inspect.tpu`: grid, blocks, semantics, VMEM estimate, findings).
 
 Public API (the autotuner's too):
 
@@ -20,11 +21,20 @@ from kernelab.inspect.report import KernelReport, Verdict, analyze, analyze_spec
 from kernelab.inspect.signature import parse_signature
 from kernelab.inspect.spec import Spec, from_launch
 from kernelab.inspect.stage import inspect_ops, stage
-from kernelab.inspect.targets import DEFAULT_TARGETS, TARGETS, Target, parse_targets
+from kernelab.inspect.targets import (
+    DEFAULT_TARGETS,
+    GPU_TARGETS,
+    TARGETS,
+    TPU_TARGETS,
+    Target,
+    parse_targets,
+)
 
 __all__ = [
     "DEFAULT_TARGETS",
+    "GPU_TARGETS",
     "TARGETS",
+    "TPU_TARGETS",
     "Finding",
     "KernelReport",
     "Spec",

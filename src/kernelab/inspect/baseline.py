@@ -12,6 +12,15 @@ What is compared, and when:
   newer Triton should not lose these;
 - registers (more than ``REGISTER_SLACK``): only when the same triton version compiled both,
   since register allocation legitimately moves between compiler versions.
+
+TPU targets (Pallas calls lowered to Mosaic) have entries of their own: whether the call
+lowers, its grid and semantics, the VMEM estimate and its findings by kind. Gated always (the
+lowering does not depend on a Triton version): a call that no longer lowers, a VMEM estimate
+grown by more than ``VMEM_SLACK``, a finding of a kind more often than before (tiling, vmem,
+no-parallel-axis, small-blocks), and a call that could run before and cannot now (VMEM).
+TPU entries are added without touching the Triton ones:
+``kernelab inspect -t tpu_v5e,tpu_v6e,tpu7x --update-baseline`` (a subset of targets merges).
+
 Keys in the baseline but not in the reports, and new keys, are listed but do not fail.
 """
 
@@ -30,9 +39,28 @@ FORMAT = 1
 DEFAULT_PATH = "inspect-baseline.json"
 
 
+#: Growth of a TPU call's VMEM estimate the gate lets pass (layouts and scratch sizes move).
+VMEM_SLACK = 0.10
+
+
 def register_slack(base: int) -> int:
     """Registers a kernel may grow before the gate fails: 8, or 10% for large kernels."""
     return max(8, base // 10)
+
+
+def tpu_entry(rep: KernelReport) -> dict:
+    f = rep.facts or {}
+    kinds: dict[str, int] = {}
+    for x in rep.findings:
+        kinds[x.kind] = kinds.get(x.kind, 0) + 1
+    return {
+        "lowers": True,
+        "grid": f.get("grid", []),
+        "semantics": f.get("semantics", []),
+        "vmem_estimate_bytes": f.get("vmem_estimate_bytes", 0),
+        "findings": dict(sorted(kinds.items())),
+        "launchable": rep.ok,
+    }
 
 
 def entry(rep: KernelReport) -> dict:
@@ -41,6 +69,8 @@ def entry(rep: KernelReport) -> dict:
         return {"error": rep.error}
     if rep.unsupported:
         return {"unsupported": rep.unsupported}
+    if rep.is_tpu:
+        return tpu_entry(rep)
     return {
         "registers": f.get("registers"),
         "spill_bytes": f.get("spill_bytes") or 0,
@@ -54,7 +84,7 @@ def entry(rep: KernelReport) -> dict:
 
 
 def build(reports: Sequence[KernelReport]) -> dict:
-    versions = sorted({r.triton for r in reports if r.triton})
+    versions = sorted({r.triton for r in reports if r.triton and not r.is_tpu})
     return {
         "format": FORMAT,
         "triton": versions[0] if len(versions) == 1 else versions,
@@ -75,6 +105,8 @@ def write(path: str | Path, reports: Sequence[KernelReport], merge: bool = False
         entries = dict(old["entries"])
         entries.update(data["entries"])
         data["entries"] = dict(sorted(entries.items()))
+        if not data["triton"]:  # only TPU lowerings now: the Triton entries keep their version
+            data["triton"] = old.get("triton", [])
     Path(path).write_bytes(dumps(data))
     return data
 
@@ -123,8 +155,8 @@ def compare(
     entries = baseline["entries"]
     base_version = baseline.get("triton")
     versions = {r.triton for r in reports if r.triton}
-    same_version = versions == {base_version}
-    if not same_version:
+    same_version = isinstance(base_version, str) and versions == {base_version}
+    if versions and not same_version:  # (a run of TPU targets only compiles no Triton)
         out.notes.append(
             f"baseline compiled by triton {base_version}, now {', '.join(sorted(versions))}: "
             "registers not compared (spills, vectorisation, tensor cores and launchability are)"
@@ -140,14 +172,18 @@ def compare(
         where = f"{rep.kernel} on {rep.target} [{rep.key}]"
         if "error" in now:
             if "error" not in base:
-                out.regressions.append(f"{where}: no longer compiles: {now['error']}")
+                verb = "no longer lowers" if rep.is_tpu else "no longer compiles"
+                out.regressions.append(f"{where}: {verb}: {now['error']}")
             continue
         if "unsupported" in now:
             if "unsupported" not in base and "error" not in base:
                 out.regressions.append(f"{where}: no longer for this target: {now['unsupported']}")
             continue
         if "error" in base or "unsupported" in base:
-            out.improvements.append(f"{where}: compiles now")
+            out.improvements.append(f"{where}: {'lowers' if rep.is_tpu else 'compiles'} now")
+            continue
+        if rep.is_tpu:
+            _compare_tpu(out, where, base, now)
             continue
         if now["spill_bytes"] > base.get("spill_bytes", 0):
             out.regressions.append(
@@ -184,3 +220,29 @@ def compare(
 
     out.missing = sorted(k for k in entries if k not in seen and in_scope(k))
     return out
+
+
+def _count(value) -> int:
+    """A non-negative count or size from the baseline file (0 for anything else)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _compare_tpu(out: Comparison, where: str, base: dict, now: dict) -> None:
+    b_vmem, n_vmem = _count(base.get("vmem_estimate_bytes")), int(now["vmem_estimate_bytes"])
+    if n_vmem > b_vmem * (1 + VMEM_SLACK):
+        out.regressions.append(
+            f"{where}: VMEM estimate {b_vmem / 2**20:.2f} → {n_vmem / 2**20:.2f} MiB "
+            f"(more than {VMEM_SLACK:.0%})"
+        )
+    elif n_vmem < b_vmem * (1 - VMEM_SLACK):
+        out.improvements.append(
+            f"{where}: VMEM estimate {b_vmem / 2**20:.2f} → {n_vmem / 2**20:.2f} MiB"
+        )
+    b_kinds = base.get("findings") or {}
+    if not isinstance(b_kinds, dict):
+        b_kinds = {}
+    for kind, n in now["findings"].items():
+        if n > _count(b_kinds.get(kind)):
+            out.regressions.append(f"{where}: {kind} findings {_count(b_kinds.get(kind))} → {n}")
+    if base.get("launchable", True) and not now["launchable"]:
+        out.regressions.append(f"{where}: can no longer run (VMEM)")

@@ -1,7 +1,8 @@
 """Compile a :class:`Spec` for a target, on a machine without the device: the spec's backend
 does it (``kernelab.ops._runtime.backends``; Triton runs its whole pipeline for any target on a
 CPU — Triton IR, PTX and a cubin through the ptxas in its wheel, AMDGCN and an HSA code
-object for AMD). The artifacts are text and small numbers only, so they pickle across
+object for AMD; Pallas calls lower to Mosaic for TPU generations). The artifacts are text and
+small numbers only, so they pickle across
 processes and parse into a report (:mod:`kernelab.inspect.parse`) without the compiler.
 """
 
@@ -33,4 +34,5 @@ def compile_artifacts(spec: Spec, target: Target) -> dict:
             f"target: backend {backend.name!r} compiles for {list(backend.targets)}, "
             f"not {target.name!r}"
         )
-    return backend.compile(spec, target)
+    # A Triton spec is its own launch; a TPU spec carries the declared Pallas call.
+    return backend.compile(getattr(spec, "call", spec), target)

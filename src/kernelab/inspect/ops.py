@@ -49,6 +49,12 @@ def plan(
     """Jobs for every kernel each op launches for each shape of ``shape_set``, every dtype
     (or those named), every target; with ``space``, for every config of its tuning space."""
     out = Plan()
+    gpu = [t for t in targets if not t.is_tpu]
+    tpus = [t for t in targets if t.is_tpu]
+    if tpus:
+        _plan_pallas(out, ops, tpus, dtypes, shape_set)
+    if not gpu:
+        return out
     for op in ops:
         if op.launches is None:
             out.skipped.append(f"{op.name}: declares no launches (nothing to compile)")
@@ -91,3 +97,56 @@ def plan(
                                 Job(spec, t, f"{op.name}/{kname}/{t.name}/{tail}", op.name)
                             )
     return out
+
+
+def _pallas_variants(op) -> list:
+    variants = getattr(op, "variants", None) or {}
+    return [v for v in variants.values() if v.kind == "pallas" and v.plan is not None]
+
+
+def _plan_pallas(out: Plan, ops, targets: Sequence[Target], dtypes, shape_set: str) -> None:
+    """Jobs for every Pallas call each op's Pallas variants make, per TPU target: a variant's
+    config is chosen per TPU generation, so each target lowers its own calls."""
+    from kernelab.ops._runtime import pallas
+
+    without = [op.name for op in ops if not _pallas_variants(op)]
+    if without:
+        out.skipped.append(
+            f"no Pallas variant (nothing to lower for {', '.join(t.name for t in targets)}): "
+            + ", ".join(without)
+        )
+    with_pallas = [op for op in ops if _pallas_variants(op)]
+    if not with_pallas:
+        return
+    ok, why = pallas.available()
+    if not ok:
+        out.skipped.append(
+            f"{', '.join(op.name for op in with_pallas)}: Pallas variants not lowered: {why}"
+        )
+        return
+    for op in with_pallas:
+        for variant in _pallas_variants(op):
+            vtag = "" if variant.name == "pallas" else f"[{variant.name}]"
+            for dtype in _dtypes(op, dtypes):
+                for shape in op.shapes(shape_set):
+                    if variant.unsupported(shape):
+                        continue
+                    n_el = _max_elements(op, shape, dtype)
+                    label = f"{shape.label} {dtype_name(dtype)}"
+                    for t in targets:
+                        try:
+                            calls = pallas.launches(op, shape, dtype, target=t.name,
+                                                    variant=variant.name)  # fmt: skip
+                        except Exception as exc:
+                            out.skipped.append(
+                                f"{op.name} {variant.name} {label} {t.name}: launches failed: "
+                                f"{type(exc).__name__}: {exc}"
+                            )
+                            continue
+                        seen: dict[str, int] = {}
+                        for call in calls:
+                            spec = from_launch(call, n_el, label)
+                            n = seen[spec.name] = seen.get(spec.name, 0) + 1
+                            kname = spec.name + vtag + ("" if n == 1 else f"#{n}")
+                            key = f"{op.name}/{kname}/{t.name}/{dtype_name(dtype)}/{shape.key}"
+                            out.jobs.append(Job(spec, t, key, op.name))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kernelab.inspect import runner
+from kernelab.inspect import runner, tpu
 from kernelab.inspect.findings import Finding, findings, narrow_accesses, occupancy_of, widths
 from kernelab.inspect.spec import Spec, from_launch
 from kernelab.inspect.targets import TARGETS, Target
@@ -30,15 +30,22 @@ class KernelReport:
     cached: bool = False
 
     @property
+    def is_tpu(self) -> bool:
+        t = TARGETS.get(self.target)
+        return t is not None and t.is_tpu
+
+    @property
     def ok(self) -> bool:
         return self.error is None and not any(f.severity == "error" for f in self.findings)
 
     def summary(self) -> str:
         """E.g. '128-bit, 0 spills, occ 100%', or the first finding."""
         if self.error:
-            return f"compile error: {self.error}"
+            return self.error if self.is_tpu else f"compile error: {self.error}"
         if self.unsupported:
             return f"not for this target: {self.unsupported}"
+        if self.is_tpu:
+            return tpu.summary(self.facts or {})
         f = self.facts or {}
         occ = self.occupancy
         parts = [widths(f), f"{f.get('spill_bytes') or 0} spills"]
@@ -93,7 +100,10 @@ def analyze_jobs(
     need = [
         i
         for i, (j, r) in enumerate(zip(jobs, first, strict=True))
-        if "facts" in r and narrow_accesses(r["facts"]) and j.spec.missing_alignment()
+        if "facts" in r
+        and not j.target.is_tpu
+        and narrow_accesses(r["facts"])
+        and j.spec.missing_alignment()
     ]
     aligned = runner.run(
         [(jobs[i].spec.all_aligned(), jobs[i].target) for i in need], workers, use_cache
@@ -115,6 +125,9 @@ def analyze_jobs(
             rep.error = res["error"]
         elif "unsupported" in res:
             rep.unsupported = res["unsupported"]
+        elif job.target.is_tpu:
+            rep.facts = res["facts"]
+            rep.findings = tpu.findings(res["facts"], job.target)
         else:
             facts = res["facts"]
             occ = occupancy_of(facts, job.target)
@@ -158,11 +171,12 @@ class Verdict:
 
 def prune(launch, target: str | Target = "sm_90", report: KernelReport | None = None) -> Verdict:
     """Whether a config is worth timing on ``target``: it must compile, not spill, fit in
-    shared memory, reach one block per SM, and keep tensor cores where the kernel has a dot."""
+    shared memory, reach one block per SM, and keep tensor cores where the kernel has a dot;
+    on a TPU target, lower and fit in VMEM."""
     rep = report or analyze(launch, target)
     reasons = []
     if rep.error:
-        reasons.append(f"does not compile: {rep.error}")
+        reasons.append(rep.error if rep.is_tpu else f"does not compile: {rep.error}")
     elif rep.unsupported:
         reasons.append(f"not for this target: {rep.unsupported}")
     else:
@@ -175,4 +189,6 @@ def prune(launch, target: str | Target = "sm_90", report: KernelReport | None = 
             reasons.append(f"cannot reach one block per SM ({rep.occupancy['limiter']})")
         if "no-tensor-cores" in kinds:
             reasons.append("loses tensor cores")
+        if "vmem" in kinds:
+            reasons.append(next(f.message for f in rep.findings if f.kind == "vmem"))
     return Verdict(not reasons, tuple(reasons))

@@ -40,7 +40,9 @@ def cache_key(spec: Spec, target: Target) -> str:
             spec.source_key(),
             spec.identity(),
             target.name,
-            backend_version(spec.backend),
+            spec.compiler_version()
+            if hasattr(spec, "compiler_version")
+            else backend_version(spec.backend),
             str(PARSER_VERSION),
         )
     )
@@ -78,10 +80,35 @@ _UNSUPPORTED = re.compile(
 )
 
 
+def _lower_tpu(spec, target: Target) -> dict:
+    """Lower for a TPU and read the Mosaic text: ``{"facts": ...}``, or ``{"error": "does not
+    lower: <the rule JAX quotes>"}`` (the first line of its message, which states the rule)."""
+    from kernelab.inspect import mosaic
+
+    try:
+        art = compile_artifacts(spec, target)
+        return {"facts": mosaic.parse(art)}
+    except Exception as exc:  # a launch that does not lower is a result, not a crash
+        return {"error": f"does not lower: {type(exc).__name__}: {lowering_rule(str(exc))}"}
+
+
+def lowering_rule(text: str) -> str:
+    """The rule a lowering error quotes, and the block it names: its first line, without the
+    source path and the index map's jaxpr (they make the line long, and the path differs
+    between machines)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    rule = lines[0] if lines else ""
+    rule = re.sub(r" at \S+\.py:\d+", "", rule)
+    rule = rule.split(", and index_map", 1)[0]
+    return rule[:600]
+
+
 def compile_one(spec: Spec, target: Target) -> dict:
     """Compile and parse: ``{"facts": ..., "triton": ...}``; ``{"unsupported": why}`` when
     the target lacks a type the kernel uses (not a defect of the kernel); else
     ``{"error": ...}`` with the compiler's first line and its cause."""
+    if target.is_tpu:
+        return _lower_tpu(spec, target)
     try:
         art = compile_artifacts(spec, target)
     except Exception as exc:  # a kernel that does not compile is a result, not a crash
@@ -127,20 +154,33 @@ def run(
     """Results for each pair, in order, each with ``cached`` (bool) added."""
     global _JOBS
     keys = [cache_key(s, t) for s, t in pairs]
+    # A spec compiled in this process (TPU lowerings) is deduplicated by its own key, and its
+    # cache entry read under the cache key.
+    locals_ = {
+        i: f"{keys[i]}:{s.local_key()}"
+        for i, (s, _) in enumerate(pairs)
+        if getattr(s, "in_process", False)
+    }
+    keys = [locals_.get(i, k) for i, k in enumerate(keys)]
     results: dict[str, dict] = {}
     todo: dict[str, int] = {}
+    local: dict[str, int] = {}  # compiled in this process, never cached (TPU lowerings)
     for i, key in enumerate(keys):
-        if key in results or key in todo:
+        if key in results or key in todo or key in local:
             continue
-        hit = _read(key) if use_cache else None
+        spec = pairs[i][0]
+        store = key.split(":", 1)[0]
+        hit = _read(store) if use_cache and getattr(spec, "cacheable", True) else None
         if hit is not None:
             results[key] = {**hit, "cached": True}
+        elif getattr(spec, "in_process", False):
+            local[key] = i
         else:
             todo[key] = i
     jobs = default_jobs() if jobs is None else max(1, jobs)
-    done = 0
+    done, total = 0, len(todo) + len(local)
     if progress:
-        progress(done, len(todo))
+        progress(done, total)
     fork_ok = "fork" in multiprocessing.get_all_start_methods()
     if jobs > 1 and len(todo) > 1 and fork_ok:
         _JOBS = [pairs[i] for i in todo.values()]
@@ -162,7 +202,7 @@ def run(
                     results[key] = {**data, "cached": False}
                     done += 1
                     if progress:
-                        progress(done, len(todo))
+                        progress(done, total)
         except BaseException:
             pool.shutdown(wait=True)  # the workers are gone: quick
             raise
@@ -176,5 +216,13 @@ def run(
             results[key] = {**data, "cached": False}
             done += 1
             if progress:
-                progress(done, len(todo))
+                progress(done, total)
+    # After the forked workers are gone: jax starts threads, and a fork after that is unsafe.
+    for key, i in local.items():
+        data = compile_one(*pairs[i])
+        _write(key.split(":", 1)[0], data)
+        results[key] = {**data, "cached": False}
+        done += 1
+        if progress:
+            progress(done, total)
     return [results[k] for k in keys]

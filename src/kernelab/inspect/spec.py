@@ -111,7 +111,14 @@ def _short(v) -> Any:
 
 
 def from_launch(launch, max_elements: int | None = None, label: str = "") -> Spec:
-    """A :class:`Spec` from an op's :class:`kernelab.ops.Launch`."""
+    """A :class:`Spec` from an op's :class:`kernelab.ops.Launch`; a
+    :class:`kernelab.inspect.tpu.TpuSpec` from a declared Pallas call."""
+    from kernelab.ops._runtime.pallas import PallasCall
+
+    if isinstance(launch, PallasCall):
+        from kernelab.inspect.tpu import TpuSpec
+
+        return TpuSpec(launch, label=label, max_elements=max_elements)
     kern = kernel_of(launch.kernel)
     return Spec(
         kernel=kern,

@@ -31,7 +31,7 @@ from kernelab.numerics import error
 from kernelab.ops import as_tuple
 from kernelab.ops._runtime.inputs import DISTRIBUTIONS
 from kernelab.verify import _buffers, _checks
-from kernelab.verify._types import CaseResult, Failure
+from kernelab.verify._types import CLASSES, CaseResult, Failure
 
 
 @dataclass
@@ -41,6 +41,8 @@ class Subject:
     name: str
     fn: Callable
     prepare: Callable[[dict], dict] | None = None
+    #: ``supports(shape)``: None, or why the subject leaves the shape out (the case is skipped).
+    supports: Callable | None = None
 
 
 def derive_seed(seed: int, *parts) -> int:
@@ -213,7 +215,9 @@ class _Trial:
         except Exception as exc:  # the candidate's own failure is a verdict, not a crash
             text = str(exc).splitlines()[0] if str(exc) else ""
             msg = f"the call raised {type(exc).__name__}: {text}"
-            self.fail([Failure("contract", "call", msg)], label)
+            # A backend's own verdict (a race, an interpreter error) keeps its class.
+            cls = getattr(exc, "failure_class", "contract")
+            self.fail([Failure(cls if cls in CLASSES else "contract", "call", msg)], label)
             return None
         got, failures = _checks.contract(result, exp.specs, self.outs)
         guards = list(self.guards.values()) + (self.outs or [])

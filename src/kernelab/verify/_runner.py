@@ -126,6 +126,10 @@ def _run_subject(
         chosen = shapes_for(op, shape_set, device, cap) if shapes is None else list(shapes)
         for shape in chosen:
             for dtype in dtypes:
+                why = subject.supports(shape) if subject.supports is not None else None
+                if why:
+                    report.skipped.append(f"{op.name}/{subject.name} {shape.label}: {why}")
+                    continue
                 too_big = reference_too_big(op, shape, dtype)
                 if too_big:
                     report.skipped.append(f"{op.name}/{subject.name} {shape.label}: {too_big}")
@@ -259,7 +263,13 @@ def verify(
                     "ask for it with --variant compile"
                 )
                 continue
-            subject = Subject(variant.name, variant.fn, variant.prepare)
+            if variant.kind == "pallas" and dev_type == "cpu" and variants is None:
+                report.skipped.append(
+                    f"{op.name}/{variant.name}: the TPU interpreter compiles each shape for "
+                    "seconds on CPU; ask for it with --variant pallas"
+                )
+                continue
+            subject = Subject(variant.name, variant.fn, variant.prepare, variant.supports)
             run_subject(
                 report, op, subject, sets, op_dtypes, device, trials, cap, baseline, progress
             )

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 #: Failure classes, most specific first: a case's class is the first of these it shows.
 CLASSES = (
+    "race",
+    "interpreter error",
     "contract",
     "out-of-bounds write",
     "mutated input",

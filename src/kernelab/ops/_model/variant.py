@@ -20,7 +20,10 @@ class Variant:
     (ours), "torch" (eager), "compile" (torch.compile of eager), "external" (a third-party
     package, listed only when ``requires`` is importable), or any registered backend.
     ``prepare`` turns generated inputs into what this variant consumes (packed weights, say);
-    it runs once, outside any timed region.
+    it runs once, outside any timed region. ``plan`` (Pallas variants) declares the launches
+    for given inputs (``kernelab.ops._runtime.pallas``). ``supports(shape)`` returns None when
+    the variant handles a shape, or why not (a feature it leaves out): verify and bench then
+    skip the case and say so, rather than judge a result the variant never claimed.
     """
 
     name: str
@@ -29,6 +32,8 @@ class Variant:
     requires: str | None = None
     prepare: Callable[[dict], dict] | None = None
     description: str = ""
+    plan: Callable[..., Any] | None = None
+    supports: Callable[[Any], str | None] | None = None
 
     def __post_init__(self):
         get_backend(self.kind)  # raises, naming the registered backends
@@ -49,6 +54,10 @@ class Variant:
     def timed_on(self, device_type: str) -> tuple[bool, str]:
         """Whether bench may time this variant here, and if not, why (one line)."""
         return self.backend.timed_on(device_type)
+
+    def unsupported(self, shape) -> str | None:
+        """Why this variant leaves ``shape`` out (None: it handles it)."""
+        return None if self.supports is None else self.supports(shape)
 
     def __call__(self, **inputs):
         return self.fn(**inputs)

@@ -199,6 +199,45 @@ def _cuobjdump(cubin: bytes) -> tuple[str, str]:
     return out[0], out[1]
 
 
+class Pallas:
+    """Pallas TPU kernels (jax, an extra): native on a TPU, the TPU interpreter on CPU tensors
+    (correctness only: races, bounds, uninitialised memory), lowered for TPU generations on a
+    machine without one. Its launches are ``kernelab.ops._runtime.pallas.PallasCall`` s."""
+
+    name = "pallas"
+    targets = ("tpu_v5e", "tpu_v6e", "tpu7x")
+
+    def runs_on(self, device_type: str) -> tuple[bool, str]:
+        from kernelab.ops._runtime import pallas
+
+        ok, why = pallas.available()
+        if not ok:
+            return False, why
+        if device_type == "cpu":
+            return True, "TPU interpreter: correctness only"
+        return False, "Pallas TPU kernels run on TPUs, or on CPU tensors through the interpreter"
+
+    def timed_on(self, device_type: str) -> tuple[bool, str]:
+        from kernelab.ops._runtime import pallas
+
+        if device_type == "cpu":
+            return False, pallas.INTERPRETED_TPU
+        return True, ""
+
+    def version(self) -> str:
+        import jax
+
+        return jax.__version__
+
+    def compile(self, launch: Any, target: Any) -> dict:
+        """Lower ``launch`` (a ``PallasCall``) for the TPU generation ``target`` names, under
+        an abstract device of that kind; the Mosaic text of each kernel, its backend config
+        and operand types (``kernelab.ops._runtime.mosaic``)."""
+        from kernelab.ops._runtime import mosaic
+
+        return mosaic.compile_call(launch, target)
+
+
 # --- the registry -------------------------------------------------------------------------
 
 _BACKENDS: dict[str, Backend] = {}
@@ -223,3 +262,4 @@ register_backend(Triton())
 register_backend(_Eager("torch"))
 register_backend(_Eager("compile"))
 register_backend(_External("external"))
+register_backend(Pallas())

@@ -47,6 +47,19 @@ def silu_and_mul_triton(x, out=None, config: ActConfig | None = None):
     return _plan(x, out, config).run()
 
 
+def _pallas_plan(x, out=None, config=None, target=None):
+    """The Pallas launch for these (validated) arguments (``activation/_pallas.py``)."""
+    from kernelab.ops.activation import _pallas
+
+    return _pallas.silu_and_mul_plan(x, out, config, target)
+
+
+def silu_and_mul_pallas(x, out=None, config=None):
+    """The Pallas kernel: natively on a TPU, through the TPU interpreter on CPU tensors."""
+    _act.validate(x, out)
+    return _pallas_plan(x, out, config).run()
+
+
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """SwiGLU: ``silu(x[..., :d]) * x[..., d:]`` for ``x`` of shape (..., 2·d).
 
@@ -80,5 +93,14 @@ SILU_AND_MUL = register(
 )
 SILU_AND_MUL.add_variant(
     Variant("kernelab", silu_and_mul_triton, "triton", description="Triton, float32 math")
+)
+SILU_AND_MUL.add_variant(
+    Variant(
+        "pallas",
+        silu_and_mul_pallas,
+        "pallas",
+        plan=_pallas_plan,
+        description="Pallas TPU kernel, float32 math, tiles of 128-lane columns",
+    )
 )
 SILU_AND_MUL.add_torch(silu_and_mul_torch)

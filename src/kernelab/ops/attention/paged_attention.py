@@ -330,6 +330,43 @@ def paged_attention_triton(
     return _plan(**args, config=config).run()
 
 
+def _pallas_plan(
+    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=None, window=None,
+    softcap=None, sinks=None, k_scale=None, v_scale=None, num_splits=None, return_lse=False,
+    out=None, lse=None, check=True, config=None, target=None,
+):  # fmt: skip
+    """The Pallas launch for these (validated) arguments (``attention/_pallas.py``): fp8
+    caches and the log-sum-exp are not in it (refused, naming the argument); ``num_splits``
+    is a split-KV hint of the Triton kernel, not used."""
+    from kernelab.ops.attention import _pallas
+
+    if _paged.is_fp8(k_cache):
+        raise ValueError("k_cache: a float8 cache is not supported by the Pallas variant")
+    if return_lse or lse is not None:
+        raise ValueError("return_lse, lse: the Pallas variant does not return the log-sum-exp")
+    return _pallas.paged_decode_plan(
+        q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, window, softcap,
+        sinks, out, config, target,
+    )  # fmt: skip
+
+
+def paged_attention_pallas(
+    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=None, window=None,
+    softcap=None, sinks=None, k_scale=None, v_scale=None, num_splits=None, return_lse=False,
+    out=None, lse=None, check=True,
+    config=None,
+):  # fmt: skip
+    """The Pallas kernel: natively on a TPU, through the TPU interpreter on CPU tensors."""
+    args = dict(locals())  # the arguments, as named
+    del args["config"]
+    _validate(**args)
+    return _pallas_plan(**args, config=config).run()
+
+
+def _pallas_supports(shape: Shape) -> str | None:
+    return "fp8 KV cache: not in the Pallas variant" if shape.params.get("fp8") else None
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -608,6 +645,16 @@ PAGED_ATTENTION.add_variant(
         paged_attention_triton,
         "triton",
         description="Triton, GQA-packed tl.dot tiles, split-KV with a merge when the grid is small",
+    )
+)
+PAGED_ATTENTION.add_variant(
+    Variant(
+        "pallas",
+        paged_attention_pallas,
+        "pallas",
+        plan=_pallas_plan,
+        supports=_pallas_supports,
+        description="Pallas TPU kernel: pages by DMA into a two-slot VMEM buffer (no fp8 KV)",
     )
 )
 PAGED_ATTENTION.add_torch(paged_attention_torch)

@@ -345,6 +345,31 @@ def _tma_ok(a, b) -> bool:
     return True
 
 
+def _pallas_plan(
+    a,
+    b,
+    bias=None,
+    residual=None,
+    activation="none",
+    b_layout="kn",
+    out=None,
+    config=None,
+    target=None,
+):
+    """The Pallas launch for these (validated) arguments (``matmul/_pallas.py``)."""
+    from kernelab.ops.matmul import _pallas
+
+    return _pallas.gemm_plan(a, b, bias, residual, activation, b_layout, out, config, target)
+
+
+def gemm_pallas(
+    a, b, bias=None, residual=None, activation="none", b_layout="kn", out=None, config=None
+):
+    """The Pallas kernel: natively on a TPU, through the TPU interpreter on CPU tensors."""
+    _validate(a, b, bias, residual, activation, b_layout, out)
+    return _pallas_plan(a, b, bias, residual, activation, b_layout, out, config).run()
+
+
 def gemm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -469,6 +494,15 @@ def _with_kind(kind: str):
     return call
 
 
+GEMM.add_variant(
+    Variant(
+        "pallas",
+        gemm_pallas,
+        "pallas",
+        plan=_pallas_plan,
+        description="Pallas TPU kernel: f32 VMEM accumulator, K last and arbitrary",
+    )
+)
 GEMM.add_variant(
     Variant(
         "kernelab",

@@ -58,6 +58,19 @@ def w8a16_triton(x, qweight, scales, bias=None, out=None, config=None):
     return _plan(x, qweight, scales, bias, out, config).run()
 
 
+def _pallas_plan(x, qweight, scales, bias=None, out=None, config=None, target=None):
+    """The Pallas launch for these (validated) arguments (``matmul/_pallas.py``)."""
+    from kernelab.ops.matmul import _pallas
+
+    return _pallas.w8a16_plan(x, qweight, scales, bias, out, config, target)
+
+
+def w8a16_pallas(x, qweight, scales, bias=None, out=None, config=None):
+    """The Pallas kernel: natively on a TPU, through the TPU interpreter on CPU tensors."""
+    _validate(x, qweight, scales, bias, out)
+    return _pallas_plan(x, qweight, scales, bias, out, config).run()
+
+
 def w8a16_gemm(x, qweight, scales, bias=None, out=None):
     """x [M, K] @ int8 weight [K, N] with per-column ``scales`` (+ bias) → [M, N]."""
     if isinstance(x, torch.Tensor) and use_triton(x):
@@ -100,6 +113,15 @@ W8A16_GEMM.add_variant(
         w8a16_triton,
         "triton",
         description="GEMV-shaped split-K path for M<=16, tiled above",
+    )
+)
+W8A16_GEMM.add_variant(
+    Variant(
+        "pallas",
+        w8a16_pallas,
+        "pallas",
+        plan=_pallas_plan,
+        description="Pallas TPU kernel: int8 tiles, column scales on the f32 sum",
     )
 )
 W8A16_GEMM.add_torch(w8a16_torch)

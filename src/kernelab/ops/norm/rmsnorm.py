@@ -67,6 +67,19 @@ def rmsnorm_triton(x, weight, eps=1e-6, residual=None, out=None, config=None):
     return _plan(x, weight, eps, residual, out, config).run()
 
 
+def _pallas_plan(x, weight, eps=1e-6, residual=None, out=None, config=None, target=None):
+    """The Pallas launch for these (validated) arguments (``norm/_pallas.py``)."""
+    from kernelab.ops.norm import _pallas
+
+    return _pallas.rmsnorm_plan(x, weight, eps, residual, out, config, target)
+
+
+def rmsnorm_pallas(x, weight, eps=1e-6, residual=None, out=None, config=None):
+    """The Pallas kernel: natively on a TPU, through the TPU interpreter on CPU tensors."""
+    _validate(x, weight, eps, residual, out)
+    return _pallas_plan(x, weight, eps, residual, out, config).run()
+
+
 def rmsnorm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -132,6 +145,15 @@ RMSNORM.add_variant(
         rmsnorm_triton,
         "triton",
         description="Triton kernel, one pass for rows up to 16384",
+    )
+)
+RMSNORM.add_variant(
+    Variant(
+        "pallas",
+        rmsnorm_pallas,
+        "pallas",
+        plan=_pallas_plan,
+        description="Pallas TPU kernel, blocks of whole rows (fused residual too)",
     )
 )
 RMSNORM.add_torch(rmsnorm_torch)

@@ -1,0 +1,278 @@
+"""Pallas (TPU) attention kernels and their declared launches.
+
+Paged decode (``paged_attention``), over the op's own cache layout (vLLM's "flash" layout:
+``[num_blocks, block_size, heads_kv, head_dim]``, no conversion): one grid point per query
+token and KV head. The token's sequence, the block table, the lengths and the query offsets are
+scalar-prefetched into SMEM; the cache stays in HBM (``memory="any"``) and the pages a query
+sees are copied into a two-slot VMEM buffer by DMA (``pltpu.make_async_copy``), the next step's
+pages in flight while the current ones are used (online softmax in float32, one rounding at the
+end). A chunk of prefill in a mixed batch is one query row per token (each row reads its
+sequence's keys: decode-shaped work; long prefills belong to ``attention_prefill``).
+
+Imported only when a Pallas variant runs or is described (jax on first use).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernelab.ops._runtime import pallas as _pl
+from kernelab.ops._runtime.pallas import Block, Out, PallasCall, PallasPlan, Scratch
+
+#: A running maximum that is finite (exp(m − m') stays a number when nothing was seen yet).
+M_INIT = -1e30
+
+# --- paged decode ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PagedSteps:
+    """Pages copied per step of the paged decode loop.
+
+    Default: enough pages for the MXU's width of keys per step (128 keys on v5e, 256 on v6e
+    and TPU7x), so that q·kᵀ is one full-width matmul; a choice from the MXU geometry, not a
+    measurement (no TPU here). ``tuning_space`` lists 1 to 16 pages within VMEM.
+    """
+
+    pages_per_step: int
+
+    @classmethod
+    def default_for(cls, block_size: int, head_dim: int, dtype=torch.bfloat16, target=None):
+        mxu = _pl.CHIPS[_pl.generation(target)].mxu
+        return cls(max(1, mxu // block_size))
+
+    @classmethod
+    def tuning_space(cls, block_size: int, head_dim: int, dtype=torch.bfloat16, target=None):
+        vmem = _pl.CHIPS[_pl.generation(target)].vmem_bytes
+        el = torch.empty((), dtype=dtype).element_size()
+        return [
+            cls(p)
+            for p in (1, 2, 4, 8, 16)
+            if 4 * p * block_size * head_dim * el <= vmem // 16  # K and V, two slots each
+        ] or [cls(1)]
+
+
+def _decode_bounds(seq_ref, lens_ref, cu_ref, t, window):
+    """(sequence, first visible key, end of visible keys) of query token ``t``: its position
+    is kv_len − q_len + i (causal, aligned bottom-right); a window keeps the last ``window``."""
+    import jax.numpy as jnp
+
+    b = seq_ref[t]
+    kv_len = lens_ref[b]
+    start = cu_ref[b]
+    pos = kv_len - (cu_ref[b + 1] - start) + (t - start)
+    hi = jnp.minimum(kv_len, pos + 1)
+    lo = jnp.maximum(pos - window + 1, 0) if window else jnp.int32(0)
+    return b, lo, jnp.maximum(hi, lo)
+
+
+def _page_copies(
+    k_hbm, v_hbm, kbuf, vbuf, sem, tables_ref, b, h, step, slot, *, pps, bs, max_pages, n_pages
+):
+    """The DMA descriptors of step ``step``'s pages (those inside the sequence) into ``slot``."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    copies = []
+    for i in range(pps):
+        p = step * pps + i
+        page = tables_ref[b * max_pages + p]
+        rows = slice(i * bs, (i + 1) * bs)
+        copies.append(
+            (
+                p < n_pages,
+                pltpu.make_async_copy(
+                    k_hbm.at[page, :, h, :], kbuf.at[slot, rows], sem.at[0, slot, i]
+                ),
+                pltpu.make_async_copy(
+                    v_hbm.at[page, :, h, :], vbuf.at[slot, rows], sem.at[1, slot, i]
+                ),
+            )
+        )
+    return copies
+
+
+def _start(copies):
+    from jax.experimental import pallas as pl
+
+    for inside, k, v in copies:
+
+        @pl.when(inside)
+        def _(k=k, v=v):
+            k.start()
+            v.start()
+
+
+def _wait(copies):
+    from jax.experimental import pallas as pl
+
+    for inside, k, v in copies:
+
+        @pl.when(inside)
+        def _(k=k, v=v):
+            k.wait()
+            v.wait()
+
+
+def _attend(carry, q, k, v, first_key, lo, hi, softcap):
+    """One step of online softmax over keys ``first_key`` … of the (keys, D) tiles ``k``, ``v``;
+    keys outside [lo, hi) are masked (their rows zeroed: a stale page never reaches the sum)."""
+    import jax
+    import jax.numpy as jnp
+
+    m, l_, acc = carry
+    keys = first_key + jax.lax.broadcasted_iota(jnp.int32, (1, k.shape[0]), 1)
+    visible = (keys >= lo) & (keys < hi)
+    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    if softcap:
+        s = softcap * jnp.tanh(s / softcap)
+    s = jnp.where(visible, s, -jnp.inf)
+    m_new = jnp.maximum(m, s.max(axis=-1, keepdims=True))
+    alpha = jnp.exp(m - m_new)
+    p = jnp.exp(s - m_new)
+    v = jnp.where(visible.reshape(-1, 1), v, jnp.zeros_like(v))
+    pv = jax.lax.dot_general(
+        p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    )
+    return m_new, alpha * l_ + p.sum(axis=-1, keepdims=True), alpha * acc + pv
+
+
+def _finish_rows(m, l_, acc, sink):
+    """out = acc / l with the sink's exp(sink − m) in the denominator; 0 where nothing is seen."""
+    import jax.numpy as jnp
+
+    if sink is not None:
+        m_new = jnp.maximum(m, sink)
+        alpha = jnp.exp(m - m_new)
+        l_ = alpha * l_ + jnp.exp(sink - m_new)
+        acc = alpha * acc
+    # l == 0 only when no key was seen; a NaN l (a NaN query) must stay NaN.
+    return jnp.where(l_ == 0, 0.0, acc / jnp.where(l_ == 0, 1.0, l_))
+
+
+def _paged_decode_kernel(
+    seq_ref, tables_ref, lens_ref, cu_ref, q_ref, k_hbm, v_hbm, *rest,
+    scale, window, softcap, has_sinks, pps, bs, max_pages,
+):  # fmt: skip
+    """Query token t = program 0 against its sequence's pages for KV head h = program 1, its
+    G = Hq / Hkv query heads together (a (G, D) tile): the visible pages stream through a
+    two-slot VMEM buffer by DMA, step s + 1's copies started before step s is used. Reads each
+    visible page of K and V once per (token, KV head), q once; writes the (G, D) output once."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    sinks_ref = rest[0] if has_sinks else None
+    o_ref, kbuf, vbuf, sem = rest[1:] if has_sinks else rest
+    t, h = pl.program_id(0), pl.program_id(1)
+    b, lo, hi = _decode_bounds(seq_ref, lens_ref, cu_ref, t, window)
+    n_pages = (hi + bs - 1) // bs
+    first = lo // (bs * pps)
+    steps = jnp.where(hi > lo, (n_pages + pps - 1) // pps - first, 0)
+    q = (q_ref[...].astype(jnp.float32) * scale).astype(q_ref.dtype)
+    g = q.shape[0]
+
+    def copies(step, slot):
+        return _page_copies(
+            k_hbm, v_hbm, kbuf, vbuf, sem, tables_ref, b, h, step, slot,
+            pps=pps, bs=bs, max_pages=max_pages, n_pages=n_pages,
+        )  # fmt: skip
+
+    @pl.when(steps > 0)
+    def _():
+        _start(copies(first, 0))
+
+    def body(i, carry):
+        step, slot = first + i, i % 2
+
+        @pl.when(i + 1 < steps)
+        def _():
+            _start(copies(step + 1, 1 - slot))
+
+        _wait(copies(step, slot))
+        return _attend(carry, q, kbuf[slot], vbuf[slot], step * pps * bs, lo, hi, softcap)
+
+    init = (
+        jnp.full((g, 1), M_INIT, jnp.float32),
+        jnp.zeros((g, 1), jnp.float32),
+        jnp.zeros(q.shape, jnp.float32),
+    )
+    m, l_, acc = jax.lax.fori_loop(0, steps, body, init)
+    sink = sinks_ref[...].astype(jnp.float32).reshape(g, 1) if has_sinks else None
+    o_ref[...] = _finish_rows(m, l_, acc, sink).astype(o_ref.dtype)
+
+
+def token_sequences(cu_seqlens_q: torch.Tensor, tokens: int) -> torch.Tensor:
+    """The sequence of each query token (int32), from the cumulative query lengths."""
+    if cu_seqlens_q.device.type == "meta":
+        return torch.empty(tokens, dtype=torch.int32, device="meta")
+    ids = torch.arange(tokens, dtype=cu_seqlens_q.dtype, device=cu_seqlens_q.device)
+    return (torch.searchsorted(cu_seqlens_q[1:].contiguous(), ids, right=True)).to(torch.int32)
+
+
+def paged_decode_plan(
+    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=None, window=None,
+    softcap=None, sinks=None, out=None, config=None, target=None,
+) -> PallasPlan:  # fmt: skip
+    """The launch of ``_paged_decode_kernel`` for these (validated) arguments: grid (tokens,
+    KV heads), both "parallel"; q viewed as [tokens, Hkv, G, D] and blocked (G, D) per point."""
+    tokens, hq, d = q.shape
+    _, bs, hkv, _ = k_cache.shape
+    g = hq // hkv
+    result = out if out is not None else torch.empty_like(q, memory_format=torch.contiguous_format)
+    if tokens == 0:
+        return PallasPlan(result=result)
+    cfg = config or PagedSteps.default_for(bs, d, q.dtype, target)
+    pps = cfg.pages_per_step
+    batch, max_pages = block_tables.shape
+    # Pad the table so that a step's last pages index inside it (they are never copied).
+    pad = (-max_pages) % pps
+    tables = block_tables
+    if pad:
+        tables = torch.cat([block_tables, block_tables.new_zeros(batch, pad)], dim=1)
+    width = max_pages + pad
+    q4 = q.reshape(tokens, hkv, g, d)
+    qo = Block((None, None, g, d), lambda t, h, *_: (t, h, 0, 0))
+    inputs = [
+        token_sequences(cu_seqlens_q, tokens),
+        tables.reshape(-1),
+        seq_lens,
+        cu_seqlens_q,
+        q4,
+        k_cache,
+        v_cache,
+    ]
+    specs = [qo, Block(memory="any"), Block(memory="any")]
+    if sinks is not None:
+        inputs.append(sinks.reshape(hkv, g))
+        specs.append(Block((1, g), lambda t, h, *_: (h, 0)))
+    call = PallasCall(
+        _paged_decode_kernel,
+        grid=(tokens, hkv),
+        inputs=tuple(inputs),
+        in_specs=tuple(specs),
+        outputs=(Out((tokens, hkv, g, d), result.dtype, qo),),
+        scratch=(
+            Scratch("vmem", (2, pps * bs, d), k_cache.dtype),
+            Scratch("vmem", (2, pps * bs, d), v_cache.dtype),
+            Scratch("dma", (2, 2, pps)),
+        ),
+        semantics=("parallel", "parallel"),
+        num_scalar_prefetch=4,
+        params=dict(
+            scale=float(scale if scale is not None else d**-0.5),
+            window=int(window or 0),
+            softcap=float(softcap or 0.0),
+            has_sinks=sinks is not None,
+            pps=pps,
+            bs=bs,
+            max_pages=width,
+        ),
+        config=cfg,
+    )
+
+    def finish(outs):
+        return result.copy_(outs[0][0].view(result.shape))
+
+    return PallasPlan((call,), finish)

@@ -1,0 +1,89 @@
+"""The Pallas attention kernels (attention/_pallas.py) through the TPU interpreter: paged decode
+over the op's cache layout (pages by DMA, double-buffered), mixed batches, window and sinks;
+a read of a page before its DMA wait is a race verify names; fp8 caches are declared
+unsupported, never judged."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from kernelab.ops import PAGED_ATTENTION
+from kernelab.ops._runtime import pallas
+from kernelab.ops.attention import _pallas as ap
+from kernelab.ops.attention._pallas import PagedSteps
+from tests.ops import pallas_checks as pc
+
+pytestmark = pc.needs_jax
+
+PAGED = PAGED_ATTENTION.variants["pallas"]
+EDGE = {s.label.split(" (")[0]: s for s in PAGED_ATTENTION.shapes("edge")}
+ONE_PAGE = PagedSteps(1)  # a step per page: the two slots alternate
+
+
+def test_paged_decode_passes_across_pages_and_with_window_sinks_and_a_chunk():
+    shapes = [EDGE["length = block size and block size + 1"], EDGE["sinks window 8"]]
+    report = pc.verify(PAGED_ATTENTION, pc.configured(PAGED, ONE_PAGE), shapes)
+    assert pc.passed(report), pc.failures(report)
+
+
+def _racy_kernel(
+    seq_ref, tables_ref, lens_ref, cu_ref, q_ref, k_hbm, v_hbm, o_ref, kbuf, vbuf, sem,
+    *, scale, window, softcap, has_sinks, pps, bs, max_pages,
+):  # fmt: skip
+    """The paged decode kernel reading each page before waiting for its DMA (a planted race)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    t, h = pl.program_id(0), pl.program_id(1)
+    b, lo, hi = ap._decode_bounds(seq_ref, lens_ref, cu_ref, t, window)
+    n_pages = (hi + bs - 1) // bs
+    steps = jnp.where(hi > lo, n_pages, 0)
+    q = (q_ref[...].astype(jnp.float32) * scale).astype(q_ref.dtype)
+
+    def copies(step):
+        return ap._page_copies(
+            k_hbm, v_hbm, kbuf, vbuf, sem, tables_ref, b, h, step, 0,
+            pps=1, bs=bs, max_pages=max_pages, n_pages=n_pages,
+        )  # fmt: skip
+
+    def body(i, carry):
+        ap._start(copies(i))
+        carry = ap._attend(carry, q, kbuf[0], vbuf[0], i * bs, lo, hi, softcap)
+        ap._wait(copies(i))  # too late: the buffer was read above
+        return carry
+
+    g = q.shape[0]
+    init = (jnp.full((g, 1), ap.M_INIT), jnp.zeros((g, 1)), jnp.zeros(q.shape))
+    m, l_, acc = jax.lax.fori_loop(0, steps, body, init)
+    o_ref[...] = ap._finish_rows(m, l_, acc, None).astype(o_ref.dtype)
+
+
+def test_reading_a_page_before_its_dma_wait_is_a_race():
+    def racy(call):
+        return dataclasses.replace(call, kernel=_racy_kernel)
+
+    shape = EDGE["length = block size and block size + 1"]
+    report = pc.verify(PAGED_ATTENTION, pc.planted(PAGED, racy, config=ONE_PAGE), [shape])
+    assert "race" in pc.classes(report), pc.failures(report)
+
+
+def test_fp8_caches_are_declared_unsupported_and_the_lse_refused():
+    fp8 = EDGE["fp8 e4m3 cache block 64"]
+    assert "fp8" in PAGED.unsupported(fp8)
+    assert PAGED.unsupported(EDGE["MQA"]) is None
+    inputs = PAGED_ATTENTION.inputs(EDGE["MQA"], torch.bfloat16, "meta")
+    with pytest.raises(ValueError, match="return_lse"):
+        PAGED.plan(**inputs, return_lse=True)
+
+
+def test_paged_launch_keeps_the_cache_in_hbm_and_prefetches_the_tables():
+    shape = PAGED_ATTENTION.shapes("representative")[0]
+    (call,) = pallas.launches(PAGED_ATTENTION, shape, torch.bfloat16, target="tpu_v6e")
+    assert call.num_scalar_prefetch == 4
+    assert [b.memory for b in call.in_specs[1:3]] == ["any", "any"]
+    assert call.config.pages_per_step * shape.dims["block_size"] == pallas.CHIPS["tpu_v6e"].mxu
+    assert {s.kind for s in call.scratch} == {"vmem", "dma"}
