@@ -169,7 +169,8 @@ def register(app: click.Group) -> None:
             echo(
                 f"{n['faster']} faster, {n['slower']} slower, {n['ambiguous']} ambiguous, "
                 f"{n['unreliable']} unreliable, {n['invalid']} invalid; "
-                f"{n['regressions']} regression(s) beyond {threshold:.0%}; unmatched: {n['only_a']} baseline, {n['only_b']} candidate"
+                f"{n['regressions']} regression(s) beyond {threshold:.0%}; "
+                f"unmatched: {n['only_a']} baseline, {n['only_b']} candidate"
             )
         if result.regressions:
             raise click.exceptions.Exit(1)
