@@ -167,3 +167,54 @@ def test_in_place_residual_is_restored_and_checked():
 
     bad = run(shape, Subject("nores", forgets_residual, "candidate"), mode="cold", variants=())
     assert flagged(bad["nores"], "wrong output of timed calls: output 1")
+
+
+class _LazyNorm(torch.Tensor):
+    """A tensor subclass that computes RMSNorm only when something first reads it."""
+
+    @staticmethod
+    def __new__(cls, x, weight, eps):
+        t = torch.Tensor._make_subclass(cls, torch.empty_like(x))
+        t._pending = (x.clone(), weight.clone(), eps)
+        return t
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        with torch._C.DisableTorchFunctionSubclass():
+            for a in args:
+                if isinstance(a, _LazyNorm) and getattr(a, "_pending", None):
+                    x, weight, eps = a._pending
+                    a._pending = None
+                    a.copy_(rmsnorm_torch(x, weight, eps))
+            return func(*args, **(kwargs or {}))
+
+
+class _Deferred:
+    """Not a tensor at all: a tensor-like object that computes when torch touches it."""
+
+    def __init__(self, x, weight, eps):
+        self.args = (x, weight, eps)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        args = [rmsnorm_torch(*a.args) if isinstance(a, _Deferred) else a for a in args]
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    "make, what",
+    [
+        (lambda x, w, eps: _LazyNorm(x, w, eps), "_LazyNorm"),
+        (lambda x, w, eps: _Deferred(x, w, eps), "_Deferred"),
+        (lambda x, w, eps: rmsnorm_torch(x, w, eps).to("meta"), "meta"),
+    ],
+)
+def test_lazy_or_wrapped_timed_outputs_are_invalid(make, what):
+    def lazy(x, weight, eps=1e-6, residual=None, out=None):
+        return make(x, weight, eps)
+
+    cases = run(SMALL, Subject("lazy", lazy, "candidate"))
+    case = cases["lazy"]
+    assert any(what in f for f in flagged(case, "wrong output of timed calls")), case["flags"]
+    assert not case["metrics"]["valid"] and "speedup_vs_torch" not in case["metrics"]
+    assert cases["torch"]["metrics"]["valid"], cases["torch"]["flags"]

@@ -53,6 +53,23 @@ def bitwise_equal(a, b) -> bool:
     return True
 
 
+def not_plain(result) -> str | None:
+    """Why the timed call's outputs are not plain, materialised tensors (verify's output
+    contract), or None. A tensor subclass or a tensor-like object can defer the work to the
+    first read, which bench's own checks would then do after the clock stopped."""
+    for i, item in enumerate(as_tuple(result)):
+        if item is None:
+            continue
+        if type(item) is not torch.Tensor:
+            what = type(item).__module__ + "." + type(item).__qualname__
+            return f"output {i} is a {what}, not a plain torch.Tensor (lazy or wrapped)"
+        if item.layout != torch.strided:
+            return f"output {i} has layout {item.layout}, not torch.strided"
+        if item.device.type == "meta":
+            return f"output {i} is a meta tensor: nothing was computed"
+    return None
+
+
 def snapshot(result) -> tuple:
     return tuple(r.detach().clone() if isinstance(r, torch.Tensor) else r for r in as_tuple(result))
 

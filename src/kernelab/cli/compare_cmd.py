@@ -35,11 +35,18 @@ _CSV_COLUMNS = [
     "ci_low",
     "ci_high",
     "noise",
+    "spread",
     "verdict",
     "regression",
     "note",
 ]
-_STYLE = {"faster": "green", "slower": "red", "ambiguous": "yellow", "invalid": "magenta"}
+_STYLE = {
+    "faster": "green",
+    "slower": "red",
+    "ambiguous": "yellow",
+    "unreliable": "yellow",
+    "invalid": "magenta",
+}
 
 
 def pick_runs(db, refs: list[str], baseline: str | None, kind: str) -> tuple[str, str]:
@@ -161,8 +168,9 @@ def register(app: click.Group) -> None:
             n = result.counts()
             echo(
                 f"{n['faster']} faster, {n['slower']} slower, {n['ambiguous']} ambiguous, "
-                f"{n['invalid']} invalid; {n['regressions']} regression(s) beyond "
-                f"{threshold:.0%}; unmatched: {n['only_a']} baseline, {n['only_b']} candidate"
+                f"{n['unreliable']} unreliable, {n['invalid']} invalid; "
+                f"{n['regressions']} regression(s) beyond {threshold:.0%}; "
+                f"unmatched: {n['only_a']} baseline, {n['only_b']} candidate"
             )
         if result.regressions:
             raise click.exceptions.Exit(1)

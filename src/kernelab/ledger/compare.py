@@ -14,12 +14,28 @@ dtype, device, mode). For each pair:
   run as the change between the medians of the first and second half of its samples (the
   samples are stored in the order they were taken), and never below ``noise_floor``
   (default 2 %). The larger of A's and B's estimates is used.
-* verdict ``slower`` when the whole interval lies above 1 and ``ratio - 1 > noise``;
-  ``faster`` when the whole interval lies below 1 and ``1 - ratio > noise``; otherwise
-  ``ambiguous`` (the interval straddles 1, or the change is within the noise, or a run has
-  fewer than ``MIN_SAMPLES`` samples). ``invalid`` when the bench marked either time invalid
-  (``metrics["valid"]`` false, or a flag containing "invalid": below the speed-of-light
-  floor, wrong outputs, work left running), so an invalid time is never a win or a loss.
+* ``drift``: how far the machine itself moved between the two runs. The bench times every
+  variant of a case interleaved with eager PyTorch (``REFERENCE_VARIANT``), code that is not
+  under test; the change of that reference's median between the runs, for the same shape,
+  dtype, device and mode, is the drift of that group. For the reference's own cases (and
+  groups without one), the median drift over the other groups. Only converged, valid
+  reference cases count.
+* ``spread``: how far a median of this case can move between two runs on this machine, from
+  the evidence in both runs: the larger of the noise above and the sum of the two medians'
+  own confidence half-widths (``metrics["rel_ci"]``, what the stopping rule measured), plus
+  the drift (itself widened by the reference medians' half-widths).
+* verdict ``unreliable`` when either run's stopping rule did not converge (``metrics
+  ["converged"]`` false: the noise target was not reached in the time allowed, as on a loaded
+  machine), or when the interval excludes 1 but the change is no larger than ``spread``: the
+  machine moves that much on its own, so the measurement cannot say. An unreliable case is
+  never faster or slower and never a regression.
+* verdict ``slower`` when the whole interval lies above 1 and ``ratio - 1 > spread``;
+  ``faster`` when the whole interval lies below 1 and ``1 - ratio > spread``; otherwise
+  ``ambiguous`` (the interval straddles 1, or the change is within the noise floor, or a run
+  has fewer than ``MIN_SAMPLES`` samples). ``invalid`` when the bench marked either time
+  invalid (``metrics["valid"]`` false, or a flag containing "invalid": below the
+  speed-of-light floor, wrong outputs, work left running), so an invalid time is never a win
+  or a loss.
 * ``regression``: verdict ``slower`` and ``ratio > 1 + threshold`` (default 5 %). Any
   regression makes ``kernelab compare`` exit with status 1.
 """
@@ -31,6 +47,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 KEY_FIELDS = ("op", "variant", "shape_key", "dtype", "device", "mode")
+GROUP_FIELDS = ("op", "shape_key", "dtype", "device", "mode")
+REFERENCE_VARIANT = "torch"
 MIN_SAMPLES = 4
 SEED = 20240611
 
@@ -97,6 +115,19 @@ def half_drift(samples) -> float:
     return float(abs(np.median(x[h:]) / np.median(x[:h]) - 1))
 
 
+def _unconverged(case: dict) -> bool:
+    """The stopping rule ended this case without reaching its noise target."""
+    return (case.get("metrics") or {}).get("converged") is False
+
+
+def _rel_ci(case: dict) -> float:
+    """The relative half-width of this case's median interval, as the bench measured it."""
+    v = (case.get("metrics") or {}).get("rel_ci")
+    if isinstance(v, bool) or not isinstance(v, int | float) or not np.isfinite(v) or v < 0:
+        return 0.0
+    return float(v)
+
+
 def _invalid(case: dict) -> bool:
     """The bench marked this time invalid (``metrics.valid`` false, or an "invalid" flag)."""
     if (case.get("metrics") or {}).get("valid") is False:
@@ -121,9 +152,10 @@ class CaseComparison:
     ci_low: float | None
     ci_high: float | None
     noise: float
-    verdict: str  # faster | slower | ambiguous | invalid
+    verdict: str  # faster | slower | ambiguous | unreliable | invalid
     regression: bool
     note: str = ""
+    spread: float = 0.0
 
 
 @dataclass
@@ -143,7 +175,7 @@ class Comparison:
         return [c for c in self.cases if c.regression]
 
     def counts(self) -> dict[str, int]:
-        out = {"faster": 0, "slower": 0, "ambiguous": 0, "invalid": 0}
+        out = {"faster": 0, "slower": 0, "ambiguous": 0, "unreliable": 0, "invalid": 0}
         for c in self.cases:
             out[c.verdict] += 1
         out["regressions"] = len(self.regressions)
@@ -173,12 +205,18 @@ def compare_cases(
     confidence: float = 0.95,
     noise_floor: float = 0.02,
     resamples: int = 4000,
+    drift: float = 0.0,
 ) -> CaseComparison:
-    """Compare one baseline case ``a`` with one candidate case ``b`` (see the module rule)."""
+    """Compare one baseline case ``a`` with one candidate case ``b`` (see the module rule).
+
+    ``drift``: how far the machine moved between the two runs (a fraction), from
+    :func:`machine_drift`; 0 when unknown.
+    """
     sa = a.get("samples") or []
     sb = b.get("samples") or []
     ma, mb = _median(a), _median(b)
     noise = max(noise_floor, half_drift(sa), half_drift(sb))
+    spread = max(noise, _rel_ci(a) + _rel_ci(b)) + drift
     ratio = lo = hi = None
     note = ""
     if ma and mb:
@@ -188,6 +226,13 @@ def compare_cases(
         which = " and ".join(n for n, c in (("baseline", a), ("candidate", b)) if _invalid(c))
         flags = [str(f) for c in (a, b) if _invalid(c) for f in c.get("flags") or []]
         note = f"{which} time marked invalid" + (": " + "; ".join(flags) if flags else "")
+    elif _unconverged(a) or _unconverged(b):
+        verdict = "unreliable"
+        which = " and ".join(n for n, c in (("baseline", a), ("candidate", b)) if _unconverged(c))
+        note = (
+            f"stopping rule did not converge in {which} (median ±"
+            f"{max(_rel_ci(a), _rel_ci(b)):.1%}): the machine was too noisy to tell"
+        )
     elif len(sa) < MIN_SAMPLES or len(sb) < MIN_SAMPLES or not (ma and mb):
         verdict = "ambiguous"
         note = f"too few samples for an interval (need {MIN_SAMPLES} in each run)"
@@ -195,8 +240,12 @@ def compare_cases(
         ratio, lo, hi = bootstrap_ratio(sa, sb, confidence, resamples)
         if lo <= 1 <= hi:
             verdict, note = "ambiguous", "interval straddles 1"
-        elif abs(ratio - 1) <= noise:
-            verdict, note = "ambiguous", f"change within noise ({noise:.1%})"
+        elif abs(ratio - 1) <= noise_floor:
+            verdict, note = "ambiguous", f"change within noise ({noise_floor:.1%})"
+        elif abs(ratio - 1) <= spread:
+            verdict = "unreliable"
+            why = "the reference variant moved as much" if drift > noise else "run-to-run"
+            note = f"change {abs(ratio - 1):.1%} within the spread ({spread:.1%}, {why})"
         else:
             verdict = "slower" if ratio > 1 else "faster"
     regression = verdict == "slower" and ratio is not None and ratio > 1 + threshold
@@ -219,7 +268,43 @@ def compare_cases(
         verdict=verdict,
         regression=regression,
         note=note,
+        spread=spread,
     )
+
+
+def _group(case: dict) -> tuple[str, ...]:
+    return tuple(str(case[k]) for k in GROUP_FIELDS)
+
+
+def machine_drift(
+    cases_a: dict[tuple, dict], cases_b: dict[tuple, dict]
+) -> tuple[dict[tuple, float], list[float]]:
+    """Per group, |ratio - 1| of the reference variant's medians between the runs.
+
+    Returns (drift by group, all group drifts). Only groups where the reference case is in
+    both runs, converged and valid, with a median, count.
+    """
+    by_group: dict[tuple, float] = {}
+    for key, b in cases_b.items():
+        a = cases_a.get(key)
+        if a is None or b.get("variant") != REFERENCE_VARIANT:
+            continue
+        if any(_unconverged(c) or _invalid(c) for c in (a, b)):
+            continue
+        ma, mb = _median(a), _median(b)
+        if ma and mb:
+            # the move, plus how uncertain each of its two medians is
+            by_group[_group(b)] = abs(mb / ma - 1) + _rel_ci(a) + _rel_ci(b)
+    return by_group, list(by_group.values())
+
+
+def _drift_for(case: dict, by_group: dict[tuple, float]) -> float:
+    """The drift that applies to ``case`` (see the module rule)."""
+    group = _group(case)
+    if case.get("variant") != REFERENCE_VARIANT and group in by_group:
+        return by_group[group]
+    others = [d for g, d in by_group.items() if g != group]
+    return float(np.median(others)) if others else 0.0
 
 
 def _key_dict(case: dict) -> dict:
@@ -259,6 +344,10 @@ def compare_runs(
     cases_a: dict[tuple, dict] = {}
     for c in run_a.get("cases", []):
         cases_a.setdefault(case_key(c), c)
+    cases_b: dict[tuple, dict] = {}
+    for c in run_b.get("cases", []):
+        cases_b.setdefault(case_key(c), c)
+    by_group, _ = machine_drift(cases_a, cases_b)
     seen = set()
     for c in run_b.get("cases", []):
         key = case_key(c)
@@ -266,8 +355,9 @@ def compare_runs(
             continue
         seen.add(key)
         if key in cases_a:
+            drift = _drift_for(c, by_group)
             result.cases.append(
-                compare_cases(cases_a[key], c, threshold, confidence, noise_floor, resamples)
+                compare_cases(cases_a[key], c, threshold, confidence, noise_floor, resamples, drift)
             )
         else:
             result.only_b.append(_key_dict(c))

@@ -14,6 +14,15 @@ Each trial draws fresh inputs from one distribution (the last trial also holds N
 - Each later trial (or, with one trial, one extra draw): new values written into the same
   buffers, one call: all the checks of call 1, and a wrong result bitwise equal to the
   previous (right) result is a cached result.
+- After the first trial without NaN/Inf, a partial update: a few random elements of the
+  largest floating-point input (1 in 4096, at least one; positions and values, from another
+  input distribution, drawn from the run seed) changed in place in the same buffers, one
+  call. A cache keyed on the address plus a few sampled elements, or on anything but every
+  element, returns the previous result here. Its values are judged on the whole tensor and,
+  sharply, on the output elements whose reference changed.
+- Last, the allocating path: the same (partially updated) contents in fresh allocations, the
+  candidate called without ``out=`` (it must allocate and return its outputs), judged the
+  same way: a candidate right only when handed its output buffer fails here.
 """
 
 from __future__ import annotations
@@ -306,7 +315,7 @@ def run_case(
             "no out= argument: outputs were allocated by the candidate, so they could not be "
             "poisoned or guarded by canaries (inputs and in-place arguments still are)"
         )
-    trial, previous = None, None
+    trial, previous, partial_done = None, None, False
     for t in range(trials + (1 if trials == 1 else 0)):
         dist = DISTRIBUTIONS[(dist_offset + t) % len(DISTRIBUTIONS)]
         tseed = derive_seed(seed, op.name, shape.key, str(dtype), t)
@@ -316,7 +325,7 @@ def run_case(
         case.trials.append({"seed": tseed, "dist": dist, "specials": where})
         exp = expected(op, inputs, baseline, dtype, device)
         if trial is None:
-            trial = _Trial(case, op, subject, device, use_out, t)
+            trial = _Trial(case, op, subject, device, use_out, len(case.trials) - 1)
             trial.setup(inputs, exp)
             first = trial.call(exp, 0, "first")
             if first is None:
@@ -328,17 +337,159 @@ def run_case(
                 break
             _compare_calls(trial, op, exp, first, second)
             previous = (exp, second)
-            continue
-        # New values in the same buffers (same addresses): the result must follow them.
-        trial.trial, trial.inputs = t, inputs
-        trial.load(inputs)
-        got = trial.call(exp, t % 2, "new values")
-        if got is None:
-            break
-        trial.judge(exp, got, "new values", previous=previous)
-        previous = (exp, got)
+        else:
+            # New values in the same buffers (same addresses): the result must follow them.
+            trial.trial, trial.inputs = len(case.trials) - 1, inputs
+            trial.load(inputs)
+            got = trial.call(exp, t % 2, "new values")
+            if got is None:
+                break
+            trial.judge(exp, got, "new values", previous=previous)
+            previous = (exp, got)
+        if not partial_done and where is None and not case.failures:
+            # from inputs without NaN/Inf, so that every changed element moves some output
+            partial_done = True
+            previous = _partial_and_allocating(
+                case, op, subject, device, trial, exp, inputs, shape, dtype, tseed, baseline,
+                dist,
+            ) or previous  # fmt: skip
     case.seconds = time.perf_counter() - started
     return case
+
+
+PARTIAL_EVERY = 4096  # elements of the largest input per changed element (at least one)
+
+
+def partial_update(inputs: dict, fresh: dict, seed: int) -> tuple[dict, dict]:
+    """``inputs`` with a few random elements of the largest floating-point tensor taken from
+    ``fresh`` (another draw of the same op and shape). Returns (new inputs, {name: indices}).
+
+    One tensor, few elements: any cache that does not look at every element of it misses
+    the change with high probability (a cache sampling s of its n elements sees a change with
+    probability about s / PARTIAL_EVERY, or s / n for small tensors), and the outputs that
+    depend on those elements must follow.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    floats = [
+        (v.numel(), name)
+        for name, v in inputs.items()
+        if isinstance(v, torch.Tensor)
+        and v.is_floating_point()
+        and v.numel()
+        and isinstance(fresh.get(name), torch.Tensor)
+        and fresh[name].shape == v.shape
+    ]
+    if not floats:
+        return dict(inputs), {}
+    numel, name = max(floats)
+    v = inputs[name]
+    n = max(1, numel // PARTIAL_EVERY)
+    flat = torch.randperm(numel, generator=gen)[:n]
+    idx = tuple(i.to(v.device) for i in torch.unravel_index(flat, v.shape))
+    new = v.clone()
+    new[idx] = fresh[name][idx]
+    return {**inputs, name: new}, {name: idx}
+
+
+def _changed_mask(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor | None:
+    """Elements of a float64 reference that moved (NaN compared by bits)."""
+    if new.shape != old.shape or not new.numel():
+        return None
+    moved = _checks.differs(new, old)
+    return moved if bool(moved.any()) else None
+
+
+def _norm(t: torch.Tensor) -> float:
+    t = t.to(torch.float64)
+    t = t[torch.isfinite(t)]
+    return float(t.norm()) if t.numel() else 0.0
+
+
+def _judge_changed(trial: _Trial, exp: _Expected, prev: _Expected, results: dict, label: str):
+    """``judge``, plus a stale-result check on the elements whose reference moved since
+    ``prev``: there the result must be nearer the new reference than the old one, unless it
+    is as near the new one as eager torch in the same dtype (k times its error) or within the
+    tolerance relative to those elements. A reused result fails this however few the
+    elements are; an honest one does not, since the change exceeds its rounding."""
+    trial.judge(exp, results, label)
+    before = {name: ref for name, ref, *_ in prev.targets}
+    k = getattr(trial.op.contract, "k", 2.0)
+    for name, ref, base, (tol, _source), _eager in exp.targets:
+        if name not in results or name not in before:
+            continue
+        moved = _changed_mask(ref, before[name])
+        if moved is None:
+            continue
+        if name in exp.regions:
+            moved = moved & exp.regions[name]
+        if not bool(moved.any()):
+            continue
+        got = results[name].detach().cpu().to(torch.float64)[moved]
+        new, old = ref[moved].to(torch.float64), before[name][moved].to(torch.float64)
+        d_new, d_old = _norm(got - new), _norm(got - old)
+        allowed = tol * _norm(new)
+        if base is not None and tuple(base.shape) == tuple(ref.shape):
+            allowed = max(allowed, k * _norm(base.detach().cpu().to(torch.float64)[moved] - new))
+        if d_new <= allowed or d_old >= d_new:
+            continue
+        indices, g, e = _buffers.first(moved, results[name], ref)
+        trial.fail(
+            [
+                Failure(
+                    "cached result",
+                    name,
+                    f"after {label}, the {int(moved.sum())} element(s) whose reference changed "
+                    f"are nearer the previous reference (distance {d_old:.3e}) than the new "
+                    f"one ({d_new:.3e}, allowed {allowed:.3e}): the result was reused, not "
+                    "recomputed",
+                    indices,
+                    g,
+                    e,
+                )
+            ],
+            label,
+        )
+
+
+def _partial_and_allocating(case, op, subject, device, trial, exp, inputs, shape, dtype, seed,
+                            baseline, dist):  # fmt: skip
+    """The partial-update call in the same buffers, then the allocating call (module doc)."""
+    pseed = derive_seed(seed, op.name, shape.key, str(dtype), "partial")
+    # values from another distribution: a changed element moves by more than rounding
+    other = DISTRIBUTIONS[(DISTRIBUTIONS.index(dist) + 1) % len(DISTRIBUTIONS)]
+    fresh = op.inputs(shape, dtype, device, seed=pseed, dist=other)
+    new, where = partial_update(inputs, fresh, pseed)
+    if not where:
+        return None
+    t = len(case.trials)
+    case.trials.append(
+        {"seed": pseed, "dist": f"{dist}, changed from {other}", "specials": None,
+         "kind": "partial update",
+         "changed": {k: int(i[0].numel()) for k, i in where.items()}}
+    )  # fmt: skip
+    exp_new = expected(op, new, baseline, dtype, device)
+    trial.trial, trial.inputs = t, new
+    trial.load(inputs)  # restore the in-place arguments; the rest already holds these values
+    for name, idx in where.items():
+        if name in trial.guards:
+            trial.guards[name].view[idx] = new[name][idx]  # a few elements, in place
+    got = trial.call(exp_new, 1, "partial update")
+    if got is None:
+        return None
+    _judge_changed(trial, exp_new, exp, got, "a partial update in place")
+    after = (exp_new, got)
+    case.trials.append(
+        {"seed": pseed, "dist": f"{dist}, changed from {other}", "specials": None,
+         "kind": "allocating",
+         "changed": {k: int(i[0].numel()) for k, i in where.items()}}
+    )  # fmt: skip
+    alloc = _Trial(case, op, subject, device, False, t + 1)
+    alloc.setup({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in new.items()},
+                exp_new)  # fmt: skip
+    fresh_got = alloc.call(exp_new, 0, "allocating")
+    if fresh_got is not None:
+        _judge_changed(alloc, exp_new, exp, fresh_got, "fresh allocations, no out=")
+    return after
 
 
 def _compare_calls(trial: _Trial, op, exp: _Expected, first: dict, second: dict) -> None:

@@ -1,0 +1,119 @@
+"""How often ``kernelab compare`` calls identical code slower, on a quiet or a loaded machine.
+
+    python benchmarks/bench_compare_noise.py [--pairs 10] [--load] [--shape decode]
+
+Times an RMSNorm candidate (``benchmarks/candidates/rmsnorm_same.py``) twice per pair with
+``kernelab bench --candidate``, beside eager torch, and compares the two runs. Identical code
+must give 0 confirmed regressions. Each pair then times a planted 2x slowdown (the same
+function computing the norm twice, ``rmsnorm_twice.py``) against the first run of the pair:
+it must still be confirmed. ``--load`` keeps one other process spinning on a core for the
+whole run. Prints the machine, versions, load, and one line per pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def _spin(stop) -> None:
+    x = 0
+    while not stop.is_set():
+        for _ in range(100_000):
+            x += 1
+
+
+def _kernelab(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), COLUMNS="200")
+    return subprocess.run(
+        [sys.executable, "-m", "kernelab", *args], capture_output=True, text=True, env=env
+    )
+
+
+def _bench(ledger: str, candidate: str, shape: str, label: str) -> str:
+    out = _kernelab(
+        "bench", "--device", "cpu", "--op", "rmsnorm", "--candidate", candidate,
+        "--variant", "torch", "--shape", shape, "--dtype", "fp32",
+        "--ledger", ledger, "--label", label, "--json",
+    )  # fmt: skip
+    if out.returncode != 0:
+        raise SystemExit(f"bench failed ({out.returncode}): {out.stderr[-2000:]}")
+    return label
+
+
+def _compare(ledger: str, a: str, b: str) -> dict:
+    out = _kernelab("compare", a, b, "--ledger", ledger, "--json")
+    if out.returncode not in (0, 1):
+        raise SystemExit(f"compare failed ({out.returncode}): {out.stderr[-2000:]}")
+    return json.loads(out.stdout)
+
+
+def _candidate_line(data: dict) -> tuple[int, int, dict]:
+    cand = [c for c in data["cases"] if c["variant"].startswith("candidate:")]
+    regress = sum(1 for c in cand if c["regression"])
+    verdicts: dict[str, int] = {}
+    for c in cand:
+        verdicts[c["verdict"]] = verdicts.get(c["verdict"], 0) + 1
+    return regress, len(cand), verdicts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=10)
+    ap.add_argument("--load", action="store_true", help="spin a process on another core")
+    ap.add_argument("--shape", default="decode", help="shape label filter for bench")
+    args = ap.parse_args()
+    import torch
+
+    print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {sys.version.split()[0]}")
+    print(f"versions: torch {torch.__version__}; load average {os.getloadavg()[0]:.2f}")
+    print(f"pairs: {args.pairs}, shape filter {args.shape!r}, spinner: {args.load}")
+    same = str(HERE / "candidates" / "rmsnorm_same.py") + ":rmsnorm_candidate"
+    twice = str(HERE / "candidates" / "rmsnorm_twice.py") + ":rmsnorm_candidate"
+    stop = mp.Event()
+    spinner = mp.Process(target=_spin, args=(stop,), daemon=True) if args.load else None
+    if spinner:
+        spinner.start()
+    false_total = confirmed_total = slow_cases = 0
+    t0 = time.perf_counter()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            ledger = str(Path(tmp) / "noise.sqlite")
+            for i in range(args.pairs):
+                a = _bench(ledger, same, args.shape, f"a{i}")
+                b = _bench(ledger, same, args.shape, f"b{i}")
+                s = _bench(ledger, twice, args.shape, f"s{i}")
+                fr, n, v_same = _candidate_line(_compare(ledger, a, b))
+                cr, ns, v_slow = _candidate_line(_compare(ledger, a, s))
+                false_total += fr
+                confirmed_total += cr
+                slow_cases += ns
+                print(
+                    f"pair {i + 1:2d}: identical: {fr} regression(s) of {n} {v_same}; "
+                    f"2x slower: {cr} of {ns} confirmed {v_slow}",
+                    flush=True,
+                )
+    finally:
+        if spinner:
+            stop.set()
+            spinner.join(5)
+    print(
+        f"identical code: {false_total} confirmed regression(s) over {args.pairs} pairs; "
+        f"planted 2x slowdown: {confirmed_total} of {slow_cases} cases confirmed; "
+        f"{time.perf_counter() - t0:.0f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()
