@@ -16,6 +16,8 @@ Kernels:
 - ``_gemm_tma_kernel``: tiles fetched through TMA tensor descriptors (the Hopper path).
 - ``_fp8_gemm_kernel``: e4m3 inputs, per-tensor or per-row/per-column scales (``fp8_gemm``).
 - ``_wq_gemm_kernel``: int4/int8 weight-only GEMM, constexpr BITS (``w4a16``, ``w8a16``).
+- ``_fp8_block_gemm_kernel``: e4m3 with 1 × 128 activation and 128 × 128 weight block scales
+  applied per K block inside the loop (``fp8_block_gemm``).
 """
 
 from __future__ import annotations
@@ -495,4 +497,68 @@ def _wq_gemm_kernel(
     if HAS_BIAS:
         acc = acc + tl.load(Bias + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     c_ptrs = C + pid_k * stride_cs + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@kernel
+def _fp8_block_gemm_kernel(
+    C,
+    stride_cm,
+    stride_cn,
+    A,
+    stride_am,
+    stride_ak,
+    B,
+    stride_bk,
+    stride_bn,
+    SA,
+    stride_sam,
+    stride_sak,
+    SB,
+    stride_sbn,
+    stride_sbk,
+    M,
+    N,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
+):
+    """One output tile per program in grouped order, block-scaled:
+
+        C[m, n] = Σ_kb (Σ_{k in block kb} A[m, k]·B[k, n]) · SA[m, kb] · SB[n // SCALE_BLOCK, kb]
+
+    Each BLOCK_K step lies in one scale block along K (SCALE_BLOCK % BLOCK_K == 0): its e4m3
+    product is summed on tensor cores in float32, then scaled and added to the accumulator. K
+    past the end (a last block shorter than SCALE_BLOCK) is masked to zero.
+
+    Bytes: M·K + K·N (one byte each), the float32 scales M·⌈K/128⌉ + ⌈N/128⌉·⌈K/128⌉, and
+    2·M·N for the bfloat16 output.
+    """
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < N
+    a_rows = A + rm[:, None].to(tl.int64) * stride_am
+    b_cols = B + rn[None, :].to(tl.int64) * stride_bn
+    sa_rows = SA + rm.to(tl.int64) * stride_sam
+    sb_cols = SB + (rn // SCALE_BLOCK).to(tl.int64) * stride_sbn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        a = tl.load(
+            a_rows + kk[None, :] * stride_ak, mask=m_ok[:, None] & (kk[None, :] < K), other=0.0
+        )
+        b = tl.load(
+            b_cols + kk[:, None] * stride_bk, mask=(kk[:, None] < K) & n_ok[None, :], other=0.0
+        )
+        kb = k0 // SCALE_BLOCK
+        sa = tl.load(sa_rows + kb * stride_sak, mask=m_ok, other=0.0)
+        sb = tl.load(sb_cols + kb * stride_sbk, mask=n_ok, other=0.0)
+        acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
+    c_ptrs = C + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])

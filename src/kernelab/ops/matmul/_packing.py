@@ -27,6 +27,13 @@ eight 4-bit codes into each int32:
   only checkpoints without activation reordering (``g_idx`` equal to k // G) are accepted.
 
 Every ``pack_*`` has an ``unpack_*`` inverse; the round trip returns the same integers.
+
+Block-scaled float8 weights (``fp8_block_gemm``, DeepSeek-V3's layout): ``values`` e4m3
+[N, K] (the nn.Linear weight's own layout) and float32 ``scales`` [⌈N/128⌉, ⌈K/128⌉], one per
+128 × 128 block, ``W[n, k] = values[n, k] · scales[n // 128, k // 128]`` (the last blocks
+shorter when N or K is not a multiple of 128). ``quantize_fp8_block`` makes them from a float
+weight: each block's max|w| maps to the format's largest value, optionally rounded up to a
+power of two (``ue8m0``).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from kernelab.ops._runtime import check as _check
+from kernelab.ops._runtime import fp8 as _fp8
 
 GROUP_SIZES = (64, 128)
 #: Nibble p of an AWQ word holds column 8j + AWQ_ORDER[p].
@@ -245,3 +253,57 @@ def quantize_int8(w: torch.Tensor, dtype: torch.dtype | None = None):
 
 def dequantize_int8(qweight, scales, dtype=torch.float64) -> torch.Tensor:
     return qweight.to(dtype) * scales.to(dtype)[None, :]
+
+
+# --- block-scaled float8 --------------------------------------------------------------------
+
+#: Rows and columns of a weight's scale block (DeepSeek-V3's 128 × 128).
+FP8_BLOCK = 128
+
+
+def _pow2_ceil(scale: torch.Tensor) -> torch.Tensor:
+    """The smallest power of two ≥ each (positive, finite) scale, exactly (frexp's exponent)."""
+    mantissa, exponent = torch.frexp(scale)
+    up = torch.ldexp(torch.ones_like(scale), exponent - (mantissa == 0.5).to(exponent.dtype))
+    return torch.where(torch.isfinite(scale), up, scale)
+
+
+def _blocks(w: torch.Tensor, block: int) -> torch.Tensor:
+    """w [N, K] zero-padded to whole blocks, as [N/b, b, K/b, b]."""
+    n, k = w.shape
+    nb, kb = -(-n // block), -(-k // block)
+    w = torch.nn.functional.pad(w, (0, kb * block - k, 0, nb * block - n))
+    return w.reshape(nb, block, kb, block)
+
+
+def quantize_fp8_block(
+    w: torch.Tensor, fp8_dtype: torch.dtype | None = None, ue8m0: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values e4m3 [N, K], float32 scales [⌈N/128⌉, ⌈K/128⌉]) of a float weight [N, K].
+
+    scale = max(max|block| / FP8_MAX, MIN_SCALE) per 128 × 128 block (a power of two at or
+    above it with ``ue8m0``); values = e4m3(clamp(w / scale, ±FP8_MAX)), rounded to nearest
+    even, computed in float32.
+    """
+    _check.tensor("w", w, dtypes=_check.FLOATS, ndim=2)
+    fp8_dtype = fp8_dtype or _fp8.FP8_DTYPES[0]
+    _fp8.check_dtype("fp8_dtype", fp8_dtype)
+    _check.boolean("ue8m0", ue8m0)
+    n, k = w.shape
+    top = torch.finfo(fp8_dtype).max
+    blocks = _blocks(w.to(torch.float32), FP8_BLOCK)
+    amax = blocks.abs().amax(dim=(1, 3)) if blocks.numel() else blocks.new_zeros(blocks.shape[::2])
+    scales = (amax / top).clamp_min(_fp8.MIN_SCALE)
+    if ue8m0:
+        scales = _pow2_ceil(scales)
+    q = (blocks / scales[:, None, :, None]).clamp(-top, top).to(fp8_dtype)
+    nb, _, kb, _ = blocks.shape
+    values = q.reshape(nb * FP8_BLOCK, kb * FP8_BLOCK)[:n, :k].contiguous()
+    return values, scales.contiguous()
+
+
+def dequantize_fp8_block(values, scales, dtype=torch.float64) -> torch.Tensor:
+    """values · scales expanded over their 128 × 128 blocks, [N, K] in ``dtype``."""
+    n, k = values.shape
+    full = scales.to(dtype).repeat_interleave(FP8_BLOCK, 0).repeat_interleave(FP8_BLOCK, 1)
+    return values.to(dtype) * full[:n, :k]
