@@ -307,3 +307,96 @@ def dequantize_fp8_block(values, scales, dtype=torch.float64) -> torch.Tensor:
     n, k = values.shape
     full = scales.to(dtype).repeat_interleave(FP8_BLOCK, 0).repeat_interleave(FP8_BLOCK, 1)
     return values.to(dtype) * full[:n, :k]
+
+
+# --- microscaling formats (mxfp4, mxfp8) ----------------------------------------------------
+#
+# OCP Microscaling Formats (MX) v1.0: a block of 32 consecutive values along K shares one
+# power-of-two scale, stored as its biased exponent (ue8m0: byte s means 2^(s − 127)).
+#
+# - mxfp4: values e2m1 (±{0, 0.5, 1, 1.5, 2, 3, 4, 6}), two per byte along K, element 2i in the
+#   low nibble and 2i + 1 in the high nibble (the order Triton's tl.dot_scaled and the tensor
+#   cores read); a weight [N, K] is uint8 [N, K/2] with scales uint8 [N, K/32].
+# - mxfp8: values e4m3 [N, K] with the same scales.
+#
+# Quantization (the spec's rule): the block's shared exponent is ⌊log2 max|x|⌋ − emax, emax the
+# element format's largest exponent (2 for e2m1, 8 for e4m3); values x / 2^exponent rounded to
+# nearest even in the element format, saturating at its largest magnitude (6 or 448). The
+# division by a power of two is exact, so the result is the same computed in any precision.
+
+MX_BLOCK = 32
+MX_FORMATS = ("mxfp4", "mxfp8")
+#: The largest exponent of the element format (e2m1: 6 = 1.5 · 2^2; e4m3: 448 = 1.75 · 2^8).
+MX_EMAX = {"mxfp4": 2, "mxfp8": 8}
+#: e2m1 code → magnitude (bit 3 is the sign).
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+#: Midpoints between neighbouring e2m1 magnitudes, and whether a tie rounds up (to the even
+#: code above) or down: 0.25 → 0, 0.75 → 1, 1.25 → 1, 1.75 → 2, 2.5 → 2, 3.5 → 4, 5 → 4.
+E2M1_MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False),
+                  (3.5, True), (5.0, False))  # fmt: skip
+
+
+def check_mx_format(fmt: str) -> None:
+    if fmt not in MX_FORMATS:
+        raise ValueError(f"fmt: expected one of {MX_FORMATS}, got {fmt!r}")
+
+
+def e2m1_codes(y: torch.Tensor) -> torch.Tensor:
+    """4-bit e2m1 codes (uint8) of ``y``, rounded to nearest even, saturating at ±6."""
+    ay = y.abs()
+    code = torch.zeros(y.shape, dtype=torch.uint8, device=y.device)
+    for mid, tie_up in E2M1_MIDPOINTS:
+        code += (ay >= mid if tie_up else ay > mid).to(torch.uint8)
+    return code | ((y < 0).to(torch.uint8) << 3)
+
+
+def e2m1_values(codes: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
+    table = torch.tensor(E2M1_VALUES, dtype=dtype, device=codes.device)
+    mag = table[(codes & 7).long()]
+    return torch.where((codes & 8) != 0, -mag, mag)
+
+
+def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
+    """[..., K] codes → [..., K/2] bytes, element 2i in the low nibble."""
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """[..., K/2] bytes → [..., K] codes (the inverse of ``pack_fp4``)."""
+    return torch.stack((packed & 15, packed >> 4), dim=-1).reshape(*packed.shape[:-1], -1)
+
+
+def _mx_shared_exponent(xb: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The biased scale byte (int32) of each block of ``xb`` [..., blocks, 32]: ⌊log2 amax⌋ + 127
+    − emax, at least 0 (a block of zeros, or of values too small for any scale, gets 0)."""
+    amax = xb.abs().amax(dim=-1)
+    _, exponent = torch.frexp(amax.to(torch.float32))  # amax = m · 2^e, 0.5 ≤ m < 1
+    biased = exponent.to(torch.int32) - 1 + 127 - MX_EMAX[fmt]
+    return torch.where(amax > 0, biased.clamp(0, 254), torch.zeros_like(biased))
+
+
+def quantize_mx(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, scales) of a float [rows, K] in an MX format (K a multiple of 32): mxfp4 values
+    uint8 [rows, K/2], mxfp8 values float8_e4m3fn [rows, K]; scales uint8 [rows, K/32]."""
+    check_mx_format(fmt)
+    _check.tensor("x", x, dtypes=(*_check.FLOATS, torch.float64), ndim=2)
+    rows, k = x.shape
+    if k % MX_BLOCK:
+        raise ValueError(f"x: K = {k} is not a multiple of the {MX_BLOCK}-value scale block")
+    xb = x.to(torch.float64).reshape(rows, k // MX_BLOCK, MX_BLOCK)
+    scale = _mx_shared_exponent(xb, fmt)
+    y = xb * torch.exp2((127 - scale).to(torch.float64))[..., None]  # exact: a power of two
+    if fmt == "mxfp4":
+        values = pack_fp4(e2m1_codes(y).reshape(rows, k))
+    else:
+        top = torch.finfo(torch.float8_e4m3fn).max
+        values = y.clamp(-top, top).to(torch.float32).to(torch.float8_e4m3fn).reshape(rows, k)
+    return values, scale.to(torch.uint8)
+
+
+def dequantize_mx(values, scales, fmt: str, dtype=torch.float64) -> torch.Tensor:
+    """values · 2^(scale − 127) per 32-value block, [rows, K] in ``dtype``."""
+    check_mx_format(fmt)
+    v = e2m1_values(unpack_fp4(values), dtype) if fmt == "mxfp4" else values.to(dtype)
+    factor = torch.exp2(scales.to(dtype) - 127).repeat_interleave(MX_BLOCK, dim=-1)
+    return v * factor
