@@ -176,3 +176,17 @@ def test_planted_defects_are_caught(monkeypatch, tmp_path, name):
     inputs = FP8_BLOCK_GEMM.inputs(shape, torch.bfloat16, "cpu", seed=6)
     with pytest.raises(AssertionError, match=r"rel L2|non-finite"):
         _check(inputs, lambda **kw: fp8_block_gemm_triton(**kw, config=SMALL))
+
+
+@pytest.mark.slow
+def test_default_configs_use_wgmma_on_fp8_operands_without_spills_on_sm90():
+    from tests.opcheck import compile_launch
+
+    reps = FP8_BLOCK_GEMM.shapes("representative")
+    for m in (1, 2048):
+        (launch,) = FP8_BLOCK_GEMM.launches(
+            next(s for s in reps if s.dims["M"] == m), torch.bfloat16
+        )
+        ptx = compile_launch(launch).asm["ptx"]
+        assert "wgmma.mma_async" in ptx and ".e4m3.e4m3" in ptx, f"M={m}: no fp8 wgmma"
+        assert ".local" not in ptx, f"M={m}: local memory (spills)"

@@ -185,3 +185,27 @@ def test_planted_defects_are_caught(monkeypatch, tmp_path, name):
     inputs = MX_GEMM.inputs(shape, torch.bfloat16, "cpu", seed=6)
     with pytest.raises(AssertionError, match=r"rel L2|non-finite"):
         _check(inputs, lambda **kw: mx_gemm_triton(**kw, config=SMALL))
+
+
+# --- what the compiler makes of tl.dot_scaled (no GPU needed) ------------------------------------
+
+
+@pytest.mark.slow
+def test_quantized_prefill_is_native_on_sm100_and_weight_only_is_emulated():
+    import re
+
+    from triton.backends.compiler import GPUTarget
+
+    from tests.opcheck import compile_launch
+
+    reps = MX_GEMM.shapes("representative")
+    prefill = next(s for s in reps if s.dims["M"] == 2048 and s.params["fmt"] == "mxfp4")
+    decode = next(s for s in reps if s.dims["M"] == 1)
+    mma = re.compile(r"\btcgen05\.mma\S*")
+    for shape, native in ((prefill, True), (decode, False)):
+        (launch,) = MX_GEMM.launches(shape, torch.bfloat16)
+        ptx = compile_launch(launch, GPUTarget("cuda", 100, 32)).asm["ptx"]
+        found = set(mma.findall(ptx))
+        assert found, f"no tcgen05 MMA for {shape.label}"
+        assert any(".kind::mxf4.block_scale" in i for i in found) == native, found
+        assert ".local" not in ptx
