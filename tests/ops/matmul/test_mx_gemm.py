@@ -209,3 +209,20 @@ def test_quantized_prefill_is_native_on_sm100_and_weight_only_is_emulated():
         assert found, f"no tcgen05 MMA for {shape.label}"
         assert any(".kind::mxf4.block_scale" in i for i in found) == native, found
         assert ".local" not in ptx
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN on purpose
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8"])
+def test_nan_or_inf_in_a_block_gives_the_nan_scale_and_nan_rows(fmt):
+    from kernelab.numerics import special_mismatch
+
+    shape = Shape("t", {"M": 4, "N": 8, "K": 64}, {"fmt": fmt, "quantize_a": True})
+    inputs = MX_GEMM.inputs(shape, torch.bfloat16, "cpu", seed=2)
+    inputs["a"][1, 3] = float("nan")
+    inputs["a"][2, 40] = float("inf")
+    _, scales = packing.quantize_mx(inputs["a"], fmt)
+    assert scales[1, 0] == scales[2, 1] == packing.MX_NAN_SCALE and scales[0].max() < 255
+    (ref,), _ = MX_GEMM.run_reference(inputs)
+    out = mx_gemm_triton(**_clone(inputs), config=SMALL)
+    assert not special_mismatch(out, ref).any()
+    assert out[1:3].isnan().all() and torch.isfinite(out[[0, 3]]).all()

@@ -570,14 +570,17 @@ def _fp8_block_gemm_kernel(
 @kernel
 def _mx_quantize(x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, FP4: tl.constexpr):
     """A [BLOCK_M, BLOCK_K] tile to an MX format (OCP rule): per 32 values the scale byte
-    ⌊log2 max|x|⌋ + 127 − emax (at least 0), values x / 2^(byte − 127) rounded to nearest even,
-    saturating. Returns (values: FP4 packed uint8 [BLOCK_M, BLOCK_K / 2], low nibble first,
-    else e4m3 [BLOCK_M, BLOCK_K]; scale bytes uint8 [BLOCK_M, BLOCK_K / 32])."""
+    ⌊log2 max|x|⌋ + 127 − emax (at least 0; 255, NaN, for a block with NaN or Inf), values
+    x / 2^(byte − 127) rounded to nearest even, saturating. Returns (values: FP4 packed uint8
+    [BLOCK_M, BLOCK_K / 2], low nibble first, else e4m3 [BLOCK_M, BLOCK_K]; scale bytes uint8
+    [BLOCK_M, BLOCK_K / 32])."""
     x3 = tl.reshape(x.to(tl.float32), (BLOCK_M, BLOCK_K // 32, 32))
-    amax = tl.max(tl.abs(x3), axis=2)
-    exponent = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF  # ⌊log2 amax⌋ + 127 (normals)
-    scale = tl.maximum(exponent - (2 if FP4 else 8), 0)
-    inverse = ((254 - scale) << 23).to(tl.float32, bitcast=True)  # 2^(127 − scale), exact
+    # ⌊log2 max|x|⌋ + 127 as the largest exponent field (an integer max: NaN and Inf, field
+    # 255, are not dropped as a float max on the GPU would drop NaN)
+    exponent = tl.max((x3.to(tl.int32, bitcast=True) >> 23) & 0xFF, axis=2)
+    # a block holding NaN or Inf gets the NaN scale 0xFF (OCP MX): the block reads as NaN
+    scale = tl.where(exponent == 255, 255, tl.maximum(exponent - (2 if FP4 else 8), 0))
+    inverse = ((254 - tl.minimum(scale, 254)) << 23).to(tl.float32, bitcast=True)  # 2^(127−s)
     y = tl.reshape(x3 * inverse[:, :, None], (BLOCK_M, BLOCK_K))
     if FP4:
         ay = tl.abs(y)

@@ -321,10 +321,14 @@ def dequantize_fp8_block(values, scales, dtype=torch.float64) -> torch.Tensor:
 #
 # Quantization (the spec's rule): the block's shared exponent is ⌊log2 max|x|⌋ − emax, emax the
 # element format's largest exponent (2 for e2m1, 8 for e4m3); values x / 2^exponent rounded to
-# nearest even in the element format, saturating at its largest magnitude (6 or 448). The
-# division by a power of two is exact, so the result is the same computed in any precision.
+# nearest even in the element format, saturating at its largest magnitude (6 or 448); a block
+# holding NaN or Inf gets the NaN scale byte 255. The division by a power of two is exact, so
+# the result is the same computed in any precision.
 
 MX_BLOCK = 32
+#: The ue8m0 byte that means NaN: the whole block reads as NaN (the spec's rule for a block
+#: holding NaN or Inf, as e2m1 has neither).
+MX_NAN_SCALE = 255
 MX_FORMATS = ("mxfp4", "mxfp8")
 #: The largest exponent of the element format (e2m1: 6 = 1.5 · 2^2; e4m3: 448 = 1.75 · 2^8).
 MX_EMAX = {"mxfp4": 2, "mxfp8": 8}
@@ -368,11 +372,13 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
 
 def _mx_shared_exponent(xb: torch.Tensor, fmt: str) -> torch.Tensor:
     """The biased scale byte (int32) of each block of ``xb`` [..., blocks, 32]: ⌊log2 amax⌋ + 127
-    − emax, at least 0 (a block of zeros, or of values too small for any scale, gets 0)."""
+    − emax, at least 0 (a block of zeros, or of values too small for any scale, gets 0); a
+    block holding NaN or Inf gets ``MX_NAN_SCALE``."""
     amax = xb.abs().amax(dim=-1)
     _, exponent = torch.frexp(amax.to(torch.float32))  # amax = m · 2^e, 0.5 ≤ m < 1
     biased = exponent.to(torch.int32) - 1 + 127 - MX_EMAX[fmt]
-    return torch.where(amax > 0, biased.clamp(0, 254), torch.zeros_like(biased))
+    biased = torch.where(amax > 0, biased.clamp(0, 254), torch.zeros_like(biased))
+    return torch.where(torch.isfinite(amax), biased, torch.full_like(biased, MX_NAN_SCALE))
 
 
 def quantize_mx(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -385,7 +391,7 @@ def quantize_mx(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"x: K = {k} is not a multiple of the {MX_BLOCK}-value scale block")
     xb = x.to(torch.float64).reshape(rows, k // MX_BLOCK, MX_BLOCK)
     scale = _mx_shared_exponent(xb, fmt)
-    y = xb * torch.exp2((127 - scale).to(torch.float64))[..., None]  # exact: a power of two
+    y = xb * torch.exp2((127 - scale.clamp(max=254)).to(torch.float64))[..., None]  # exact
     if fmt == "mxfp4":
         values = pack_fp4(e2m1_codes(y).reshape(rows, k))
     else:
@@ -398,5 +404,6 @@ def dequantize_mx(values, scales, fmt: str, dtype=torch.float64) -> torch.Tensor
     """values · 2^(scale − 127) per 32-value block, [rows, K] in ``dtype``."""
     check_mx_format(fmt)
     v = e2m1_values(unpack_fp4(values), dtype) if fmt == "mxfp4" else values.to(dtype)
-    factor = torch.exp2(scales.to(dtype) - 127).repeat_interleave(MX_BLOCK, dim=-1)
-    return v * factor
+    factor = torch.exp2(scales.to(dtype) - 127)
+    factor = torch.where(scales == MX_NAN_SCALE, torch.nan, factor)
+    return v * factor.repeat_interleave(MX_BLOCK, dim=-1)
