@@ -300,3 +300,32 @@ def test_cache_key_covers_called_helpers(tmp_path):
 def test_autotuned_kernels_are_unwrapped():
     spec = parse_signature(K.tuned_copy_kernel, "*fp16,*fp16,i32,BLOCK=64")
     assert spec.name == "copy_kernel" and spec.kernel is K.copy_kernel
+
+
+BLOCK_SCALED_PTX = """
+	tcgen05.mma.cta_group::1.kind::mxf4.block_scale.block32 [%r1], %rd2, %rd3, %r4, [%r5], [%r6];
+	tcgen05.mma.cta_group::1.kind::f16 [%r1], %rd2, %rd3, %r4, %p1;
+"""
+
+
+def test_block_scaled_mma_is_named_and_told_from_emulation():
+    facts = parse.nvidia({"ptx": BLOCK_SCALED_PTX, "res_usage": RES, "sass": "", "shared": 0})
+    assert facts["tensor_cores"] == {"tcgen05": 2, "tcgen05_block_scale": 1}
+    assert facts["mma_instructions"] == [
+        "tcgen05.mma.cta_group::1.kind::f16",
+        "tcgen05.mma.cta_group::1.kind::mxf4.block_scale.block32",
+    ]
+    assert parse.nvidia({"ptx": PTX, "res_usage": RES})["mma_instructions"] == [
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16"
+    ]
+    native = _facts(
+        scaled_dots=1, dots=1, **{k: facts[k] for k in ("tensor_cores", "mma_instructions")}
+    )
+    out = [x for x in findings(native, TARGETS["sm_100"], None, []) if x.kind == "dot-scaled"]
+    assert len(out) == 1 and "native" in out[0].message and "mxf4.block_scale" in out[0].message
+    wgmma = ["wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"]
+    emulated = _facts(scaled_dots=1, dots=1, tensor_cores={"wgmma": 4}, mma_instructions=wgmma)
+    out = [x for x in findings(emulated, TARGETS["sm_90"], None, []) if x.kind == "dot-scaled"]
+    assert len(out) == 1 and "emulated on sm_90" in out[0].message and wgmma[0] in out[0].message
+    plain = _facts(dots=1, tensor_cores={"wgmma": 4}, mma_instructions=wgmma)
+    assert not [x for x in findings(plain, TARGETS["sm_90"], None, []) if x.kind == "dot-scaled"]

@@ -46,7 +46,10 @@ class DeviceSpec:
         return None if peak is None else peak / self.hbm_bytes_per_s
 
 
-# Source: HARDWARE.md (NVIDIA A100/H100/H200/B200 and AMD MI300X datasheets); TPUs below.
+# Source: HARDWARE.md (NVIDIA A100/H100/H200/B200 and AMD MI300X datasheets); TPUs below. A
+# missing "fp8" or "fp4" entry means no tensor cores of that type (A100: neither; H100, H200,
+# MI300X: no fp4): kernels in those formats are emulated there and bound by the rate of what
+# they upcast to.
 DEVICES: tuple[DeviceSpec, ...] = (
     DeviceSpec(
         "A100 80GB SXM",
@@ -93,6 +96,10 @@ DEVICES: tuple[DeviceSpec, ...] = (
             "bf16": 2250 * TF,
             "fp16": 2250 * TF,
             "fp8": 4500 * TF,
+            # FP4 tensor cores (block-scaled e2m1: mxfp4, nvfp4), dense: half of NVIDIA's HGX
+            # B200 figure of 144 PFLOPS with sparsity for eight GPUs (nvidia.com/en-us/
+            # data-center/hgx, HGX B200 specifications). Block-scaled mxfp8 runs at the fp8 rate.
+            "fp4": 9000 * TF,
             "tf32": 1100 * TF,
             "fp32": 75 * TF,
         },
@@ -183,6 +190,11 @@ _DTYPE_ALIASES = {
     "float8_e5m2": "fp8",
     "float8_e4m3fnuz": "fp8",
     "e4m3": "fp8",
+    # block-scaled formats run at their element type's tensor-core rate where it is native
+    "mxfp8": "fp8",
+    "e2m1": "fp4",
+    "mxfp4": "fp4",
+    "nvfp4": "fp4",
     "tf32": "tf32",
     "int8": "int8",
 }

@@ -12,6 +12,9 @@ Rules (severity):
 - occupancy (info): below 50% and limited by registers or shared memory, with the register
   count or shared-memory size at which one more block fits;
 - no-tensor-cores (warn): a ``tl.dot`` without mma / wgmma / tcgen05 / MFMA instructions;
+- dot-scaled (info): how a ``tl.dot_scaled`` compiled: native (Blackwell's block-scaled
+  tcgen05 MMA) or emulated (operands scaled and upcast, then an ordinary MMA), naming the
+  instructions found;
 - offset-32bit (warn when the op's tensors reach 2^31 elements, info when sizes are unknown):
   pointers offset by 32-bit values scaled from the program id;
 - vectorisation: accesses narrower than 128 bits that 16-divisible arguments would widen
@@ -154,6 +157,22 @@ def findings(
                 "16-bit or 8-bit inputs (or tf32 for fp32), tile sides ≥ 16, num_warps ≥ 4",
             )
         )
+    if facts.get("scaled_dots"):
+        found = ", ".join(facts.get("mma_instructions") or []) or "no tensor-core instruction"
+        if (facts.get("tensor_cores") or {}).get("tcgen05_block_scale"):
+            out.append(Finding("dot-scaled", "info", f"tl.dot_scaled native: {found}"))
+        else:
+            out.append(
+                Finding(
+                    "dot-scaled",
+                    "info",
+                    f"tl.dot_scaled emulated on {target.name} (operands scaled and upcast, "
+                    f"then {found})",
+                    "native only on sm_100 with both operands in fp8/fp6/fp4 formats"
+                    if target.name != "sm_100"
+                    else "both operands in fp8/fp6/fp4 formats (a bf16 operand is upcast)",
+                )
+            )
     risky = facts.get("offsets_32bit") or []
     if risky and (max_elements is None or max_elements >= INT32_ELEMENTS):
         sized = (

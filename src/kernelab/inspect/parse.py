@@ -22,7 +22,13 @@ _PTX_TC = {
     "mma": re.compile(r"\bmma\.sync\.aligned\.\S+"),
     "wgmma": re.compile(r"\bwgmma\.mma_async\.\S+"),
     "tcgen05": re.compile(r"\btcgen05\.mma\.\S+"),
+    # Blackwell's block-scaled MMA (kind::mxf4, mxf4nvf4, mxf8f6f4 with .block_scale): what a
+    # tl.dot_scaled is when the hardware does the scaling; without it the scales were applied
+    # to upcast operands before an ordinary MMA (emulated).
+    "tcgen05_block_scale": re.compile(r"\btcgen05\.mma\S*\.block_scale\S*"),
 }
+#: Every tensor-core instruction, spelled as in the PTX without its operands.
+_PTX_TC_ANY = re.compile(r"\b(?:tcgen05\.mma|wgmma\.mma_async|mma\.sync\.aligned)\.[^\s;,]+")
 _SASS_SPILL = re.compile(r"\b(STL|LDL)(?:\.\w+)*\b")
 
 
@@ -65,6 +71,7 @@ def nvidia(art: dict) -> dict:
         "loads": _bits(loads),
         "stores": _bits(stores),
         "tensor_cores": {k: v for k, v in tc.items() if v},
+        "mma_instructions": sorted(set(_PTX_TC_ANY.findall(ptx))),
         "tma": len(_PTX_TMA.findall(ptx)),
     }
 
@@ -113,6 +120,7 @@ def amd(art: dict) -> dict:
         "loads": _bits(loads),
         "stores": _bits(stores),
         "tensor_cores": {"mfma": mfma} if mfma else {},
+        "mma_instructions": sorted(set(_AMD_MFMA.findall(gcn))),
         "tma": 0,
     }
 
@@ -145,6 +153,7 @@ def ttir(text: str) -> dict:
     args: dict[str, str] = {}
     addptrs: list[tuple[str, str, str]] = []
     dots = 0
+    scaled_dots = 0
     scalar_loads = 0
     tensor_loads = 0
     for line in text.splitlines():
@@ -163,6 +172,7 @@ def ttir(text: str) -> dict:
         defs[name] = (op, operands, types)
         if op == "tt.dot" or op == "tt.dot_scaled":
             dots += 1
+            scaled_dots += op == "tt.dot_scaled"
         elif op == "tt.load":
             if "tensor<" in types:
                 tensor_loads += 1
@@ -207,6 +217,7 @@ def ttir(text: str) -> dict:
                 break
     return {
         "dots": dots,
+        "scaled_dots": scaled_dots,
         "scalar_loads": scalar_loads,
         "tensor_loads": tensor_loads,
         "offsets_32bit": sorted(risky),

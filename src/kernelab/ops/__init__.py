@@ -40,8 +40,10 @@ from kernelab.ops.attention.paged_attention import (
 )
 from kernelab.ops.logits.softmax import SOFTMAX, softmax, softmax_ref
 from kernelab.ops.matmul import _packing as packing  # int4/int8 layouts and converters
+from kernelab.ops.matmul.fp8_block_gemm import FP8_BLOCK_GEMM, fp8_block_gemm, fp8_block_gemm_ref
 from kernelab.ops.matmul.fp8_gemm import FP8_GEMM, fp8_gemm, fp8_gemm_ref
 from kernelab.ops.matmul.gemm import GEMM, gemm, gemm_ref
+from kernelab.ops.matmul.mx_gemm import MX_GEMM, mx_gemm, mx_gemm_ref
 from kernelab.ops.matmul.w4a16 import W4A16_GEMM, w4a16_gemm, w4a16_ref
 from kernelab.ops.matmul.w8a16 import W8A16_GEMM, w8a16_gemm, w8a16_ref
 from kernelab.ops.norm.layernorm import LAYERNORM, layernorm, layernorm_ref

@@ -278,6 +278,35 @@ def _demo_amd_fp8_dtypes(without):
     return _wrong(z, x.to(torch.float8_e4m3fnuz))
 
 
+@triton.jit
+def _dot_scaled_bf16(C, A, B, S, N: tl.constexpr):
+    r = tl.arange(0, N)
+    a = tl.load(A + r[:, None] * 2 * N + tl.arange(0, 2 * N)[None, :])
+    b = tl.load(B + r[:, None] * N + r[None, :])  # [N, K/2]: K = 2N e2m1 values per row
+    s = tl.load(S + r[:, None] * (2 * N // 32) + tl.arange(0, 2 * N // 32)[None, :])
+    c = tl.dot_scaled(a, None, "bf16", b.T, s, "e2m1")
+    tl.store(C + r[:, None] * N + r[None, :], c)
+
+
+def _demo_dot_scaled_bf16(without):
+    if not hasattr(interpreter_module(), "_mxfp_value_handle_to_float32"):
+        pytest.skip(f"Triton {VERSION}'s interpreter has no tl.dot_scaled")
+    n = 16
+    a = torch.full((n, 2 * n), 1e6).to(BF16)
+    a[:, ::2] = 2.0**-30  # below float16's smallest subnormal
+    b = torch.full((n, n), 0x22, dtype=torch.uint8)  # e2m1 code 2 (1.0) in both nibbles
+    s = torch.full((n, 1), 127, dtype=torch.uint8)  # 2^0
+    c = torch.empty(n, n)
+    run(_dot_scaled_bf16, (1,), c, a, b, s, N=n, without=without)
+    return not torch.equal(c, a.float().sum(dim=1, keepdim=True).expand(n, n))
+
+
+def interpreter_module():
+    import triton.runtime.interpreter as m
+
+    return m
+
+
 UPSTREAM = {
     "float-narrowing": _demo_float_narrowing,
     "narrow-float-casts": _demo_narrow_float_casts,
@@ -289,6 +318,7 @@ UPSTREAM = {
     "bf16-atomics": _demo_bf16_atomics,
     "scalar-index": _demo_scalar_index,
     "amd-fp8-dtypes": _demo_amd_fp8_dtypes,
+    "dot-scaled-bf16": _demo_dot_scaled_bf16,
 }
 
 

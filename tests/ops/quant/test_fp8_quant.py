@@ -13,6 +13,7 @@ from kernelab.ops.quant.fp8_quant import (
     AMAX,
     FP8_DTYPES,
     MIN_SCALE,
+    PER_GROUP,
     PER_TOKEN,
     Fp8QuantConfig,
     fp8_quant_torch,
@@ -107,9 +108,9 @@ def test_the_arithmetic_up_to_the_cast_is_eager_torchs_to_the_bit(dtype):
     pre = torch.empty(5, 1021, dtype=torch.float32)
     scales = torch.empty(5, dtype=torch.float32)
     fp8_module._fp8_quant_kernel[(5, 1)](
-        pre, 1021, scales, x, x.stride(0), scales, 5, 1021,
+        pre, 1021, scales, 0, x, x.stride(0), scales, 5, 1021,
         BLOCK_M=1, BLOCK_N=1024, MODE=PER_TOKEN, SINGLE_PASS=True, FP8_MAX=448.0,
-        MIN_SCALE=MIN_SCALE,
+        MIN_SCALE=MIN_SCALE, GROUP_SIZE=1, UE8M0=False,
     )  # fmt: skip
     xf = x.float()
     eager_scale = (xf.abs().amax(-1, keepdim=True) / 448.0).clamp_min(MIN_SCALE)
@@ -228,3 +229,85 @@ def test_planted_defects_in_quantization_are_caught(
     inputs = FP8_QUANT.inputs(shape, torch.float32, "cpu", seed=5)
     with pytest.raises(AssertionError, match=r"rel L2|NaN"):
         check(FP8_QUANT, inputs, lambda **kw: fp8_quant_triton(**kw, config=config), torch.float32)
+
+
+# --- per token group (block-scaled GEMM activations) ---------------------------------------------
+
+quant_kernels = importlib.import_module("kernelab.ops.quant._kernels")
+
+
+@pytest.mark.parametrize("ue8m0", [False, True], ids=["float32-scales", "ue8m0"])
+@pytest.mark.parametrize("dist", ["normal", "heavy", "tiny"])
+def test_group_quantization_is_eager_torchs_to_the_bit(dist, ue8m0):
+    shape = Shape("t", {"rows": 9, "cols": 400}, {"group_size": 128, "ue8m0": ue8m0})
+    inputs = FP8_QUANT.inputs(shape, torch.bfloat16, "cpu", seed=3, dist=dist)
+    values, scales = fp8_quant_triton(**inputs)
+    ev, es = fp8_quant_torch(**inputs)
+    assert scales.shape == (9, 4) and values.shape == (9, 400)
+    assert torch.equal(values.view(torch.uint8), ev.view(torch.uint8)) and torch.equal(scales, es)
+    tv, ts = fp8_quant_triton(**inputs, config=Fp8QuantConfig(4, 256, 1))  # 2 groups, 2 tiles
+    assert torch.equal(tv.view(torch.uint8), ev.view(torch.uint8)) and torch.equal(ts, es)
+    x = inputs["x"].double()
+    for g in range(4):
+        cols = slice(128 * g, 128 * (g + 1))
+        amax = x[:, cols].abs().amax(dim=1)
+        if ue8m0:
+            assert torch.equal(scales[:, g], torch.exp2(torch.log2(scales[:, g]).round()))
+            assert (scales[:, g].double() * 448 >= amax).all()
+            assert (scales[:, g].double() * 224 < amax).all()
+        else:
+            assert torch.allclose(scales[:, g].double() * 448, amax, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"group_size": 100}, "group_size: expected None or one of"),
+        ({"group_size": 128, "per_token": True}, "group_size: per-token-group"),
+        ({"ue8m0": True}, "ue8m0: power-of-two scales"),
+    ],
+)
+def test_group_arguments_are_checked(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        fp8_quant_triton(torch.randn(2, 256), **kwargs)
+
+
+GROUP_MUTANTS = {
+    # power-of-two scales rounded down: the group's largest values saturate
+    "ue8m0-rounded-down": ("((bits + 0x7FFFFF) & 0x7F800000)", "(bits & 0x7F800000)"),
+    # scales of a tile's groups written to the slots of the tile index, not the group index
+    "group-scale-to-wrong-slot": (
+        "g = pid_n * G + tl.arange(0, G)",
+        "g = pid_n + tl.arange(0, G)",
+    ),
+    # the scale of a group taken over the row tile's largest row
+    "group-scale-over-rows": (
+        "group_max = tl.max(tl.abs(x3), axis=2)",
+        "group_max = tl.max(tl.max(tl.abs(x3), axis=2), axis=0)[None, :]"
+        " + tl.zeros([BLOCK_M, G], tl.float32)",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(GROUP_MUTANTS))
+def test_planted_defects_in_group_quantization_are_caught(monkeypatch, tmp_path, name):
+    old, new = GROUP_MUTANTS[name]
+    source = quant_kernels._pow2_ceil if name.startswith("ue8m0") else fp8_module._fp8_quant_kernel
+    mutant = mutate(source, old, new, tmp_path)
+    if name.startswith("ue8m0"):
+        monkeypatch.setitem(fp8_module._fp8_quant_kernel.fn.__globals__, "_pow2_ceil", mutant)
+    else:
+        mutant.fn.__globals__["_pow2_ceil"] = quant_kernels._pow2_ceil
+        monkeypatch.setattr(fp8_module, "_fp8_quant_kernel", mutant)
+    shape = Shape("t", {"rows": 8, "cols": 384}, {"group_size": 128, "ue8m0": True})
+    inputs = FP8_QUANT.inputs(shape, torch.float32, "cpu", seed=5)
+    config = Fp8QuantConfig(4, 256, 1)  # two groups of four rows per tile, two tiles per row
+    with pytest.raises(AssertionError, match=r"rel L2|NaN"):
+        check(FP8_QUANT, inputs, lambda **kw: fp8_quant_triton(**kw, config=config), torch.float32)
+
+
+def test_group_launch_compiles_to_wide_accesses_without_spills_for_sm90():
+    shape = next(s for s in FP8_QUANT.shapes("representative") if s.params.get("ue8m0"))
+    (launch,) = FP8_QUANT.launches(shape, torch.bfloat16)
+    assert launch.constexprs["MODE"] == PER_GROUP and launch.constexprs["GROUP_SIZE"] == 128
+    assert "cvt.rn.satfinite.e4m3x2.f32" in assert_wide_and_unspilled(launch)

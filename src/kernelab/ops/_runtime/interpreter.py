@@ -240,6 +240,20 @@ FIXES: tuple[Fix, ...] = (
         f"{_TEST}[amd-fp8-dtypes]",
         (Patch("", "_patch_lang_core", ("lang", "scope"), fx.make_patch_lang_core),),
     ),
+    Fix(
+        "dot-scaled-bf16",
+        "tl.dot_scaled decodes a bfloat16 operand through float16: values past 65504 become "
+        "inf, values below 2^-24 become 0 (Triton 3.6 and 3.7 interpret no tl.dot_scaled)",
+        "bf16 operands are widened exactly to float32, as the GPU's MMA reads them",
+        "3.8",
+        None,
+        f"{_TEST}[dot-scaled-bf16]",
+        (
+            Patch(
+                "", "_mxfp_value_handle_to_float32", ("value_handle",), fx.make_dot_scaled_operand
+            ),
+        ),
+    ),
 )
 
 

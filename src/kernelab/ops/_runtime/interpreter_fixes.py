@@ -141,6 +141,20 @@ def make_create_dot(original, m):
     return create_dot
 
 
+def make_dot_scaled_operand(original, m):
+    """tl.dot_scaled's bf16 operands are widened exactly to float32 (the interpreter decodes
+    every operand that is not e2m1 through float16, where bf16 values past 65504 become inf and
+    those below 2^-24 become 0); the others keep the interpreter's decoding (e4m3 and e5m2 fit
+    float16 exactly)."""
+
+    def to_float32(value_handle):
+        if is_bf16(value_handle):
+            return widen_bf16(value_handle.data)
+        return original(value_handle)
+
+    return to_float32
+
+
 # --- bfloat16 arithmetic -------------------------------------------------------------------------
 
 

@@ -93,3 +93,24 @@ def row_edge(options: tuple[dict, ...]) -> list[Shape]:
         for label, n, c, extra in cases
         for p in options
     ]
+
+
+#: Projections (label, N, K) of models served with 128 × 128 block-scaled float8 weights, from
+#: their config.json: DeepSeek-V3 (deepseek-ai/DeepSeek-V3: hidden 7168, q_lora_rank 1536,
+#: kv_lora_rank 512, qk_rope_head_dim 64, 128 heads of qk_nope_head_dim 128 and v_head_dim 128,
+#: intermediate 18432 in its dense layers, moe_intermediate 2048 per expert) and Qwen3-8B
+#: (Qwen/Qwen3-8B: hidden 4096, 32 heads and 8 KV heads of 128, intermediate 12288).
+BLOCK_FP8_PROJECTIONS: tuple[tuple[str, int, int], ...] = (
+    ("deepseek-v3 q_a+kv_a", 1536 + 512 + 64, 7168),
+    ("deepseek-v3 q_b", 128 * (128 + 64), 1536),
+    ("deepseek-v3 kv_b", 128 * (128 + 128), 512),
+    ("deepseek-v3 o", 7168, 128 * 128),
+    ("deepseek-v3 gate_up", 2 * 18432, 7168),
+    ("deepseek-v3 down", 7168, 18432),
+    ("deepseek-v3 expert gate_up", 2 * 2048, 7168),
+    ("deepseek-v3 expert down", 7168, 2048),
+    ("qwen3-8b qkv", (32 + 2 * 8) * 128, 4096),
+    ("qwen3-8b o", 4096, 32 * 128),
+    ("qwen3-8b gate_up", 2 * 12288, 4096),
+    ("qwen3-8b down", 4096, 12288),
+)

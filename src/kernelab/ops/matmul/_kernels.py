@@ -16,6 +16,11 @@ Kernels:
 - ``_gemm_tma_kernel``: tiles fetched through TMA tensor descriptors (the Hopper path).
 - ``_fp8_gemm_kernel``: e4m3 inputs, per-tensor or per-row/per-column scales (``fp8_gemm``).
 - ``_wq_gemm_kernel``: int4/int8 weight-only GEMM, constexpr BITS (``w4a16``, ``w8a16``).
+- ``_fp8_block_gemm_kernel``: e4m3 with 1 × 128 activation and 128 × 128 weight block scales
+  applied per K block inside the loop (``fp8_block_gemm``).
+- ``_mx_gemm_kernel``: mxfp4 / mxfp8 weights through ``tl.dot_scaled``, bf16 activations or
+  activations quantized to the weight's format in the kernel (``mx_gemm``); its helper
+  ``_mx_quantize``.
 """
 
 from __future__ import annotations
@@ -495,4 +500,180 @@ def _wq_gemm_kernel(
     if HAS_BIAS:
         acc = acc + tl.load(Bias + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     c_ptrs = C + pid_k * stride_cs + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@kernel
+def _fp8_block_gemm_kernel(
+    C,
+    stride_cm,
+    stride_cn,
+    A,
+    stride_am,
+    stride_ak,
+    B,
+    stride_bk,
+    stride_bn,
+    SA,
+    stride_sam,
+    stride_sak,
+    SB,
+    stride_sbn,
+    stride_sbk,
+    M,
+    N,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
+):
+    """One output tile per program in grouped order, block-scaled:
+
+        C[m, n] = Σ_kb (Σ_{k in block kb} A[m, k]·B[k, n]) · SA[m, kb] · SB[n // SCALE_BLOCK, kb]
+
+    Each BLOCK_K step lies in one scale block along K (SCALE_BLOCK % BLOCK_K == 0): its e4m3
+    product is summed on tensor cores in float32, then scaled and added to the accumulator. K
+    past the end (a last block shorter than SCALE_BLOCK) is masked to zero.
+
+    Bytes: M·K + K·N (one byte each), the float32 scales M·⌈K/128⌉ + ⌈N/128⌉·⌈K/128⌉, and
+    2·M·N for the bfloat16 output.
+    """
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < N
+    a_rows = A + rm[:, None].to(tl.int64) * stride_am
+    b_cols = B + rn[None, :].to(tl.int64) * stride_bn
+    sa_rows = SA + rm.to(tl.int64) * stride_sam
+    sb_cols = SB + (rn // SCALE_BLOCK).to(tl.int64) * stride_sbn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        a = tl.load(
+            a_rows + kk[None, :] * stride_ak, mask=m_ok[:, None] & (kk[None, :] < K), other=0.0
+        )
+        b = tl.load(
+            b_cols + kk[:, None] * stride_bk, mask=(kk[:, None] < K) & n_ok[None, :], other=0.0
+        )
+        kb = k0 // SCALE_BLOCK
+        sa = tl.load(sa_rows + kb * stride_sak, mask=m_ok, other=0.0)
+        sb = tl.load(sb_cols + kb * stride_sbk, mask=n_ok, other=0.0)
+        acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
+    c_ptrs = C + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@kernel
+def _mx_quantize(x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, FP4: tl.constexpr):
+    """A [BLOCK_M, BLOCK_K] tile to an MX format (OCP rule): per 32 values the scale byte
+    ⌊log2 max|x|⌋ + 127 − emax (at least 0; 255, NaN, for a block with NaN or Inf), values
+    x / 2^(byte − 127) rounded to nearest even, saturating. Returns (values: FP4 packed uint8
+    [BLOCK_M, BLOCK_K / 2], low nibble first, else e4m3 [BLOCK_M, BLOCK_K]; scale bytes uint8
+    [BLOCK_M, BLOCK_K / 32])."""
+    x3 = tl.reshape(x.to(tl.float32), (BLOCK_M, BLOCK_K // 32, 32))
+    # ⌊log2 max|x|⌋ + 127 as the largest exponent field (an integer max: NaN and Inf, field
+    # 255, are not dropped as a float max on the GPU would drop NaN)
+    exponent = tl.max((x3.to(tl.int32, bitcast=True) >> 23) & 0xFF, axis=2)
+    # a block holding NaN or Inf gets the NaN scale 0xFF (OCP MX): the block reads as NaN
+    scale = tl.where(exponent == 255, 255, tl.maximum(exponent - (2 if FP4 else 8), 0))
+    inverse = ((254 - tl.minimum(scale, 254)) << 23).to(tl.float32, bitcast=True)  # 2^(127−s)
+    y = tl.reshape(x3 * inverse[:, :, None], (BLOCK_M, BLOCK_K))
+    if FP4:
+        ay = tl.abs(y)
+        # e2m1 codes, ties to the even code: 0.25 → 0, 0.75 → 1.0, 1.25 → 1.0, 1.75 → 2.0,
+        # 2.5 → 2.0, 3.5 → 4.0, 5 → 4.0; above 5 → 6 (saturating)
+        code = (ay > 0.25).to(tl.int32) + (ay >= 0.75).to(tl.int32) + (ay > 1.25).to(tl.int32)
+        code += (ay >= 1.75).to(tl.int32) + (ay > 2.5).to(tl.int32) + (ay >= 3.5).to(tl.int32)
+        code += (ay > 5.0).to(tl.int32)
+        code = code | ((y < 0).to(tl.int32) << 3)
+        lo, hi = tl.split(tl.reshape(code, (BLOCK_M, BLOCK_K // 2, 2)))
+        values = (lo | (hi << 4)).to(tl.uint8)
+    else:
+        values = tl.minimum(tl.maximum(y, -448.0), 448.0).to(tl.float8e4nv)
+    return values, scale.to(tl.uint8)
+
+
+@kernel
+def _mx_gemm_kernel(
+    C,
+    stride_cm,
+    stride_cn,
+    A,
+    stride_am,
+    stride_ak,
+    B,
+    stride_bn,
+    stride_bk,
+    BS,
+    stride_bsn,
+    stride_bsk,
+    M,
+    N,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    FP4: tl.constexpr,
+    QUANTIZE_A: tl.constexpr,
+):
+    """One output tile per program in grouped order:
+
+        C = A' · dequant(B)ᵀ,   dequant(B)[n, k] = value(B[n, k]) · 2^(BS[n, k / 32] − 127)
+
+    with B mxfp4 (FP4: uint8 [N, K/2], two e2m1 per byte along K, low nibble first) or mxfp8
+    (e4m3 [N, K]) and BS its ue8m0 scales [N, K/32]; A' = A (bfloat16, weight-only) or, with
+    QUANTIZE_A, A quantized to B's format tile by tile (``_mx_quantize``). ``tl.dot_scaled``
+    multiplies: block-scaled tensor-core MMA on sm_100, an upcast to bf16 and an ordinary MMA
+    elsewhere. K is a multiple of 32; a last K tile past K is masked to zero.
+
+    Bytes: the weight at its packed width (K·N/2 or K·N) plus K·N/32 scale bytes, A (2·M·K),
+    and 2·M·N for the bfloat16 output.
+    """
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = rm < M
+    n_ok = rn < N
+    PACK: tl.constexpr = 2 if FP4 else 1
+    rka = tl.arange(0, BLOCK_K)
+    rkb = tl.arange(0, BLOCK_K // PACK)
+    rks = tl.arange(0, BLOCK_K // 32)
+    a_rows = A + rm[:, None].to(tl.int64) * stride_am
+    b_rows = B + rn[:, None].to(tl.int64) * stride_bn
+    s_rows = BS + rn[:, None].to(tl.int64) * stride_bsn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ka = k0 + rka
+        a = tl.load(
+            a_rows + ka[None, :] * stride_ak, mask=m_ok[:, None] & (ka[None, :] < K), other=0.0
+        )
+        kb = k0 // PACK + rkb
+        b_mask = n_ok[:, None] & (kb[None, :] < K // PACK)
+        if FP4:
+            b = tl.load(b_rows + kb[None, :] * stride_bk, mask=b_mask, other=0)
+        else:
+            b = tl.load(b_rows + kb[None, :] * stride_bk, mask=b_mask, other=0.0)
+        ks = k0 // 32 + rks
+        bs = tl.load(
+            s_rows + ks[None, :] * stride_bsk,
+            mask=n_ok[:, None] & (ks[None, :] < K // 32),
+            other=127,
+        )
+        if QUANTIZE_A:
+            aq, a_scale = _mx_quantize(a, BLOCK_M, BLOCK_K, FP4)
+            if FP4:
+                acc = tl.dot_scaled(aq, a_scale, "e2m1", b.T, bs, "e2m1", acc)
+            else:
+                acc = tl.dot_scaled(aq, a_scale, "e4m3", b.T, bs, "e4m3", acc)
+        else:
+            if FP4:
+                acc = tl.dot_scaled(a, None, "bf16", b.T, bs, "e2m1", acc)
+            else:
+                acc = tl.dot_scaled(a, None, "bf16", b.T, bs, "e4m3", acc)
+    c_ptrs = C + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])

@@ -27,6 +27,13 @@ eight 4-bit codes into each int32:
   only checkpoints without activation reordering (``g_idx`` equal to k // G) are accepted.
 
 Every ``pack_*`` has an ``unpack_*`` inverse; the round trip returns the same integers.
+
+Block-scaled float8 weights (``fp8_block_gemm``, DeepSeek-V3's layout): ``values`` e4m3
+[N, K] (the nn.Linear weight's own layout) and float32 ``scales`` [⌈N/128⌉, ⌈K/128⌉], one per
+128 × 128 block, ``W[n, k] = values[n, k] · scales[n // 128, k // 128]`` (the last blocks
+shorter when N or K is not a multiple of 128). ``quantize_fp8_block`` makes them from a float
+weight: each block's max|w| maps to the format's largest value, optionally rounded up to a
+power of two (``ue8m0``).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from kernelab.ops._runtime import check as _check
+from kernelab.ops._runtime import fp8 as _fp8
 
 GROUP_SIZES = (64, 128)
 #: Nibble p of an AWQ word holds column 8j + AWQ_ORDER[p].
@@ -245,3 +253,157 @@ def quantize_int8(w: torch.Tensor, dtype: torch.dtype | None = None):
 
 def dequantize_int8(qweight, scales, dtype=torch.float64) -> torch.Tensor:
     return qweight.to(dtype) * scales.to(dtype)[None, :]
+
+
+# --- block-scaled float8 --------------------------------------------------------------------
+
+#: Rows and columns of a weight's scale block (DeepSeek-V3's 128 × 128).
+FP8_BLOCK = 128
+
+
+def _pow2_ceil(scale: torch.Tensor) -> torch.Tensor:
+    """The smallest power of two ≥ each (positive, finite) scale, exactly (frexp's exponent)."""
+    mantissa, exponent = torch.frexp(scale)
+    up = torch.ldexp(torch.ones_like(scale), exponent - (mantissa == 0.5).to(exponent.dtype))
+    return torch.where(torch.isfinite(scale), up, scale)
+
+
+def _blocks(w: torch.Tensor, block: int) -> torch.Tensor:
+    """w [N, K] zero-padded to whole blocks, as [N/b, b, K/b, b]."""
+    n, k = w.shape
+    nb, kb = -(-n // block), -(-k // block)
+    w = torch.nn.functional.pad(w, (0, kb * block - k, 0, nb * block - n))
+    return w.reshape(nb, block, kb, block)
+
+
+def quantize_fp8_block(
+    w: torch.Tensor, fp8_dtype: torch.dtype | None = None, ue8m0: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values e4m3 [N, K], float32 scales [⌈N/128⌉, ⌈K/128⌉]) of a float weight [N, K].
+
+    scale = max(max|block| / FP8_MAX, MIN_SCALE) per 128 × 128 block (a power of two at or
+    above it with ``ue8m0``); values = e4m3(clamp(w / scale, ±FP8_MAX)), rounded to nearest
+    even, computed in float32.
+    """
+    _check.tensor("w", w, dtypes=_check.FLOATS, ndim=2)
+    fp8_dtype = fp8_dtype or _fp8.FP8_DTYPES[0]
+    _fp8.check_dtype("fp8_dtype", fp8_dtype)
+    _check.boolean("ue8m0", ue8m0)
+    n, k = w.shape
+    top = torch.finfo(fp8_dtype).max
+    blocks = _blocks(w.to(torch.float32), FP8_BLOCK)
+    amax = blocks.abs().amax(dim=(1, 3)) if blocks.numel() else blocks.new_zeros(blocks.shape[::2])
+    scales = (amax / top).clamp_min(_fp8.MIN_SCALE)
+    if ue8m0:
+        scales = _pow2_ceil(scales)
+    q = (blocks / scales[:, None, :, None]).clamp(-top, top).to(fp8_dtype)
+    nb, _, kb, _ = blocks.shape
+    values = q.reshape(nb * FP8_BLOCK, kb * FP8_BLOCK)[:n, :k].contiguous()
+    return values, scales.contiguous()
+
+
+def dequantize_fp8_block(values, scales, dtype=torch.float64) -> torch.Tensor:
+    """values · scales expanded over their 128 × 128 blocks, [N, K] in ``dtype``."""
+    n, k = values.shape
+    full = scales.to(dtype).repeat_interleave(FP8_BLOCK, 0).repeat_interleave(FP8_BLOCK, 1)
+    return values.to(dtype) * full[:n, :k]
+
+
+# --- microscaling formats (mxfp4, mxfp8) ----------------------------------------------------
+#
+# OCP Microscaling Formats (MX) v1.0: a block of 32 consecutive values along K shares one
+# power-of-two scale, stored as its biased exponent (ue8m0: byte s means 2^(s − 127)).
+#
+# - mxfp4: values e2m1 (±{0, 0.5, 1, 1.5, 2, 3, 4, 6}), two per byte along K, element 2i in the
+#   low nibble and 2i + 1 in the high nibble (the order Triton's tl.dot_scaled and the tensor
+#   cores read); a weight [N, K] is uint8 [N, K/2] with scales uint8 [N, K/32].
+# - mxfp8: values e4m3 [N, K] with the same scales.
+#
+# Quantization (the spec's rule): the block's shared exponent is ⌊log2 max|x|⌋ − emax, emax the
+# element format's largest exponent (2 for e2m1, 8 for e4m3); values x / 2^exponent rounded to
+# nearest even in the element format, saturating at its largest magnitude (6 or 448); a block
+# holding NaN or Inf gets the NaN scale byte 255. The division by a power of two is exact, so
+# the result is the same computed in any precision.
+
+MX_BLOCK = 32
+#: The ue8m0 byte that means NaN: the whole block reads as NaN (the spec's rule for a block
+#: holding NaN or Inf, as e2m1 has neither).
+MX_NAN_SCALE = 255
+MX_FORMATS = ("mxfp4", "mxfp8")
+#: The largest exponent of the element format (e2m1: 6 = 1.5 · 2^2; e4m3: 448 = 1.75 · 2^8).
+MX_EMAX = {"mxfp4": 2, "mxfp8": 8}
+#: e2m1 code → magnitude (bit 3 is the sign).
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+#: Midpoints between neighbouring e2m1 magnitudes, and whether a tie rounds up (to the even
+#: code above) or down: 0.25 → 0, 0.75 → 1, 1.25 → 1, 1.75 → 2, 2.5 → 2, 3.5 → 4, 5 → 4.
+E2M1_MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False),
+                  (3.5, True), (5.0, False))  # fmt: skip
+
+
+def check_mx_format(fmt: str) -> None:
+    if fmt not in MX_FORMATS:
+        raise ValueError(f"fmt: expected one of {MX_FORMATS}, got {fmt!r}")
+
+
+def e2m1_codes(y: torch.Tensor) -> torch.Tensor:
+    """4-bit e2m1 codes (uint8) of ``y``, rounded to nearest even, saturating at ±6."""
+    ay = y.abs()
+    code = torch.zeros(y.shape, dtype=torch.uint8, device=y.device)
+    for mid, tie_up in E2M1_MIDPOINTS:
+        code += (ay >= mid if tie_up else ay > mid).to(torch.uint8)
+    return code | ((y < 0).to(torch.uint8) << 3)
+
+
+def e2m1_values(codes: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
+    table = torch.tensor(E2M1_VALUES, dtype=dtype, device=codes.device)
+    mag = table[(codes & 7).long()]
+    return torch.where((codes & 8) != 0, -mag, mag)
+
+
+def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
+    """[..., K] codes → [..., K/2] bytes, element 2i in the low nibble."""
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """[..., K/2] bytes → [..., K] codes (the inverse of ``pack_fp4``)."""
+    return torch.stack((packed & 15, packed >> 4), dim=-1).reshape(*packed.shape[:-1], -1)
+
+
+def _mx_shared_exponent(xb: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The biased scale byte (int32) of each block of ``xb`` [..., blocks, 32]: ⌊log2 amax⌋ + 127
+    − emax, at least 0 (a block of zeros, or of values too small for any scale, gets 0); a
+    block holding NaN or Inf gets ``MX_NAN_SCALE``."""
+    amax = xb.abs().amax(dim=-1)
+    _, exponent = torch.frexp(amax.to(torch.float32))  # amax = m · 2^e, 0.5 ≤ m < 1
+    biased = exponent.to(torch.int32) - 1 + 127 - MX_EMAX[fmt]
+    biased = torch.where(amax > 0, biased.clamp(0, 254), torch.zeros_like(biased))
+    return torch.where(torch.isfinite(amax), biased, torch.full_like(biased, MX_NAN_SCALE))
+
+
+def quantize_mx(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, scales) of a float [rows, K] in an MX format (K a multiple of 32): mxfp4 values
+    uint8 [rows, K/2], mxfp8 values float8_e4m3fn [rows, K]; scales uint8 [rows, K/32]."""
+    check_mx_format(fmt)
+    _check.tensor("x", x, dtypes=(*_check.FLOATS, torch.float64), ndim=2)
+    rows, k = x.shape
+    if k % MX_BLOCK:
+        raise ValueError(f"x: K = {k} is not a multiple of the {MX_BLOCK}-value scale block")
+    xb = x.to(torch.float64).reshape(rows, k // MX_BLOCK, MX_BLOCK)
+    scale = _mx_shared_exponent(xb, fmt)
+    y = xb * torch.exp2((127 - scale.clamp(max=254)).to(torch.float64))[..., None]  # exact
+    if fmt == "mxfp4":
+        values = pack_fp4(e2m1_codes(y).reshape(rows, k))
+    else:
+        top = torch.finfo(torch.float8_e4m3fn).max
+        values = y.clamp(-top, top).to(torch.float32).to(torch.float8_e4m3fn).reshape(rows, k)
+    return values, scale.to(torch.uint8)
+
+
+def dequantize_mx(values, scales, fmt: str, dtype=torch.float64) -> torch.Tensor:
+    """values · 2^(scale − 127) per 32-value block, [rows, K] in ``dtype``."""
+    check_mx_format(fmt)
+    v = e2m1_values(unpack_fp4(values), dtype) if fmt == "mxfp4" else values.to(dtype)
+    factor = torch.exp2(scales.to(dtype) - 127)
+    factor = torch.where(scales == MX_NAN_SCALE, torch.nan, factor)
+    return v * factor.repeat_interleave(MX_BLOCK, dim=-1)
