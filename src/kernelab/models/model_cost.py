@@ -1,0 +1,709 @@
+"""What a model costs before anything runs: every op of a decoder layer and of the whole model,
+with its FLOPs, minimum bytes and floor on a device of the hardware table.
+
+    from kernelab.models import model_cost
+    c = model_cost.cost("llama3-8b", "h200", cost.Workload(batch=64, context=8192))
+    c.decode.floor_s, c.decode.tokens_per_s, c.kv_bytes_per_token, c.fit
+
+Each op is costed by the cost model its kernelab declaration carries (``Op.cost``), on the
+inputs the op itself would make for that shape (meta tensors: shapes and dtypes, nothing
+allocated), so a change to an op's cost model shows here and nowhere needs a second copy of
+its formula. The three steps kernelab has no op for (the embedding gather, sampling) have
+their cost functions here, written the same way; the lm head is a GEMM and is costed by the
+gemm op. Floors are datasheet floors (``kernelab.bench.roofline.datasheet``): the larger of
+FLOPs / peak and bytes / bandwidth, per op, summed over the ops of a step (they run one after
+the other).
+
+The decoder layer is the pre-norm block of the architectures kernelab patches
+(``kernelab.models._arch``), as a serving engine runs it with kernelab's kernels:
+
+    rmsnorm(+residual) → qkv GEMM → rope → kv_cache_write → attention → o GEMM
+    → rmsnorm(+residual) → gate_up GEMM → silu_and_mul → down GEMM
+
+(q, k and v as one GEMM, gate and up as one; each norm adds the residual stream in place, so
+the first layer's input norm is counted with a residual it does not have: H elements per
+token). Prefill attends with ``attention_prefill`` over the new tokens; decode with
+``paged_attention`` over the cache. The fp8 recipe quantizes the GEMM inputs: the norms become
+``rmsnorm_fp8_quant`` and the other GEMM inputs pass through ``fp8_quant``. The lm head and
+sampling see only the last token of each sequence. Sliding windows are not modelled (every
+key is read). Mixture-of-experts configs are refused with a clear error until kernelab has an
+MoE op (``_block_of``): a dense FLOP count for them would be wrong by the expert count.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+import torch
+
+from kernelab.ops._model.contract import Cost
+
+#: The config.json fields model-cost reads (Hugging Face names), and what each must be.
+_INT_FIELDS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+    "head_dim",
+)
+#: GEMM precision recipes: the op each runs on, and the dtype whose peak bounds its FLOPs.
+RECIPES = ("bf16", "fp8", "w4a16", "w8a16")
+KV_DTYPES = ("bf16", "fp8")
+_GEMM_OP = {"bf16": "gemm", "fp8": "fp8_gemm", "w4a16": "w4a16_gemm", "w8a16": "w8a16_gemm"}
+#: Activations (config.hidden_act) and the fused op of the gated MLP.
+_ACTIVATIONS = {
+    "silu": "silu_and_mul",
+    "swish": "silu_and_mul",
+    "gelu": "gelu_and_mul",
+    "gelu_pytorch_tanh": "gelu_and_mul",
+    "gelu_new": "gelu_and_mul",
+}
+#: Inputs of the ops that are weights (read from memory at every call, stored once).
+_WEIGHT_ARGS = ("b", "qweight", "scales", "zeros", "scale_b", "weight")
+#: Keys of --set that change the workload rather than the config.
+WORKLOAD_KEYS = ("recipe", "kv", "batch", "context", "prefill")
+#: The ops of a step that run once per model, not once per layer.
+MODEL_OPS = ("embedding", "final_norm", "lm_head", "sampling")
+#: A KV-cache block, in tokens (vLLM's default).
+BLOCK_SIZE = 16
+ACT_DTYPE = torch.bfloat16
+
+
+class CostError(ValueError):
+    """A config, a workload or a device model-cost cannot cost (the message says which)."""
+
+
+# --- the config ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The fields of a Hugging Face config that decide what a decoder model costs."""
+
+    name: str
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+    head_dim: int
+    hidden_act: str = "silu"
+    tie_word_embeddings: bool = False
+    num_local_experts: int = 0
+    num_experts_per_tok: int = 0
+
+    @classmethod
+    def from_dict(cls, d: Mapping, name: str = "config") -> ModelConfig:
+        """From a config.json's values; other keys are ignored, missing or bad ones named."""
+        if not isinstance(d, Mapping):
+            raise CostError(f"config: expected a JSON object of config values, got {type(d)}")
+        text_config = d.get("text_config")
+        if isinstance(text_config, Mapping) and "hidden_size" not in d:
+            d = {**d, **text_config}  # multimodal configs keep the decoder's values here
+        values: dict = {"name": name, "model_type": str(d.get("model_type", "?"))}
+        for key in _INT_FIELDS:
+            if key == "head_dim" and d.get(key) is None:
+                continue
+            if key == "num_key_value_heads" and d.get(key) is None:
+                values[key] = values.get("num_attention_heads")
+                continue
+            values[key] = _positive_int(f"config {name}: {key}", d.get(key))
+        if "head_dim" not in values:
+            values["head_dim"] = _whole_heads(values)
+        values["num_key_value_heads"] = _positive_int(
+            f"config {name}: num_key_value_heads", values["num_key_value_heads"]
+        )
+        act = d.get("hidden_act", d.get("hidden_activation", "silu"))
+        values["hidden_act"] = str(act)
+        values["tie_word_embeddings"] = bool(d.get("tie_word_embeddings", False))
+        experts = d.get("num_local_experts", d.get("num_experts")) or 0
+        values["num_local_experts"] = _count(f"config {name}: num_local_experts", experts)
+        per_tok = d.get("num_experts_per_tok") or 0
+        values["num_experts_per_tok"] = _count(f"config {name}: num_experts_per_tok", per_tok)
+        config = cls(**values)
+        config.check()
+        return config
+
+    def check(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise CostError(
+                f"config {self.name}: num_attention_heads ({self.num_attention_heads}) must be "
+                f"a multiple of num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.hidden_act not in _ACTIVATIONS:
+            raise CostError(
+                f"config {self.name}: hidden_act: expected one of {sorted(_ACTIVATIONS)}, "
+                f"got {self.hidden_act!r}"
+            )
+
+    def with_values(self, changes: Mapping[str, str]) -> ModelConfig:
+        """This config with ``--set`` changes (``{key: text}``), each checked."""
+        names = {f.name for f in fields(self)} - {"name", "model_type"}
+        out = {}
+        for key, text in changes.items():
+            if key not in names:
+                raise CostError(
+                    f"set: unknown key {key!r}; expected one of "
+                    f"{', '.join(sorted(names | set(WORKLOAD_KEYS)))}"
+                )
+            kind = type(getattr(self, key))
+            if kind is bool:
+                if text.lower() not in ("true", "false", "1", "0"):
+                    raise CostError(f"set: {key} expects true or false, got {text!r}")
+                out[key] = text.lower() in ("true", "1")
+            elif kind is int:
+                out[key] = _count(f"set: {key}", _int_text(key, text))
+                if out[key] == 0 and key not in ("num_local_experts", "num_experts_per_tok"):
+                    raise CostError(f"set: {key} expects a positive integer, got {text!r}")
+            else:
+                out[key] = text
+        label = ", ".join(f"{k}={v}" for k, v in changes.items())
+        config = replace(self, **out, name=f"{self.name} ({label})")
+        config.check()
+        return config
+
+
+def _int_text(key: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise CostError(f"set: {key} expects an integer, got {text!r}") from None
+
+
+def _positive_int(what: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise CostError(f"{what}: expected a positive integer, got {v!r}")
+    return v
+
+
+def _count(what: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise CostError(f"{what}: expected an integer >= 0, got {v!r}")
+    return v
+
+
+def _whole_heads(values: dict) -> int:
+    hidden, heads = values["hidden_size"], values["num_attention_heads"]
+    if hidden % heads:
+        raise CostError(
+            f"config {values['name']}: hidden_size ({hidden}) is not a multiple of "
+            f"num_attention_heads ({heads}); give head_dim"
+        )
+    return hidden // heads
+
+
+def load_config(spec) -> ModelConfig:
+    """A preset name, a config.json path, a dict of config values or a transformers config."""
+    from kernelab.models.presets import PRESETS
+
+    if isinstance(spec, ModelConfig):
+        return spec
+    if isinstance(spec, Mapping):
+        return ModelConfig.from_dict(spec)
+    if hasattr(spec, "to_dict") and not isinstance(spec, str | Path):
+        return ModelConfig.from_dict(spec.to_dict(), getattr(spec, "name_or_path", "") or "config")
+    text = str(spec)
+    if text in PRESETS:
+        return ModelConfig.from_dict(PRESETS[text].values(), text)
+    path = Path(text)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.suffix == ".json" or path.is_file():
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise CostError(f"config: cannot read {text!r}: {exc.strerror or exc}") from None
+        try:
+            data = json.loads(raw)  # parsed, never executed
+        except json.JSONDecodeError as exc:
+            raise CostError(f"config: {text!r} is not valid JSON: {exc}") from None
+        return ModelConfig.from_dict(data, path.parent.name or path.stem)
+    raise CostError(
+        f"config: expected a preset ({', '.join(sorted(PRESETS))}) or a path to a "
+        f"config.json, got {text!r}"
+    )
+
+
+# --- the workload and the device -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A prefill of ``prefill`` tokens (one sequence) and a decode step of ``batch`` sequences
+    at ``context`` keys each (the new one included); GEMMs in ``recipe``, the KV cache in
+    ``kv``."""
+
+    batch: int = 1
+    context: int = 8192
+    prefill: int = 2048
+    recipe: str = "bf16"
+    kv: str = "bf16"
+
+    def __post_init__(self):
+        for name in ("batch", "context", "prefill"):
+            _positive_int(f"workload: {name}", getattr(self, name))
+        if self.recipe not in RECIPES:
+            raise CostError(f"recipe: expected one of {', '.join(RECIPES)}, got {self.recipe!r}")
+        if self.kv not in KV_DTYPES:
+            raise CostError(f"kv: expected one of {', '.join(KV_DTYPES)}, got {self.kv!r}")
+
+    def with_values(self, changes: Mapping[str, str]) -> Workload:
+        out: dict = {}
+        for key, text in changes.items():
+            out[key] = _int_text(key, text) if key in ("batch", "context", "prefill") else text
+        try:
+            return replace(self, **out)
+        except CostError as exc:
+            raise CostError(f"set: {exc}") from None
+
+
+def device_spec(name):
+    """The hardware table's entry for ``name`` (any device of the table), or a clear error."""
+    from kernelab.hardware import DEVICES, DeviceSpec, lookup
+
+    if isinstance(name, DeviceSpec):
+        return name
+    spec = lookup(name) if isinstance(name, str) and name.strip() else None
+    if spec is None:
+        known = ", ".join(s.aliases[0] if s.aliases else s.name for s in DEVICES)
+        raise CostError(f"device: expected a device of the hardware table ({known}), got {name!r}")
+    return spec
+
+
+# --- one op of a step ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One op of a step: per call, and how many calls the step makes."""
+
+    name: str  # its role: qkv_proj, attention, ...
+    op: str  # the kernelab op that runs it ("" for the steps kernelab has no op for)
+    calls: int  # per step: num_hidden_layers for a layer op, 1 for a model op
+    flops: float  # per call
+    bytes: float  # per call
+    floor_s: float  # per call
+    bound: str
+    weight_bytes: float = 0.0  # per call: the part of ``bytes`` that is weights
+    kv_bytes: float = 0.0  # per call: the part of ``bytes`` that is the KV cache
+
+    @property
+    def total_s(self) -> float:
+        return self.calls * self.floor_s
+
+
+@dataclass
+class Step:
+    """A prefill or a decode step: its ops in order and their sum."""
+
+    phase: str  # "prefill" | "decode"
+    batch: int
+    tokens: int  # new tokens in the step
+    context: int
+    ops: list[OpCost] = field(default_factory=list)
+
+    @property
+    def floor_s(self) -> float:
+        return sum(o.total_s for o in self.ops)
+
+    @property
+    def flops(self) -> float:
+        return sum(o.calls * o.flops for o in self.ops)
+
+    @property
+    def bytes(self) -> float:
+        return sum(o.calls * o.bytes for o in self.ops)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Output tokens per second at this floor (decode: one per sequence per step)."""
+        out = self.batch if self.phase == "decode" else self.tokens
+        return out / self.floor_s if self.floor_s else math.inf
+
+    def as_dict(self) -> dict:
+        return {
+            "phase": self.phase,
+            "batch": self.batch,
+            "tokens": self.tokens,
+            "context": self.context,
+            "floor_s": self.floor_s,
+            "flops": self.flops,
+            "bytes": self.bytes,
+            "tokens_per_s": self.tokens_per_s,
+            "ops": [{**asdict(o), "total_s": o.total_s} for o in self.ops],
+        }
+
+
+@dataclass
+class ModelCost:
+    config: ModelConfig
+    workload: Workload
+    device: str
+    ceiling_source: str
+    prefill: Step
+    decode: Step
+    weight_bytes: float
+    kv_bytes_per_token: float
+    fit: dict
+
+    def as_dict(self) -> dict:
+        return {
+            "config": asdict(self.config),
+            "workload": asdict(self.workload),
+            "device": self.device,
+            "ceiling_source": self.ceiling_source,
+            "weight_bytes": self.weight_bytes,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "fit": self.fit,
+            "prefill": self.prefill.as_dict(),
+            "decode": self.decode.as_dict(),
+        }
+
+
+# --- costing ------------------------------------------------------------------------------
+
+
+def _shape(label, dims, params=None):
+    from kernelab.ops._model import Shape
+
+    return Shape(label, dims, params or {})
+
+
+def _op_cost(op_name: str, shape, dtype, ceilings, host=None) -> tuple[Cost, dict]:
+    """The op's own cost model on the inputs it makes for ``shape`` (meta tensors), with
+    ``host`` replacing inputs a cost model reads values of (sequence lengths)."""
+    from kernelab import ops as _ops  # noqa: F401 (registers the ops)
+    from kernelab.ops._model.op import get
+
+    op = get(op_name)
+    inputs = op.inputs(shape, dtype, "meta")
+    inputs.update(host or {})
+    return op.cost(inputs), inputs
+
+
+def _nbytes(t) -> float:
+    return float(t.numel() * t.element_size()) if isinstance(t, torch.Tensor) else 0.0
+
+
+def _row(name, op_name, calls, cost: Cost, ceilings, dtype, inputs=None, kv=0.0) -> OpCost:
+    from kernelab.bench.roofline import roofline
+
+    r = roofline(cost, 1.0, ceilings, dtype)
+    weights = sum(_nbytes((inputs or {}).get(k)) for k in _WEIGHT_ARGS)
+    if name.endswith("norm"):
+        weights = _nbytes((inputs or {}).get("weight"))
+    return OpCost(
+        name,
+        op_name,
+        calls,
+        float(cost.flops),
+        float(cost.bytes),
+        float(r["floor_s"] or 0.0),
+        r["bound"] or "memory",
+        weights,
+        kv,
+    )
+
+
+def embedding_cost(tokens: int, hidden: int, element_size: int) -> Cost:
+    """Gather ``tokens`` rows of the embedding table: read each row and its int64 id once,
+    write the row into the hidden states; no arithmetic."""
+    return Cost(flops=0.0, bytes=float(tokens * (2 * hidden * element_size + 8)))
+
+
+def sampling_cost(rows: int, vocab: int, element_size: int) -> Cost:
+    """Draw one token per row from its logits (temperature, softmax, a draw): read the logits
+    once, write one int64 token; per logit a scale, a max, an exponential and a sum (4)."""
+    return Cost(flops=float(4 * rows * vocab), bytes=float(rows * (vocab * element_size + 8)))
+
+
+def _gemm(name, m, n, k, recipe, ceilings, calls) -> OpCost:
+    op_name = _GEMM_OP[recipe]
+    params = {"layout": "nk", "bias": False, "residual": False}
+    if recipe == "w4a16":
+        params["group_size"] = 128
+    if recipe == "fp8":
+        params = {"bias": False, "scaling": "row"}
+    cost, inputs = _op_cost(op_name, _shape(name, {"M": m, "N": n, "K": k}, params), ACT_DTYPE, 0)
+    peak_dtype = torch.float8_e4m3fn if recipe == "fp8" else ACT_DTYPE
+    return _row(name, op_name, calls, cost, ceilings, peak_dtype, inputs)
+
+
+def _norm(name, rows, cols, fp8: bool, ceilings, calls) -> OpCost:
+    op_name = "rmsnorm_fp8_quant" if fp8 else "rmsnorm"
+    shape = _shape(name, {"rows": rows, "cols": cols}, {"residual": True})
+    cost, inputs = _op_cost(op_name, shape, ACT_DTYPE, 0)
+    return _row(name, op_name, calls, cost, ceilings, ACT_DTYPE, inputs)
+
+
+def _simple(name, op_name, dims, params, ceilings, calls, host=None) -> OpCost:
+    cost, inputs = _op_cost(op_name, _shape(name, dims, params), ACT_DTYPE, 0, host)
+    return _row(name, op_name, calls, cost, ceilings, ACT_DTYPE, inputs)
+
+
+def _block_of(config: ModelConfig) -> str:
+    """Which decoder block costs this config. An MoE slots in here: its router and expert
+    GEMMs (through kernelab's MoE op's cost) replace the dense MLP rows."""
+    if config.num_local_experts or config.num_experts_per_tok:
+        raise CostError(
+            f"config {config.name}: a mixture of experts (num_local_experts="
+            f"{config.num_local_experts}, num_experts_per_tok={config.num_experts_per_tok}) is "
+            "not yet costed: kernelab has no MoE op; a dense count would be wrong by the "
+            "expert count"
+        )
+    return "dense"
+
+
+def _step(config: ModelConfig, w: Workload, phase: str, ceilings) -> Step:
+    c = config
+    hq, hkv, d, h = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size
+    layers = c.num_hidden_layers
+    if phase == "decode":
+        seqs, tokens, context = w.batch, w.batch, w.context
+    else:
+        seqs, tokens, context = 1, w.prefill, w.prefill
+    fp8 = w.recipe == "fp8"
+    kv_fp8 = w.kv == "fp8"
+    L = layers
+    es = torch.finfo(ACT_DTYPE).bits // 8
+    embed = _row("embedding", "", 1, embedding_cost(tokens, h, es), ceilings, ACT_DTYPE)
+    ops = [
+        embed,
+        _norm("in_norm", tokens, h, fp8, ceilings, L),
+        _gemm("qkv", tokens, (hq + 2 * hkv) * d, h, w.recipe, ceilings, L),
+        _simple(
+            "rope",
+            "rope",
+            {"tokens": tokens, "heads_q": hq, "heads_k": hkv, "head_dim": d, "rot": d},
+            {"is_neox": True},
+            ceilings,
+            L,
+        ),
+        _simple(
+            "kv_write",
+            "kv_cache_write",
+            {
+                "tokens": tokens,
+                "heads_kv": hkv,
+                "head_dim": d,
+                "block_size": BLOCK_SIZE,
+                "num_blocks": -(-tokens // BLOCK_SIZE) + 1,
+            },
+            {"fp8": kv_fp8},
+            ceilings,
+            L,
+        ),
+    ]
+    if phase == "decode":
+        att = _simple(
+            "attention",
+            "paged_attention",
+            {
+                "batch": seqs,
+                "heads_q": hq,
+                "heads_kv": hkv,
+                "head_dim": d,
+                "block_size": BLOCK_SIZE,
+                "context": context,
+                "window": 0,
+                "chunk": 0,
+            },
+            {"softcap": None, "sinks": False, "fp8": kv_fp8},
+            ceilings,
+            L,
+            # The cost model reads the lengths' values: give them on the host.
+            host={
+                "seq_lens": torch.full((seqs,), context, dtype=torch.int32),
+                "cu_seqlens_q": torch.arange(seqs + 1, dtype=torch.int32),
+            },
+        )
+        kv_read = 2 * seqs * context * hkv * d * (1 if kv_fp8 else 2)
+        att = replace(att, kv_bytes=float(kv_read))
+    else:
+        att = _simple(
+            "attention",
+            "attention_prefill",
+            {"seqs": 1, "ctx": tokens, "heads_q": hq, "heads_kv": hkv, "head_dim": d},
+            {"q_lens": (tokens,), "k_lens": (tokens,)},
+            ceilings,
+            L,
+        )
+    ops.append(att)
+    if fp8:
+        ops.append(
+            _simple(
+                "o_quant",
+                "fp8_quant",
+                {"rows": tokens, "cols": hq * d},
+                {"per_token": True},
+                ceilings,
+                L,
+            )
+        )
+    ops.append(_gemm("o_proj", tokens, h, hq * d, w.recipe, ceilings, L))
+    ops.append(_norm("post_norm", tokens, h, fp8, ceilings, L))
+    ops.append(_gemm("gate_up", tokens, 2 * c.intermediate_size, h, w.recipe, ceilings, L))
+    act = _ACTIVATIONS[c.hidden_act]
+    params = {"approximate": "tanh"} if act == "gelu_and_mul" else {}
+    ops.append(
+        _simple("act_mul", act, {"rows": tokens, "d": c.intermediate_size}, params, ceilings, L)
+    )
+    if fp8:
+        ops.append(
+            _simple(
+                "down_quant",
+                "fp8_quant",
+                {"rows": tokens, "cols": c.intermediate_size},
+                {"per_token": True},
+                ceilings,
+                L,
+            )
+        )
+    ops.append(_gemm("down", tokens, h, c.intermediate_size, w.recipe, ceilings, L))
+    # The model's own ops: final norm, lm head (bf16, last tokens only), sampling.
+    ops.append(_norm("final_norm", tokens, h, False, ceilings, 1))
+    ops.append(_gemm("lm_head", seqs, c.vocab_size, h, "bf16", ceilings, 1))
+    ops.append(_row("sampling", "", 1, sampling_cost(seqs, c.vocab_size, es), ceilings, ACT_DTYPE))
+    return Step(phase, seqs, tokens, context, ops)
+
+
+def _weights(config: ModelConfig, decode: Step, element_size: int) -> float:
+    """Bytes of the weights: every layer op's weights once per layer, the embedding table and
+    the lm head (once if tied), the final norm."""
+    per_layer = sum(o.weight_bytes for o in decode.ops if o.name not in MODEL_OPS)
+    table = config.vocab_size * config.hidden_size * element_size
+    head = next(o.weight_bytes for o in decode.ops if o.name == "lm_head")
+    final = next(o.weight_bytes for o in decode.ops if o.name == "final_norm")
+    return (
+        per_layer * config.num_hidden_layers
+        + table
+        + (0 if config.tie_word_embeddings else head)
+        + final
+    )
+
+
+def kv_bytes_per_token(config: ModelConfig, kv: str = "bf16") -> int:
+    """Bytes of KV cache one token holds: a key and a value per KV head and layer."""
+    es = 1 if kv == "fp8" else 2
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * es
+
+
+def cost(config, device="h200", workload: Workload | None = None) -> ModelCost:
+    """Cost ``config`` (a preset, a config.json path, a dict, a transformers config) for
+    ``workload`` on ``device`` (any device of the hardware table)."""
+    from kernelab.bench.roofline import datasheet
+
+    config = load_config(config)
+    workload = workload or Workload()
+    spec = device_spec(device)
+    _block_of(config)
+    ceilings = datasheet(spec)
+    prefill = _step(config, workload, "prefill", ceilings)
+    decode = _step(config, workload, "decode", ceilings)
+    es = torch.finfo(ACT_DTYPE).bits // 8
+    weights = _weights(config, decode, es)
+    per_token = kv_bytes_per_token(config, workload.kv)
+    memory = spec.memory_gb * 1e9
+    free = memory - weights
+    tokens = int(free // per_token) if free > 0 else 0
+    fit = {
+        "memory_bytes": memory,
+        "free_bytes": max(free, 0.0),
+        "kv_tokens": tokens,
+        "max_batch_at_context": tokens // workload.context,
+        "max_context_at_batch": tokens // workload.batch,
+        "note": "beside the weights only: activations, workspace and fragmentation not counted",
+    }
+    return ModelCost(
+        config,
+        workload,
+        spec.name,
+        ceilings.source(ACT_DTYPE),
+        prefill,
+        decode,
+        weights,
+        float(per_token),
+        fit,
+    )
+
+
+# --- side by side --------------------------------------------------------------------------
+
+
+def diff(a: ModelCost, b: ModelCost, phase: str = "decode") -> dict:
+    """Per op and in total, ``b`` against ``a`` for one phase: floors, bytes, ratios, and a
+    sentence naming the op that moved the most."""
+    sa, sb = getattr(a, phase), getattr(b, phase)
+    rows = []
+    by_name = {o.name: o for o in sa.ops}
+    for ob in sb.ops:
+        oa = by_name.get(ob.name)
+        rows.append(
+            {
+                "name": ob.name,
+                "op_a": oa.op if oa else None,
+                "op_b": ob.op,
+                "a_s": oa.total_s if oa else 0.0,
+                "b_s": ob.total_s,
+                "a_bytes": oa.calls * oa.bytes if oa else 0.0,
+                "b_bytes": ob.calls * ob.bytes,
+                "a_flops": oa.calls * oa.flops if oa else 0.0,
+                "b_flops": ob.calls * ob.flops,
+                "ratio": ob.total_s / oa.total_s if oa and oa.total_s else None,
+                "delta_s": ob.total_s - (oa.total_s if oa else 0.0),
+            }
+        )
+    for oa in sa.ops:
+        if oa.name not in {r["name"] for r in rows}:
+            rows.append(
+                {
+                    "name": oa.name,
+                    "op_a": oa.op,
+                    "op_b": None,
+                    "a_s": oa.total_s,
+                    "b_s": 0.0,
+                    "a_bytes": oa.calls * oa.bytes,
+                    "b_bytes": 0.0,
+                    "a_flops": oa.calls * oa.flops,
+                    "b_flops": 0.0,
+                    "ratio": 0.0,
+                    "delta_s": -oa.total_s,
+                }
+            )
+    total_a, total_b = sa.floor_s, sb.floor_s
+    top = max(rows, key=lambda r: abs(r["delta_s"]))
+    what = "decode step floor" if phase == "decode" else "prefill floor"
+    change = (total_b / total_a - 1) if total_a else 0.0
+    line = f"{what} {_ms(total_a)} → {_ms(total_b)} ms ({_signed_pct(change)})"
+    if abs(top["delta_s"]) > 0:
+        line += f", of which {top['name']} {_signed_ms(top['delta_s'])} ms"
+    return {
+        "phase": phase,
+        "a": a.config.name,
+        "b": b.config.name,
+        "a_floor_s": total_a,
+        "b_floor_s": total_b,
+        "ratio": total_b / total_a if total_a else None,
+        "summary": line,
+        "ops": rows,
+    }
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.3g}"
+
+
+def _signed_ms(s: float) -> str:
+    return ("+" if s > 0 else "−") + f"{abs(s) * 1e3:.3g}"
+
+
+def _signed_pct(x: float) -> str:
+    return ("+" if x > 0 else "−" if x < 0 else "±") + f"{abs(x) * 100:.0f}%"
