@@ -179,3 +179,75 @@ def test_parse_sweep_and_bad_dims():
     assert cx.parse_sweep("M=3, 5,9") == ("M", [3, 5, 9])
     with pytest.raises(ValueError, match="no representative shape with a size 'Q'"):
         cx.base_shape(ops.get("gemm"), "Q")
+
+
+# --- the command line and the report -------------------------------------------------------
+
+
+def test_cli_floors_sweep_table_json_and_html(tmp_path):
+    import orjson
+    from click.testing import CliRunner
+
+    from kernelab.cli import app
+
+    runner = CliRunner()
+    args = ["bench", "gemm", "w4a16_gemm", "--sweep", "M=1..4096", "--floors-for", "h200",
+            "--shape", "gate_up"]  # fmt: skip
+    res = runner.invoke(app, [*args, "--html", str(tmp_path / "x.html")], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    assert max(len(line) for line in res.output.splitlines()) <= 80
+    assert "w4a16_gemm is faster than gemm up to M = 213, as fast as it from 214" in res.output
+    page = (tmp_path / "x.html").read_text()
+    assert 'class="chart crossover"' in page and 'stroke-dasharray="6 3"' in page
+    assert "<script" not in page
+    data = orjson.loads(runner.invoke(app, [*args, "--json"]).output)
+    assert data["crossovers"][0]["at"] == 214 and data["how"] == "floors"
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["gemm", "--sweep", "M=1,2", "--floors-for", "h200"], "variants of one op share"),
+        (["gemm", "w4a16_gemm", "--sweep", "M=1,2", "--floors-for", "h300"], "hardware table"),
+        (["gemm", "w4a16_gemm", "--sweep", "Q=1,2", "--floors-for", "h200"], "no representative"),
+        (["gemm", "--sweep", "M=1,2", "--variants", "torch"], "two variants"),
+        (["gemm", "--sweep", "M=1,2", "--variants", "torch,nosuch"], "nosuch"),
+        (["gemm", "--html", "x.html"], "--sweep"),
+    ],
+)
+def test_cli_sweep_errors(args, words):
+    from click.testing import CliRunner
+
+    from kernelab.cli import app
+
+    res = CliRunner().invoke(app, ["bench", *args, "--no-ledger", "--device", "cpu"])
+    assert res.exit_code == 2, res.output
+    assert words in res.output
+
+
+def test_report_draws_a_stored_sweep_and_escapes_it():
+    from kernelab.report import html
+
+    study, _ = _study(lambda n: 0.01, values=(10, 160))
+    data = study.as_dict()
+    data["b"] = "<img src=x onerror=alert(1)>"
+    page = html.render_study(data)
+    assert "<img src=x" not in page and "&lt;img src=x" in page
+    assert html._sweep_of({"provenance": {"bench": {"config": {"sweep": "junk"}}}}) is None
+
+
+def test_a_stored_sweep_is_drawn_by_the_report(tmp_path):
+    from kernelab import ledger
+    from kernelab.bench.runner import BenchResult
+    from kernelab.cli.bench_cmd import _record
+    from kernelab.report import html
+
+    study, cases = _study(lambda n: 0.01, values=(10, 40, 60))
+    info = detect("cpu")
+    config = {"shape_set": "representative", "sweep": study.as_dict()}
+    db = ledger.open(url=str(tmp_path / "l.sqlite"))
+    run_id, _, failure = _record(db, info, BenchResult(info.as_dict(), {}, config, cases), None)
+    assert failure is None
+    page = html.write(db, [run_id], tmp_path / "r.html").read_text()
+    assert 'class="chart crossover"' in page
+    assert "linear is faster than flat at n ≤ 40, slower than it from 60" in page
