@@ -1,0 +1,130 @@
+"""model-cost against a profile: does the prediction's op mix match what a model really runs?
+
+A Hugging Face model of a preset runs one prefill under ``torch.profiler`` (``record_shapes``,
+``with_flops``); the trace's ops are matched to the prediction's, op by op, in the order the
+model calls them, and each pair is compared on what the trace records:
+
+* the projections (``aten::linear``): the Hugging Face modules that kernelab runs as one GEMM
+  (q, k, v as ``qkv``; gate and up as ``gate_up``) are summed; FLOPs must equal the
+  prediction's (and the profiler's own ``aten::mm`` count), and bytes, from the recorded
+  shapes at the prediction's element size, must equal the prediction's once the activation
+  re-reads that the fusion saves are taken off (``(parts − 1)·M·K`` elements);
+* attention (``aten::scaled_dot_product_attention``, causal): FLOPs 4·D per visible score,
+  from the recorded q shape; bytes of q, k, v and the output, plus what the trace does not
+  record (the float32 log-sum-exp and the cumulative lengths), as a bound;
+* the embedding gather (``aten::embedding``): bytes of the rows read and written and the ids;
+* and how many of each the model ran.
+
+The ops that Hugging Face runs as several small ops (RMSNorm, RoPE, the gated activation) or not
+at all in a forward (the KV-cache write into a paged cache, sampling) are listed as unchecked.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+#: The Hugging Face projections behind each GEMM row of the prediction, in call order.
+PARTS = {"qkv": 3, "o_proj": 1, "gate_up": 2, "down": 1, "lm_head": 1}
+LAYER_GEMMS = ("qkv", "o_proj", "gate_up", "down")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str  # the prediction's row, with its layer
+    what: str  # "flops", "bytes", "count"
+    predicted: float
+    traced: float
+    ok: bool
+    note: str = ""
+
+
+def profile_prefill(model, tokens: int, seed: int = 0) -> list:
+    """One prefill of ``tokens`` random ids under torch.profiler; its events."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=gen)
+    with (
+        torch.no_grad(),
+        profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof,
+    ):
+        model(ids, logits_to_keep=1)
+    return list(prof.events())
+
+
+def _prod(xs) -> int:
+    return math.prod(int(x) for x in xs)
+
+
+def check(step, events, element_size: int = 2, layers: int | None = None) -> tuple[list, list]:
+    """Compare a prefill :class:`~kernelab.models.model_cost.Step` with a profile's events.
+
+    Returns (checks, unchecked row names). ``element_size``: the prediction's (bf16: 2); the
+    trace's shapes are counted at it, whatever dtype the profiled model ran in."""
+    es = element_size
+    rows = {o.name: o for o in step.ops}
+    linears = [e for e in events if e.name == "aten::linear"]
+    attn = [e for e in events if e.name == "aten::scaled_dot_product_attention"]
+    embeds = [e for e in events if e.name == "aten::embedding"]
+    mm_flops = sum(e.flops or 0 for e in events if e.name in ("aten::mm", "aten::addmm"))
+    layers = layers if layers is not None else rows["qkv"].calls
+    out: list[Check] = []
+
+    want = [*(g for _ in range(layers) for g in LAYER_GEMMS), "lm_head"]
+    n_lin = sum(PARTS[g] for g in want)
+    out.append(Check("projections", "count", n_lin, len(linears), n_lin == len(linears)))
+    out.append(Check("attention", "count", layers, len(attn), layers == len(attn)))
+    out.append(Check("embedding", "count", 1, len(embeds), len(embeds) == 1))
+    if n_lin != len(linears):
+        return out, []
+    k = 0
+    gemm_flops = 0.0
+    for i, g in enumerate(want):
+        parts = linears[k : k + PARTS[g]]
+        k += PARTS[g]
+        x = parts[0].input_shapes[0]
+        m, kk = _prod(x[:-1]), int(x[-1])
+        ns = [int(p.input_shapes[1][0]) for p in parts]
+        flops = sum(2 * m * n * kk for n in ns)
+        nbytes = sum((m * kk + n * kk + m * n) * es for n in ns) - (len(ns) - 1) * m * kk * es
+        row = rows[g]
+        name = g if g == "lm_head" else f"{g} (layer {i // len(LAYER_GEMMS)})"
+        out.append(Check(name, "flops", row.flops, flops, row.flops == flops))
+        out.append(Check(name, "bytes", row.bytes, nbytes, row.bytes == nbytes))
+        gemm_flops += flops
+    predicted_gemm = sum(rows[g].flops * rows[g].calls for g in (*LAYER_GEMMS, "lm_head"))
+    out.append(
+        Check(
+            "all projections",
+            "flops",
+            predicted_gemm,
+            mm_flops,
+            predicted_gemm == mm_flops,
+            "the profiler's own aten::mm count",
+        )
+    )
+    row = rows["attention"]
+    for i, e in enumerate(attn):
+        q, kv = e.input_shapes[0], e.input_shapes[1]
+        b, hq, t, d = (int(v) for v in q)
+        causal = str((e.concrete_inputs or [None] * 6)[5]) == "True"
+        pairs = b * hq * (t * (t + 1) // 2 if causal else t * t)
+        flops = 4 * d * pairs
+        tensors = (2 * _prod(q) + 2 * _prod(kv)) * es  # q and out; k and v
+        extra = 4 * b * t * hq + 16 * (b + 1)  # lse (float32), cumulative lengths: not traced
+        name = f"attention (layer {i})"
+        out.append(Check(name, "flops", row.flops, flops, row.flops == flops,
+                         "" if causal else "not causal in the trace"))  # fmt: skip
+        ok = tensors <= row.bytes <= tensors + extra
+        out.append(Check(name, "bytes", row.bytes, tensors, ok,
+                         f"within the untraced lse and lengths (≤ {extra} B)"))  # fmt: skip
+    for e in embeds:
+        (_, h), ids = e.input_shapes[0], e.input_shapes[1]
+        t = _prod(ids)
+        nbytes = t * (2 * int(h) * es + 8)
+        row = rows["embedding"]
+        out.append(Check("embedding", "bytes", row.bytes, nbytes, row.bytes == nbytes))
+    checked = {*LAYER_GEMMS, "lm_head", "attention", "embedding"}
+    return out, [o.name for o in step.ops if o.name not in checked]

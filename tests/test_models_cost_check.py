@@ -1,0 +1,81 @@
+"""model-cost against a CPU profile of a tiny preset: the op mix and each op's counts."""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from kernelab.models import build
+from kernelab.models import cost_check as cc
+from kernelab.models import model_cost as mc
+from kernelab.ops._model.contract import Cost
+from kernelab.ops._model.op import get
+
+TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def events():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return cc.profile_prefill(build("tiny-llama", dtype=torch.float32), TOKENS)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _checks(events):
+    step = mc.cost("tiny-llama", "h200", mc.Workload(prefill=TOKENS)).prefill
+    return cc.check(step, events)
+
+
+def test_prediction_matches_the_profile_op_by_op(events):
+    checks, unchecked = _checks(events)
+    bad = [c for c in checks if not c.ok]
+    assert not bad, bad
+    names = {c.name.split(" (")[0] for c in checks}
+    assert {"qkv", "o_proj", "gate_up", "down", "lm_head", "attention", "embedding"} <= names
+    assert len([c for c in checks if c.what == "bytes"]) == 2 * 4 + 1 + 2 + 1
+    assert set(unchecked) == {"in_norm", "rope", "kv_write", "post_norm", "act_mul",
+                              "final_norm", "sampling"}  # fmt: skip
+
+
+def _planted(monkeypatch, op_name, arg):
+    op = get(op_name)
+    real = op.cost
+
+    def twice(inputs):  # the op counts one of its inputs twice
+        c = real(inputs)
+        t = inputs[arg]
+        return Cost(c.flops, c.bytes + t.numel() * t.element_size())
+
+    monkeypatch.setattr(op, "cost", twice)
+
+
+@pytest.mark.parametrize(
+    "op_name, arg, rows",
+    [
+        ("gemm", "a", {"qkv", "o_proj", "gate_up", "down", "lm_head"}),
+        ("attention_prefill", "k", {"attention"}),
+    ],
+)
+def test_a_cost_model_counting_an_input_twice_fails(events, monkeypatch, op_name, arg, rows):
+    _planted(monkeypatch, op_name, arg)
+    checks, _ = _checks(events)
+    bad = {c.name.split(" (")[0] for c in checks if not c.ok}
+    assert bad == rows
+    assert all(c.what == "bytes" for c in checks if not c.ok)
+
+
+def test_a_wrong_flop_count_or_op_mix_fails(events, monkeypatch):
+    op = get("attention_prefill")
+    real = op.cost
+    monkeypatch.setattr(op, "cost", lambda i: Cost(2 * real(i).flops, real(i).bytes))
+    checks, _ = _checks(events)
+    assert {c.what for c in checks if not c.ok} == {"flops"}
+    monkeypatch.undo()
+    # a prediction for a model with one layer more than the traced one
+    step = mc.cost(mc.load_config("tiny-llama").with_values({"num_hidden_layers": "3"}),
+                   "h200", mc.Workload(prefill=TOKENS)).prefill  # fmt: skip
+    checks, _ = cc.check(step, events)
+    assert [c.name for c in checks if not c.ok] == ["projections", "attention"]
