@@ -37,6 +37,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -294,6 +295,8 @@ class OpCost:
     bound: str
     weight_bytes: float = 0.0  # per call: the part of ``bytes`` that is weights
     kv_bytes: float = 0.0  # per call: the part of ``bytes`` that is the KV cache
+    #: the op's shape for this row (``op.inputs(shape, dtype, device)`` makes real inputs)
+    shape: Any = field(default=None, compare=False, repr=False)
 
     @property
     def total_s(self) -> float:
@@ -338,8 +341,14 @@ class Step:
             "flops": self.flops,
             "bytes": self.bytes,
             "tokens_per_s": self.tokens_per_s,
-            "ops": [{**asdict(o), "total_s": o.total_s} for o in self.ops],
+            "ops": [_op_dict(o) for o in self.ops],
         }
+
+
+def _op_dict(o: OpCost) -> dict:
+    out = {f.name: getattr(o, f.name) for f in fields(o) if f.name != "shape"}
+    out["shape"] = None if o.shape is None else o.shape.as_dict()
+    return {**out, "total_s": o.total_s}
 
 
 @dataclass
@@ -377,7 +386,7 @@ def _shape(label, dims, params=None):
     return Shape(label, dims, params or {})
 
 
-def _op_cost(op_name: str, shape, dtype, ceilings, host=None) -> tuple[Cost, dict]:
+def _op_cost(op_name: str, shape, dtype, host=None) -> tuple[Cost, dict]:
     """The op's own cost model on the inputs it makes for ``shape`` (meta tensors), with
     ``host`` replacing inputs a cost model reads values of (sequence lengths)."""
     from kernelab import ops as _ops  # noqa: F401 (registers the ops)
@@ -393,7 +402,7 @@ def _nbytes(t) -> float:
     return float(t.numel() * t.element_size()) if isinstance(t, torch.Tensor) else 0.0
 
 
-def _row(name, op_name, calls, cost: Cost, ceilings, dtype, inputs=None, kv=0.0) -> OpCost:
+def _row(name, op_name, calls, cost: Cost, ceilings, dtype, inputs=None, shape=None) -> OpCost:
     from kernelab.bench.roofline import roofline
 
     r = roofline(cost, 1.0, ceilings, dtype)
@@ -409,7 +418,8 @@ def _row(name, op_name, calls, cost: Cost, ceilings, dtype, inputs=None, kv=0.0)
         float(r["floor_s"] or 0.0),
         r["bound"] or "memory",
         weights,
-        kv,
+        0.0,
+        shape,
     )
 
 
@@ -432,21 +442,23 @@ def _gemm(name, m, n, k, recipe, ceilings, calls) -> OpCost:
         params["group_size"] = 128
     if recipe == "fp8":
         params = {"bias": False, "scaling": "row"}
-    cost, inputs = _op_cost(op_name, _shape(name, {"M": m, "N": n, "K": k}, params), ACT_DTYPE, 0)
+    shape = _shape(name, {"M": m, "N": n, "K": k}, params)
+    cost, inputs = _op_cost(op_name, shape, ACT_DTYPE)
     peak_dtype = torch.float8_e4m3fn if recipe == "fp8" else ACT_DTYPE
-    return _row(name, op_name, calls, cost, ceilings, peak_dtype, inputs)
+    return _row(name, op_name, calls, cost, ceilings, peak_dtype, inputs, shape)
 
 
 def _norm(name, rows, cols, fp8: bool, ceilings, calls) -> OpCost:
     op_name = "rmsnorm_fp8_quant" if fp8 else "rmsnorm"
     shape = _shape(name, {"rows": rows, "cols": cols}, {"residual": True})
-    cost, inputs = _op_cost(op_name, shape, ACT_DTYPE, 0)
-    return _row(name, op_name, calls, cost, ceilings, ACT_DTYPE, inputs)
+    cost, inputs = _op_cost(op_name, shape, ACT_DTYPE)
+    return _row(name, op_name, calls, cost, ceilings, ACT_DTYPE, inputs, shape)
 
 
 def _simple(name, op_name, dims, params, ceilings, calls, host=None) -> OpCost:
-    cost, inputs = _op_cost(op_name, _shape(name, dims, params), ACT_DTYPE, 0, host)
-    return _row(name, op_name, calls, cost, ceilings, ACT_DTYPE, inputs)
+    shape = _shape(name, dims, params)
+    cost, inputs = _op_cost(op_name, shape, ACT_DTYPE, host)
+    return _row(name, op_name, calls, cost, ceilings, ACT_DTYPE, inputs, shape)
 
 
 def _block_of(config: ModelConfig) -> str:
