@@ -45,7 +45,7 @@ def test_weights_and_fit(llama8b):
     # Llama-3-8B has 8.03e9 parameters: 16.06 GB in bf16
     assert llama8b.weight_bytes == pytest.approx(16.06e9, rel=0.005)
     fit = llama8b.fit
-    assert fit["kv_tokens"] == int((141e9 - llama8b.weight_bytes) // (128 * 1024))
+    assert fit["kv_tokens"] == int((141 * 2**30 - llama8b.weight_bytes) // (128 * 1024))
     assert fit["max_batch_at_context"] == fit["kv_tokens"] // 8192
     assert fit["max_context_at_batch"] == fit["kv_tokens"] // 64
 
@@ -99,8 +99,13 @@ def test_recipes_change_the_gemm_ops():
 def test_llama3_70b_and_every_device():
     c = mc.cost("llama3-70b", "h200", mc.Workload(batch=1, context=8192))
     assert c.weight_bytes == pytest.approx(141.1e9, rel=0.01)  # 70.6e9 parameters
-    assert c.fit["kv_tokens"] == 0  # bf16 weights alone fill an H200
+    assert c.fit["weights_fit"]  # 141.1 GB of bf16 weights in 141 GiB (151.4 GB)
+    assert c.fit["max_batch_at_context"] == 3  # 10.3 GB left: 31k tokens of 320 KiB
     assert c.kv_bytes_per_token == 2 * 80 * 8 * 128 * 2
+    small = mc.cost("llama3-70b", "h100", mc.Workload(batch=1, context=8192))
+    assert not small.fit["weights_fit"] and small.fit["kv_tokens"] == 0
+    res = runner.invoke(app, ["model-cost", "llama3-70b", "--device", "h100"])
+    assert "do not fit in 80 GiB" in res.output
     for spec in DEVICES:
         assert (
             mc.cost("tiny-llama", spec.aliases[0] if spec.aliases else spec.name).decode.floor_s > 0

@@ -173,14 +173,18 @@ def _print_one(cost, first: bool) -> None:
         f"  weights {cost.weight_bytes / 1e9:.3g} GB; KV cache "
         f"{cost.kv_bytes_per_token / 1024:.4g} KiB per token ({cost.workload.kv})"
     )
-    echo(
-        f"  fits beside the weights in {fit['memory_bytes'] / 1e9:.0f} GB: "
-        f"{fit['kv_tokens']:,} tokens of KV"
-    )
-    echo(
-        f"    = batch {fit['max_batch_at_context']} at context {cost.workload.context:,}, "
-        f"or context {fit['max_context_at_batch']:,} at batch {cost.workload.batch}"
-    )
+    gib = fit["memory_bytes"] / 2**30
+    if not fit["weights_fit"]:
+        echo(
+            (f"  the weights alone ({cost.weight_bytes / 2**30:.1f} GiB) do not fit in "
+             f"{gib:.0f} GiB: no room for a KV cache", "bold red")
+        )  # fmt: skip
+    else:
+        echo(f"  fits beside the weights in {gib:.0f} GiB: {fit['kv_tokens']:,} tokens of KV")
+        echo(
+            f"    = batch {fit['max_batch_at_context']} at context {cost.workload.context:,}, "
+            f"or context {fit['max_context_at_batch']:,} at batch {cost.workload.batch}"
+        )
     echo(("  (activations, workspace and fragmentation not counted)", "dim"))
     echo((f"ceiling: {cost.ceiling_source}", "dim"))
 

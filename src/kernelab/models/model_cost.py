@@ -623,11 +623,14 @@ def cost(config, device="h200", workload: Workload | None = None) -> ModelCost:
     es = torch.finfo(ACT_DTYPE).bits // 8
     weights = _weights(config, decode, es)
     per_token = kv_bytes_per_token(config, workload.kv)
-    memory = spec.memory_gb * 1e9
+    # The table's memory size is read as GiB, as device detection measures it (an H200:
+    # 141, against the 143771 MiB its driver reports).
+    memory = spec.memory_gb * 2**30
     free = memory - weights
     tokens = int(free // per_token) if free > 0 else 0
     fit = {
         "memory_bytes": memory,
+        "weights_fit": free > 0,
         "free_bytes": max(free, 0.0),
         "kv_tokens": tokens,
         "max_batch_at_context": tokens // workload.context,
