@@ -212,6 +212,8 @@ def test_cli_floors_sweep_table_json_and_html(tmp_path):
         (["gemm", "w4a16_gemm", "--sweep", "Q=1,2", "--floors-for", "h200"], "no representative"),
         (["gemm", "--sweep", "M=1,2", "--variants", "torch"], "two variants"),
         (["gemm", "--sweep", "M=1,2", "--variants", "torch,nosuch"], "nosuch"),
+        (["gemm", "--sweep", "M=1,2", "--variants", "torch,kernelab"], "cannot be timed on cpu"),
+        (["gemm", "--sweep", "Q=1,2", "--variants", "torch,compile"], "no representative"),
         (["gemm", "--html", "x.html"], "--sweep"),
     ],
 )

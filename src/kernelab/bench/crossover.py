@@ -222,6 +222,25 @@ def floors(
 # --- measured ------------------------------------------------------------------------------
 
 
+def timed_subjects(op, variants: Sequence[str], device_type: str, cfg) -> list:
+    """The subjects of variants A and B, in that order, or an error saying why one cannot be
+    timed on ``device_type`` (checked before anything is measured)."""
+    from kernelab.bench.runner import subjects_for
+
+    if len(variants) != 2 or variants[0] == variants[1]:
+        raise ValueError(f"variants: a sweep compares two variants (a,b), got {list(variants)}")
+    unknown = [v for v in variants if v not in op.variants]
+    if unknown:
+        raise ValueError(f"variants: op {op.name!r} has {sorted(op.variants)}, got {unknown}")
+    subjects, skipped = subjects_for(op, device_type, replace(cfg, variants=tuple(variants)))
+    names = [s.name for s in subjects]
+    missing = [v for v in variants if v not in names]
+    if missing:
+        why = "; ".join(line for line in skipped if any(f"/{v}:" in line for v in missing))
+        raise ValueError(f"variants: {missing} cannot be timed on {device_type}: {why}")
+    return sorted(subjects, key=lambda s: list(variants).index(s.name))
+
+
 def measure(
     op,
     variants: Sequence[str],
@@ -240,26 +259,16 @@ def measure(
     """Time variants A and B of ``op`` at every value of the sweep (``timer``: the device's,
     or any object with the timer interface of :mod:`kernelab.bench.timers`). Returns the study,
     every case timed (for the ledger) and what was skipped."""
-    from kernelab.bench.runner import CPU_RULE, GPU_RULE, bench_case, subjects_for
+    from kernelab.bench.runner import CPU_RULE, GPU_RULE, bench_case
     from kernelab.ledger.compare import compare_cases
 
-    if len(variants) != 2 or variants[0] == variants[1]:
-        raise ValueError(f"variants: a sweep compares two variants (a,b), got {list(variants)}")
-    unknown = [v for v in variants if v not in op.variants]
-    if unknown:
-        raise ValueError(f"variants: op {op.name!r} has {sorted(op.variants)}, got {unknown}")
-    cfg = replace(cfg, variants=tuple(variants))
-    rule = cfg.rule or (CPU_RULE if info.type == "cpu" else GPU_RULE)
-    cfg = replace(cfg, rule=rule)
-    subjects, skipped = subjects_for(op, info.type, cfg)
-    names = [s.name for s in subjects]
-    missing = [v for v in variants if v not in names]
-    if missing:
-        raise ValueError(
-            f"variants: {missing} cannot be timed on {info.type}: " + "; ".join(skipped)
-        )
-    subjects = sorted(subjects, key=lambda s: variants.index(s.name))
+    cfg = replace(cfg, rule=cfg.rule or (CPU_RULE if info.type == "cpu" else GPU_RULE))
+    subjects = timed_subjects(op, variants, info.type, cfg)
+    skipped: list[str] = []
     dtype = dtype or op.dtypes[0]
+    if dtype not in op.dtypes:
+        names = [dtype_name(d) for d in op.dtypes]
+        raise ValueError(f"dtype: op {op.name!r} takes {names}, got {dtype_name(dtype)}")
     base = base_shape(op, dim, cfg.shape_set, labels)
     study = Study(dim, variants[0], variants[1], "measured", info.key, base.label)
     study.notes.append(

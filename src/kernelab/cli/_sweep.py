@@ -90,6 +90,7 @@ def _measure(op, variants, dim, values, dtypes, shape_set, labels, device, knobs
 
     info = detect(device)
     rule = CPU_RULE if info.type == "cpu" else GPU_RULE
+    cx.base_shape(op, dim, shape_set, labels or None)  # bad input fails before any timing
     changes = {k: knobs[k] for k in ("rel_ci", "min_samples", "max_time") if knobs[k] is not None}
     if "max_time" in changes:
         changes["min_time"] = min(rule.min_time, changes["max_time"])
@@ -100,6 +101,7 @@ def _measure(op, variants, dim, values, dtypes, shape_set, labels, device, knobs
         seed=knobs["seed"],
         compile=knobs["compile"],
     )
+    cx.timed_subjects(op, tuple(variants), info.type, cfg)
     db = None if no_ledger else bench.open_ledger(ledger_url)
     with spinner() as say:
 
