@@ -79,3 +79,19 @@ def test_a_wrong_flop_count_or_op_mix_fails(events, monkeypatch):
                    "h200", mc.Workload(prefill=TOKENS)).prefill  # fmt: skip
     checks, _ = cc.check(step, events)
     assert [c.name for c in checks if not c.ok] == ["projections", "attention"]
+
+
+def test_cli_check_profile():
+    import orjson
+    from click.testing import CliRunner
+
+    from kernelab.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["model-cost", "tiny-llama", "--check-profile", "--prefill", "4",
+                              "--json"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    data = orjson.loads(res.output[res.output.index("{") :])
+    assert data["ok"] and len(data["checks"]) == 27  # 3 counts, 10 GEMMs, 2 attentions, 1+1
+    res = runner.invoke(app, ["model-cost", "llama3-8b", "--check-profile"])
+    assert res.exit_code == 2 and "one tiny preset" in res.output

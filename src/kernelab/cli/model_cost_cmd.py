@@ -43,9 +43,16 @@ def register(app: click.Group) -> None:
         multiple=True,
         help="KEY=VALUE for the second side (a config field, or recipe, kv); repeatable.",
     )
+    @click.option(
+        "--check-profile",
+        is_flag=True,
+        help="Profile a prefill of a tiny preset on the CPU and check the prediction against it.",
+    )
     @json_option
     @user_errors
-    def model_cost_command(configs, device, batch, context, prefill, recipe, kv, sets, as_json):
+    def model_cost_command(
+        configs, device, batch, context, prefill, recipe, kv, sets, check_profile, as_json
+    ):
         """Per-op FLOPs, bytes and floors of a model's prefill and decode step.
 
         CONFIGS: one or two presets or config.json paths. With two, or with --set, the
@@ -57,6 +64,9 @@ def register(app: click.Group) -> None:
 
         if len(configs) > 2:
             raise ValueError(f"configs: expected one or two, got {len(configs)}")
+        if check_profile:
+            _check_profile(configs, prefill, sets, as_json)
+            return
         changes = _sets(sets)
         results = []
         for b in _batches(batch):
@@ -83,6 +93,52 @@ def register(app: click.Group) -> None:
                 _print_one(a, k == 0)
             else:
                 _print_pair(a, b, k == 0)
+
+
+def _check_profile(configs, prefill, sets, as_json) -> None:
+    from kernelab.models import cost_check, presets
+    from kernelab.models import model_cost as mc
+
+    name = configs[0]
+    tiny = sorted(n for n, p in presets.PRESETS.items() if p.tiny)
+    if len(configs) != 1 or sets or name not in tiny:
+        raise ValueError(
+            f"check-profile: builds the model on the CPU: one tiny preset ({', '.join(tiny)}), "
+            f"no --set; got {' '.join(configs)}"
+        )
+    if prefill > 512:
+        raise ValueError(f"prefill: --check-profile profiles at most 512 tokens, got {prefill}")
+    import torch
+
+    step = mc.cost(name, "h200", mc.Workload(prefill=prefill)).prefill
+    events = cost_check.profile_prefill(presets.build(name, dtype=torch.float32), prefill)
+    checks, unchecked = cost_check.check(step, events)
+    failed = [c for c in checks if not c.ok]
+    if as_json:
+        from dataclasses import asdict
+
+        emit_json({"checks": [asdict(c) for c in checks], "unchecked": unchecked,
+                   "ok": not failed})  # fmt: skip
+    else:
+        from kernelab.cli._common import console, echo
+        from kernelab.cli._table import Col, Sheet
+
+        sheet = Sheet(
+            f"{name}: model-cost against a profiled prefill of {prefill} tokens",
+            [Col("op"), Col("what"), Col("predicted", right=True), Col("traced", right=True),
+             Col("ok"), Col("note", give="below", step=1, hide_empty=True)],
+        )  # fmt: skip
+        for c in checks:
+            sheet.row(c.name, c.what, f"{c.predicted:,.0f}", f"{c.traced:,.0f}",
+                      "yes" if c.ok else "NO", c.note,
+                      style=None if c.ok else "bold red")  # fmt: skip
+        sheet.print(console)
+        echo(
+            ("not checked (several small ops or none in the trace): ", "dim"), ", ".join(unchecked)
+        )
+        echo(("every check passed" if not failed else f"{len(failed)} check(s) failed", "bold"))
+    if failed:
+        raise click.exceptions.Exit(1)
 
 
 def _json(a, b) -> dict:
