@@ -92,6 +92,7 @@ def test_cli_check_profile():
                               "--json"])  # fmt: skip
     assert res.exit_code == 0, res.output
     data = orjson.loads(res.output[res.output.index("{") :])
-    assert data["ok"] and len(data["checks"]) == 27  # 3 counts, 10 GEMMs, 2 attentions, 1+1
+    # 3 counts, 9 GEMMs x 2, all the GEMMs, 2 attentions x 2, the embedding
+    assert data["ok"] and len(data["checks"]) == 27
     res = runner.invoke(app, ["model-cost", "llama3-8b", "--check-profile"])
     assert res.exit_code == 2 and "one tiny preset" in res.output
