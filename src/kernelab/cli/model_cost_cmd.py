@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from kernelab.cli._common import emit_json, json_option, user_errors
+from kernelab.cli._common import device_option, emit_json, json_option, user_errors
 
 
 def _sets(values: tuple[str, ...]) -> dict[str, str]:
@@ -31,7 +31,7 @@ def _batches(text: str) -> list[int]:
 def register(app: click.Group) -> None:
     @app.command("model-cost")
     @click.argument("configs", nargs=-1, required=True)
-    @click.option("--device", "device", default="h200", help="A device of the hardware table.")
+    @device_option("A device of the hardware table (h200, h100, b200, mi300x, ...).", "h200")
     @click.option("--batch", default="1", help="Decode batch sizes, comma-separated (1,64).")
     @click.option("--context", default=8192, type=click.IntRange(min=1), help="Keys per sequence.")
     @click.option("--prefill", default=2048, type=click.IntRange(min=1), help="Prompt tokens.")
