@@ -713,11 +713,13 @@ def diff(a: ModelCost, b: ModelCost, phase: str = "decode") -> dict:
 
 
 def _ms(s: float) -> str:
-    return f"{s * 1e3:.3g}"
+    """Milliseconds to three significant digits, trailing zeros kept (2.00, 17.6, 301)."""
+    ms = s * 1e3
+    return f"{ms:.0f}" if abs(ms) >= 100 else f"{ms:#.3g}"
 
 
 def _signed_ms(s: float) -> str:
-    return ("+" if s > 0 else "−") + f"{abs(s) * 1e3:.3g}"
+    return ("+" if s > 0 else "−") + _ms(abs(s))
 
 
 def _signed_pct(x: float) -> str:
