@@ -96,3 +96,21 @@ def test_cli_check_profile():
     assert data["ok"] and len(data["checks"]) == 27
     res = runner.invoke(app, ["model-cost", "llama3-8b", "--check-profile"])
     assert res.exit_code == 2 and "one tiny preset" in res.output
+
+
+def test_a_preset_with_projection_biases():
+    """Qwen2 has biases on q, k and v: the prediction counts them, and matches its profile."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        events = cc.profile_prefill(build("tiny-qwen2", dtype=torch.float32), TOKENS)
+    finally:
+        torch.set_num_threads(threads)
+    step = mc.cost("tiny-qwen2", "h200", mc.Workload(prefill=TOKENS)).prefill
+    checks, _ = cc.check(step, events)
+    assert all(c.ok for c in checks), [c for c in checks if not c.ok]
+    # without the biases the prediction is caught
+    unbiased = {**mc.load_config("tiny-qwen2").__dict__, "attention_bias": False}
+    step = mc.cost(unbiased, "h200", mc.Workload(prefill=TOKENS)).prefill
+    bad = {c.name.split(" (")[0] for c in cc.check(step, events)[0] if not c.ok}
+    assert bad == {"qkv", "all projections"}

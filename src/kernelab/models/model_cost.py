@@ -66,7 +66,7 @@ _ACTIVATIONS = {
     "gelu_new": "gelu_and_mul",
 }
 #: Inputs of the ops that are weights (read from memory at every call, stored once).
-_WEIGHT_ARGS = ("b", "qweight", "scales", "zeros", "scale_b", "weight")
+_WEIGHT_ARGS = ("b", "qweight", "scales", "zeros", "scale_b", "weight", "bias")
 #: Keys of --set that change the workload rather than the config.
 WORKLOAD_KEYS = ("recipe", "kv", "batch", "context", "prefill")
 #: The ops of a step that run once per model, not once per layer.
@@ -98,6 +98,8 @@ class ModelConfig:
     head_dim: int
     hidden_act: str = "silu"
     tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2's q, k, v projections carry a bias; attention_bias sets it
+    o_bias: bool = False
     num_local_experts: int = 0
     num_experts_per_tok: int = 0
 
@@ -125,6 +127,9 @@ class ModelConfig:
         act = d.get("hidden_act", d.get("hidden_activation", "silu"))
         values["hidden_act"] = str(act)
         values["tie_word_embeddings"] = bool(d.get("tie_word_embeddings", False))
+        bias = d.get("attention_bias")
+        values["qkv_bias"] = bool(bias) if bias is not None else values["model_type"] == "qwen2"
+        values["o_bias"] = bool(bias) and values["model_type"] != "qwen2"
         experts = d.get("num_local_experts", d.get("num_experts")) or 0
         values["num_local_experts"] = _count(f"config {name}: num_local_experts", experts)
         per_tok = d.get("num_experts_per_tok") or 0
@@ -435,13 +440,13 @@ def sampling_cost(rows: int, vocab: int, element_size: int) -> Cost:
     return Cost(flops=float(4 * rows * vocab), bytes=float(rows * (vocab * element_size + 8)))
 
 
-def _gemm(name, m, n, k, recipe, ceilings, calls) -> OpCost:
+def _gemm(name, m, n, k, recipe, ceilings, calls, bias: bool = False) -> OpCost:
     op_name = _GEMM_OP[recipe]
-    params = {"layout": "nk", "bias": False, "residual": False}
+    params = {"layout": "nk", "bias": bias, "residual": False}
     if recipe == "w4a16":
         params["group_size"] = 128
     if recipe == "fp8":
-        params = {"bias": False, "scaling": "row"}
+        params = {"bias": bias, "scaling": "row"}
     shape = _shape(name, {"M": m, "N": n, "K": k}, params)
     cost, inputs = _op_cost(op_name, shape, ACT_DTYPE)
     peak_dtype = torch.float8_e4m3fn if recipe == "fp8" else ACT_DTYPE
@@ -490,7 +495,7 @@ def _step(config: ModelConfig, w: Workload, phase: str, ceilings) -> Step:
     ops = [
         embed,
         _norm("in_norm", tokens, h, fp8, ceilings, L),
-        _gemm("qkv", tokens, (hq + 2 * hkv) * d, h, w.recipe, ceilings, L),
+        _gemm("qkv", tokens, (hq + 2 * hkv) * d, h, w.recipe, ceilings, L, c.qkv_bias),
         _simple(
             "rope",
             "rope",
@@ -560,7 +565,7 @@ def _step(config: ModelConfig, w: Workload, phase: str, ceilings) -> Step:
                 L,
             )
         )
-    ops.append(_gemm("o_proj", tokens, h, hq * d, w.recipe, ceilings, L))
+    ops.append(_gemm("o_proj", tokens, h, hq * d, w.recipe, ceilings, L, c.o_bias))
     ops.append(_norm("post_norm", tokens, h, fp8, ceilings, L))
     ops.append(_gemm("gate_up", tokens, 2 * c.intermediate_size, h, w.recipe, ceilings, L))
     act = _ACTIVATIONS[c.hidden_act]
