@@ -182,6 +182,7 @@ def test_cli_side_by_side():
     )
     assert res.exit_code == 0, res.output
     assert "decode step floor 17.6 → 10.4 ms (−41%), of which attention" in res.output
+    assert max(len(line) for line in res.output.splitlines()) <= 80
     res = runner.invoke(app, ["model-cost", "llama3-8b", "--set", "recipe=w4a16", "--json"])
     d = orjson.loads(res.output)[0]["decode"]
     assert {r["name"]: r["op_b"] for r in d["ops"]}["down"] == "w4a16_gemm"
@@ -196,6 +197,8 @@ def test_cli_side_by_side():
         (["llama3-8b", "--set", "bogus=1"], "unknown key 'bogus'"),
         (["llama3-8b", "--set", "recipe=int3"], "recipe"),
         (["llama3-8b", "--batch", "0"], "batch"),
+        (["llama3-8b", "--set", "kv=fp8", "--set", "kv=bf16"], "given twice"),
+        (["llama3-8b", "mistral-7b", "qwen2.5-7b"], "one or two"),
     ],
 )
 def test_cli_errors(args, words):

@@ -14,6 +14,8 @@ def _sets(values: tuple[str, ...]) -> dict[str, str]:
         key, sep, value = text.partition("=")
         if not sep or not key.strip() or not value.strip():
             raise ValueError(f"set: expected KEY=VALUE (num_key_value_heads=4), got {text!r}")
+        if key.strip() in out:
+            raise ValueError(f"set: {key.strip()} is given twice")
         out[key.strip()] = value.strip()
     return out
 
