@@ -205,3 +205,15 @@ def test_cli_errors(args, words):
     res = runner.invoke(app, ["model-cost", *args])
     assert res.exit_code == 2
     assert words in res.output
+
+
+def test_any_device_row_and_the_package_export():
+    """A device of any vendor works from its row alone (a TPU-like row: no CUDA fields)."""
+    from kernelab.hardware import DeviceSpec
+    from kernelab.models import cost
+
+    tpu = DeviceSpec("TPU-like", "google", "tpu", 1, 32, 1.6e12, 0, {"bf16": 9.2e14})
+    c = cost("llama3-8b", tpu, mc.Workload(batch=1))
+    gate_up = _ops(c.decode)["gate_up"]
+    assert gate_up.floor_s == pytest.approx(gate_up.bytes / 1.6e12)
+    assert c.device == "TPU-like" and c.fit["weights_fit"]
