@@ -93,7 +93,7 @@ def test_cli_check_profile():
     assert res.exit_code == 0, res.output
     data = orjson.loads(res.output[res.output.index("{") :])
     # 3 counts, 9 GEMMs x 2, all the GEMMs, 2 attentions x 2, the embedding
-    assert data["ok"] and len(data["checks"]) == 27
+    assert data["ok"] and len(data["prefill"]["checks"]) == len(data["decode"]["checks"]) == 27
     res = runner.invoke(app, ["model-cost", "llama3-8b", "--check-profile"])
     assert res.exit_code == 2 and "one tiny preset" in res.output
 
@@ -114,3 +114,29 @@ def test_a_preset_with_projection_biases():
     step = mc.cost(unbiased, "h200", mc.Workload(prefill=TOKENS)).prefill
     bad = {c.name.split(" (")[0] for c in cc.check(step, events)[0] if not c.ok}
     assert bad == {"qkv", "all projections"}
+
+
+def test_a_decode_step_matches_and_a_wrong_kv_count_fails(monkeypatch):
+    """Decode: the KV part of paged attention's cost against the cache the model attends."""
+    context = 40
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        events = cc.profile_decode(build("tiny-llama", dtype=torch.float32), context)
+    finally:
+        torch.set_num_threads(threads)
+
+    def decode():
+        return mc.cost("tiny-llama", "h200", mc.Workload(batch=1, context=context)).decode
+
+    checks, _ = cc.check(decode(), events)
+    assert all(c.ok for c in checks), [c for c in checks if not c.ok]
+    assert any(c.name.startswith("attention") and c.what == "bytes" for c in checks)
+    _planted(monkeypatch, "paged_attention", "q")
+    bad = {c.name.split(" (")[0] for c in cc.check(decode(), events)[0] if not c.ok}
+    assert bad == {"attention"}
+    monkeypatch.undo()
+    # a context one short of the one attended: the prediction reads too little cache
+    short = mc.cost("tiny-llama", "h200", mc.Workload(batch=1, context=context - 1)).decode
+    bad = {c.name.split(" (")[0] for c in cc.check(short, events)[0] if not c.ok}
+    assert bad == {"attention"}

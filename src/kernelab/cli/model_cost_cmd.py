@@ -112,32 +112,46 @@ def _check_profile(configs, prefill, sets, as_json) -> None:
         raise ValueError(f"prefill: --check-profile profiles at most 512 tokens, got {prefill}")
     import torch
 
-    step = mc.cost(name, "h200", mc.Workload(prefill=prefill)).prefill
-    events = cost_check.profile_prefill(presets.build(name, dtype=torch.float32), prefill)
-    checks, unchecked = cost_check.check(step, events)
-    failed = [c for c in checks if not c.ok]
+    model = presets.build(name, dtype=torch.float32)
+    work = mc.Workload(batch=1, context=prefill + 1, prefill=prefill)
+    predicted = mc.cost(name, "h200", work)
+    results = [
+        (predicted.prefill, cost_check.profile_prefill(model, prefill)),
+        (predicted.decode, cost_check.profile_decode(model, prefill + 1)),
+    ]
+    failed, report = [], []
+    for step, events in results:
+        checks, unchecked = cost_check.check(step, events)
+        failed += [c for c in checks if not c.ok]
+        report.append((step, checks, unchecked))
     if as_json:
         from dataclasses import asdict
 
-        emit_json({"checks": [asdict(c) for c in checks], "unchecked": unchecked,
-                   "ok": not failed})  # fmt: skip
+        emit_json({
+            step.phase: {"checks": [asdict(c) for c in checks], "unchecked": unchecked}
+            for step, checks, unchecked in report
+        } | {"ok": not failed})  # fmt: skip
     else:
         from kernelab.cli._common import console, echo
         from kernelab.cli._table import Col, Sheet
 
-        sheet = Sheet(
-            f"{name}: model-cost against a profiled prefill of {prefill} tokens",
-            [Col("op"), Col("what"), Col("predicted", right=True), Col("traced", right=True),
-             Col("ok"), Col("note", give="below", step=1, hide_empty=True)],
-        )  # fmt: skip
-        for c in checks:
-            sheet.row(c.name, c.what, f"{c.predicted:,.0f}", f"{c.traced:,.0f}",
-                      "yes" if c.ok else "NO", c.note,
-                      style=None if c.ok else "bold red")  # fmt: skip
-        sheet.print(console)
-        echo(
-            ("not checked (several small ops or none in the trace): ", "dim"), ", ".join(unchecked)
-        )
+        for step, checks, unchecked in report:
+            what = (f"a prefill of {step.tokens} tokens" if step.phase == "prefill"
+                    else f"a decode step over {step.context} keys")  # fmt: skip
+            sheet = Sheet(
+                f"{name}: model-cost against a profile of {what}",
+                [Col("op"), Col("what"), Col("predicted", right=True),
+                 Col("traced", right=True), Col("ok"),
+                 Col("note", give="below", step=1, hide_empty=True)],
+            )  # fmt: skip
+            for c in checks:
+                sheet.row(c.name, c.what, f"{c.predicted:,.0f}", f"{c.traced:,.0f}",
+                          "yes" if c.ok else "NO", c.note,
+                          style=None if c.ok else "bold red")  # fmt: skip
+            sheet.print(console)
+            echo(("not checked (several small ops or none in the trace): ", "dim"),
+                 ", ".join(unchecked))  # fmt: skip
+            echo("")
         echo(("every check passed" if not failed else f"{len(failed)} check(s) failed", "bold"))
     if failed:
         raise click.exceptions.Exit(1)

@@ -1,17 +1,19 @@
 """model-cost against a profile: does the prediction's op mix match what a model really runs?
 
-A Hugging Face model of a preset runs one prefill under ``torch.profiler`` (``record_shapes``,
-``with_flops``); the trace's ops are matched to the prediction's, op by op, in the order the
-model calls them, and each pair is compared on what the trace records:
+A Hugging Face model of a preset runs one prefill, or one decode step over a cache, under
+``torch.profiler`` (``record_shapes``, ``with_flops``); the trace's ops are matched to the
+prediction's, op by op, in the order the model calls them, and each pair is compared on what
+the trace records:
 
 * the projections (``aten::linear``): the Hugging Face modules that kernelab runs as one GEMM
   (q, k, v as ``qkv``; gate and up as ``gate_up``) are summed; FLOPs must equal the
   prediction's (and the profiler's own ``aten::mm`` count), and bytes, from the recorded
   shapes at the prediction's element size, must equal the prediction's once the activation
   re-reads that the fusion saves are taken off (``(parts − 1)·M·K`` elements);
-* attention (``aten::scaled_dot_product_attention``, causal): FLOPs 4·D per visible score,
-  from the recorded q shape; bytes of q, k, v and the output, plus what the trace does not
-  record (the float32 log-sum-exp and the cumulative lengths), as a bound;
+* attention (``aten::scaled_dot_product_attention``): FLOPs 4·D per visible score (causal at
+  prefill, every cached key at decode), from the recorded q and k shapes; bytes of q, k, v and
+  the output, plus what the trace does not record (prefill: the float32 log-sum-exp and the
+  cumulative lengths; decode: the paged cache's block table and lengths), as a bound;
 * the embedding gather (``aten::embedding``): bytes of the rows read and written and the ids;
 * and how many of each the model ran.
 
@@ -54,12 +56,34 @@ def profile_prefill(model, tokens: int, seed: int = 0) -> list:
     return list(prof.events())
 
 
+def profile_decode(model, context: int, seed: int = 0) -> list:
+    """A prefill of ``context - 1`` ids (not profiled), then one decode step under
+    torch.profiler, attending over ``context`` keys; its events."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if context < 2:
+        raise ValueError(f"context: a decode step needs at least 2 keys, got {context}")
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (1, context), generator=gen)
+    with torch.no_grad():
+        first = model(ids[:, :-1], use_cache=True, logits_to_keep=1)
+        # transformers 5 names the cache "cache"; earlier versions "past_key_values"
+        name = "cache" if "cache" in first else "past_key_values"
+        with profile(
+            activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True
+        ) as prof:
+            model(ids[:, -1:], use_cache=True, logits_to_keep=1, **{name: first[name]})
+    return list(prof.events())
+
+
 def _prod(xs) -> int:
     return math.prod(int(x) for x in xs)
 
 
 def check(step, events, element_size: int = 2, layers: int | None = None) -> tuple[list, list]:
-    """Compare a prefill :class:`~kernelab.models.model_cost.Step` with a profile's events.
+    """Compare a prefill or decode :class:`~kernelab.models.model_cost.Step` with a profile's
+    events (of :func:`profile_prefill` or :func:`profile_decode`).
 
     Returns (checks, unchecked row names). ``element_size``: the prediction's (bf16: 2); the
     trace's shapes are counted at it, whatever dtype the profiled model ran in."""
@@ -114,17 +138,23 @@ def check(step, events, element_size: int = 2, layers: int | None = None) -> tup
     for i, e in enumerate(attn):
         q, kv = e.input_shapes[0], e.input_shapes[1]
         b, hq, t, d = (int(v) for v in q)
+        keys = int(kv[2])
         causal = str((e.concrete_inputs or [None] * 6)[5]) == "True"
-        pairs = b * hq * (t * (t + 1) // 2 if causal else t * t)
+        # visible scores: causal over as many keys as queries, else (one query) every key
+        pairs = b * hq * (t * (t + 1) // 2 if causal and t == keys else t * keys)
         flops = 4 * d * pairs
         tensors = (2 * _prod(q) + 2 * _prod(kv)) * es  # q and out; k and v
-        extra = 4 * b * t * hq + 16 * (b + 1)  # lse (float32), cumulative lengths: not traced
+        if step.phase == "decode":  # the block table and lengths of the paged cache
+            extra = 4 * b * math.ceil(keys / 16) + 4 * (2 * b + 1)
+            what = "block table and lengths"
+        else:  # the float32 log-sum-exp and the cumulative lengths
+            extra = 4 * b * t * hq + 16 * (b + 1)
+            what = "lse and lengths"
         name = f"attention (layer {i})"
-        out.append(Check(name, "flops", row.flops, flops, row.flops == flops,
-                         "" if causal else "not causal in the trace"))  # fmt: skip
+        out.append(Check(name, "flops", row.flops, flops, row.flops == flops))
         ok = tensors <= row.bytes <= tensors + extra
         out.append(Check(name, "bytes", row.bytes, tensors, ok,
-                         f"within the untraced lse and lengths (≤ {extra} B)"))  # fmt: skip
+                         f"within the untraced {what} (≤ {extra} B)"))  # fmt: skip
     for e in embeds:
         (_, h), ids = e.input_shapes[0], e.input_shapes[1]
         t = _prod(ids)
