@@ -30,6 +30,7 @@ COMMANDS = {
     "report": "kernelab.cli.report_cmd",
     "ceilings": "kernelab.cli.ceilings_cmd",
     "model-bench": "kernelab.cli.model_bench_cmd",
+    "model-cost": "kernelab.cli.model_cost_cmd",
 }
 
 

@@ -115,6 +115,12 @@ def register(app: click.Group) -> None:
         "--floors-for",
         help="Print datasheet floors for a device (e.g. h200, tpu_v6e) and exit; no timing.",
     )
+    @click.option(
+        "--sweep",
+        help="DIM=v1,v2,... or DIM=lo..hi (powers of two): a crossover study over one size, "
+        "of two variants (timed) or, with --floors-for, of two ops (floors).",
+    )
+    @click.option("--html", "html_out", help="With --sweep: write the study's chart here.")
     @json_option
     @csv_option
     @user_errors
@@ -140,6 +146,8 @@ def register(app: click.Group) -> None:
         no_ledger,
         ledger_url,
         floors_for,
+        sweep,
+        html_out,
         as_json,
         as_csv,
     ):
@@ -156,6 +164,18 @@ def register(app: click.Group) -> None:
         if as_json and as_csv:
             raise ValueError("--json, --csv: choose one output format")
         dtypes = _dtypes(dtype)
+        if html_out and not sweep:
+            raise ValueError("html: --html writes a --sweep study; give --sweep DIM=...")
+        if sweep:
+            from kernelab.cli import _sweep
+
+            _sweep.run(
+                ops, sweep, variants, floors_for, dtypes, shape_set, shapes, device,
+                dict(mode=mode, rel_ci=rel_ci, min_samples=min_samples, max_time=max_time,
+                     seed=seed, compile=compile),
+                None if no_ledger else ledger_url, no_ledger, label, as_json, html_out,
+            )  # fmt: skip
+            return
         if floors_for:
             spec = lookup(floors_for)
             if spec is None:

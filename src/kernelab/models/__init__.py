@@ -18,6 +18,7 @@ from functools import partial
 from kernelab.models import _linear, _parity
 from kernelab.models._arch import ARCHITECTURES, DEFAULT_REPLACEMENTS, REPLACEMENTS, blueprint_for
 from kernelab.models._patch import PatchError, apply, state_of, unpatch
+from kernelab.models.model_cost import cost
 from kernelab.models.presets import PRESETS, build
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "REPLACEMENTS",
     "PatchError",
     "build",
+    "cost",
     "patch",
     "patched",
     "state_of",

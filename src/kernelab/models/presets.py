@@ -41,12 +41,33 @@ class Preset:
         config.rope_theta = self.rope_theta
         return config
 
+    def values(self) -> dict:
+        """The preset as config.json values (Hugging Face names), for costing without
+        transformers."""
+        return {
+            "model_type": self.model_type,
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "intermediate_size": self.intermediate,
+            "vocab_size": self.vocab,
+            "head_dim": self.head_dim or self.hidden // self.heads,
+            "hidden_act": "silu",
+            "tie_word_embeddings": False,
+        }
+
 
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
+        # huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json
         Preset("llama3-8b", "llama", 4096, 32, 32, 8, 14336, 128256),
+        # huggingface.co/meta-llama/Meta-Llama-3-70B/blob/main/config.json
+        Preset("llama3-70b", "llama", 8192, 80, 64, 8, 28672, 128256),
+        # huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json
         Preset("qwen2.5-7b", "qwen2", 3584, 28, 28, 4, 18944, 152064, rope_theta=1e6),
+        # huggingface.co/mistralai/Mistral-7B-v0.3/blob/main/config.json (vocabulary 32768)
         Preset("mistral-7b", "mistral", 4096, 32, 32, 8, 14336, 32768, rope_theta=1e6),
         # Tiny versions: the same block structure, small enough for a CPU and the interpreter
         # (K = 64 and 192: int4 groups of 64).

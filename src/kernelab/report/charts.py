@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -207,3 +208,47 @@ def speedup(rows: list[dict], colors: Colors, title: str, ylabel: str) -> str:
             cv.line(x + bar / 2, ys(r["lo"]), x + bar / 2, ys(r["hi"]), "#111", 1.2)
     cv.legend([(s, colors(s)) for s in series])
     return cv.render("chart speedup")
+
+
+def crossover(study: dict, title: str) -> str:
+    """A crossover study (``kernelab.bench.crossover.Study.as_dict()``): B's speedup over A
+    against the swept size (log-log), its confidence interval as whiskers, the floors' ratio
+    dashed, the 1× line, and each named crossover as a shaded band."""
+    pts = [p for p in study.get("points") or [] if _pos(p.get("value"))]
+    cv = Canvas(640, 380, title, margin=(56, 24, 60, 80))
+    speed = [p.get("speedup") for p in pts]
+    floor = [p.get("floor_ratio") for p in pts]
+    vals = [v for v in (*speed, *floor, *(p.get("lo") for p in pts), *(p.get("hi") for p in pts))
+            if _pos(v)]  # fmt: skip
+    xs = Scale.fit([p["value"] for p in pts], cv.x0, cv.x1, pad=0.04)
+    ys = Scale.fit([*vals, 1.0], cv.y0, cv.y1, pad=0.12)
+    dim = str(study.get("dim", ""))
+    cv.axes(xs, ys, dim, f"{study.get('a')} time / {study.get('b')} time", "", "×")
+    for c in study.get("crossovers") or []:
+        lo, hi = _pos(c.get("low")), _pos(c.get("high"))
+        if lo and hi:
+            at = f" (at {c['at']})" if c.get("at") is not None else ""
+            what = f"crossover: {c.get('from')} → {c.get('to')} between {dim}={lo:g} and {hi:g}"
+            cv.rect(xs(lo), cv.y1, xs(hi) - xs(lo), cv.y0 - cv.y1, "#f08c00", what + at, 0.15)
+    one = ys(1.0)
+    cv.line(cv.x0, one, cv.x1, one, "#111", 1.2, tip="1× (equal)")
+    line = [(xs(p["value"]), ys(p["floor_ratio"])) for p in pts if _pos(p.get("floor_ratio"))]
+    for (x1, y1), (x2, y2) in itertools.pairwise(line):
+        cv.line(x1, y1, x2, y2, CEILING, 2, dash="6 3", tip="ratio of the floors")
+    measured = [(p, _pos(p.get("speedup"))) for p in pts]
+    done = [(xs(p["value"]), ys(s)) for p, s in measured if s]
+    for (x1, y1), (x2, y2) in itertools.pairwise(done):
+        cv.line(x1, y1, x2, y2, "#1f6fd1", 1.5)
+    for p, s in measured:
+        if not s:
+            continue
+        x = xs(p["value"])
+        if _pos(p.get("lo")) and _pos(p.get("hi")):
+            cv.line(x, ys(p["lo"]), x, ys(p["hi"]), "#111", 1.2)
+        confirmed = p.get("verdict") in ("faster", "slower", "tie")
+        extra = f" ({p['lo']:.3g}–{p['hi']:.3g})" if _pos(p.get("lo")) and _pos(p.get("hi")) else ""
+        cv.circle(x, ys(s), 4.5, "#1f6fd1", hollow=not confirmed,
+                  tip=f"{dim}={p['value']}: {s:.3g}×{extra}, {p.get('verdict')}")  # fmt: skip
+    how = "measured" if study.get("how") == "measured" else "floors"
+    cv.legend([(f"speedup ({how})", "#1f6fd1"), ("floor ratio (dashed)", CEILING)])
+    return cv.render("chart crossover")

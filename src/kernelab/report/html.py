@@ -222,6 +222,67 @@ def _op_charts(name, cases, colors, baseline_variant, baseline, speedups) -> lis
     return out
 
 
+def _sweep_of(run: dict) -> dict | None:
+    """The crossover study a ``bench --sweep`` run stored with its configuration, if any."""
+    bench = (run.get("provenance") or {}).get("bench") or {}
+    sweep = (bench.get("config") or {}).get("sweep") if isinstance(bench, dict) else None
+    return sweep if isinstance(sweep, dict) and isinstance(sweep.get("points"), list) else None
+
+
+def _number(v) -> float | None:
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+
+def _study_section(study: dict) -> str:
+    """A crossover study: its chart, its sentence and its points, every string escaped."""
+    title = f"crossover over {study.get('dim')}: {study.get('b')} vs {study.get('a')}"
+    rows = []
+    for p in study["points"]:
+        if not isinstance(p, dict):
+            continue
+        cells = [
+            esc(p.get("value")),
+            fmt.seconds(p.get("a_s")),
+            fmt.seconds(p.get("b_s")),
+            fmt.ratio(_number(p.get("speedup"))),
+            fmt.ratio(_number(p.get("floor_ratio"))),
+            esc(p.get("verdict")),
+        ]
+        rows.append("<tr>" + "".join(f'<td class="n">{c}</td>' for c in cells) + "</tr>")
+    head = "".join(
+        f"<th>{esc(h)}</th>"
+        for h in (study.get("dim"), study.get("a"), study.get("b"), "speedup", "floor ratio",
+                  "verdict")
+    )  # fmt: skip
+    return (
+        f"<h3>{esc(title)}</h3>"
+        f'<p class="muted">{esc(study.get("summary") or "")} · {esc(study.get("how"))} on '
+        f"{esc(study.get('device'))} · base shape {esc(study.get('base'))}</p>"
+        f'<div class="charts">{charts.crossover(study, title)}</div>'
+        f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+    )
+
+
+def render_study(study: dict, title: str = "kernelab crossover") -> str:
+    """A page for one crossover study (``bench --sweep ... --html FILE``)."""
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    notes = "".join(f"<li>{esc(n)}</li>" for n in study.get("notes") or [])
+    return "\n".join(
+        [
+            "<!doctype html>",
+            '<html lang="en"><head><meta charset="utf-8">',
+            '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+            "style-src 'unsafe-inline'\">",
+            f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
+            f"<h1>{esc(title)}</h1>",
+            f'<p class="muted">generated {esc(now)}</p>',
+            _study_section(study),
+            f"<ul>{notes}</ul>",
+            "</body></html>",
+        ]
+    )
+
+
 def render(
     runs: list[dict],
     baseline: dict | None = None,
@@ -255,6 +316,9 @@ def render(
         out.append('<div class="charts">')
         out.append(charts.roofline(run["cases"], ceil, colors, f"roofline · {run['id']}"))
         out.append("</div>")
+        sweep = _sweep_of(run)
+        if sweep is not None:
+            out.append(_study_section(sweep))
         speedups = _run_speedups(baseline, run) if baseline is not None else []
         for op in dict.fromkeys(c["op"] for c in run["cases"]):
             cases = [c for c in run["cases"] if c["op"] == op]

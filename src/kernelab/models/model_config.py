@@ -1,0 +1,193 @@
+"""The fields of a Hugging Face config that decide what a decoder model costs, parsed and
+checked: from a preset, a config.json (parsed as JSON, never executed), a dict or a
+transformers config, and changed with ``--set KEY=VALUE``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+#: The config.json fields model-cost reads (Hugging Face names), and what each must be.
+_INT_FIELDS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+    "head_dim",
+)
+#: Activations (config.hidden_act) and the fused op of the gated MLP.
+ACTIVATIONS = {
+    "silu": "silu_and_mul",
+    "swish": "silu_and_mul",
+    "gelu": "gelu_and_mul",
+    "gelu_pytorch_tanh": "gelu_and_mul",
+    "gelu_new": "gelu_and_mul",
+}
+#: Keys of --set that change the workload rather than the config.
+WORKLOAD_KEYS = ("recipe", "kv", "batch", "context", "prefill")
+
+
+class CostError(ValueError):
+    """A config, a workload or a device model-cost cannot cost (the message says which)."""
+
+
+# --- the config ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The fields of a Hugging Face config that decide what a decoder model costs."""
+
+    name: str
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+    head_dim: int
+    hidden_act: str = "silu"
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2's q, k, v projections carry a bias; attention_bias sets it
+    o_bias: bool = False
+    num_local_experts: int = 0
+    num_experts_per_tok: int = 0
+
+    @classmethod
+    def from_dict(cls, d: Mapping, name: str = "config") -> ModelConfig:
+        """From a config.json's values; other keys are ignored, missing or bad ones named."""
+        if not isinstance(d, Mapping):
+            raise CostError(f"config: expected a JSON object of config values, got {type(d)}")
+        text_config = d.get("text_config")
+        if isinstance(text_config, Mapping) and "hidden_size" not in d:
+            d = {**d, **text_config}  # multimodal configs keep the decoder's values here
+        values: dict = {"name": name, "model_type": str(d.get("model_type", "?"))}
+        for key in _INT_FIELDS:
+            if key == "head_dim" and d.get(key) is None:
+                continue
+            if key == "num_key_value_heads" and d.get(key) is None:
+                values[key] = values.get("num_attention_heads")
+                continue
+            values[key] = _positive_int(f"config {name}: {key}", d.get(key))
+        if "head_dim" not in values:
+            values["head_dim"] = _whole_heads(values)
+        values["num_key_value_heads"] = _positive_int(
+            f"config {name}: num_key_value_heads", values["num_key_value_heads"]
+        )
+        act = d.get("hidden_act", d.get("hidden_activation", "silu"))
+        values["hidden_act"] = str(act)
+        values["tie_word_embeddings"] = bool(d.get("tie_word_embeddings", False))
+        bias = d.get("attention_bias")
+        values["qkv_bias"] = bool(bias) if bias is not None else values["model_type"] == "qwen2"
+        values["o_bias"] = bool(bias) and values["model_type"] != "qwen2"
+        experts = d.get("num_local_experts", d.get("num_experts")) or 0
+        values["num_local_experts"] = _count(f"config {name}: num_local_experts", experts)
+        per_tok = d.get("num_experts_per_tok") or 0
+        values["num_experts_per_tok"] = _count(f"config {name}: num_experts_per_tok", per_tok)
+        config = cls(**values)
+        config.check()
+        return config
+
+    def check(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise CostError(
+                f"config {self.name}: num_attention_heads ({self.num_attention_heads}) must be "
+                f"a multiple of num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.hidden_act not in ACTIVATIONS:
+            raise CostError(
+                f"config {self.name}: hidden_act: expected one of {sorted(ACTIVATIONS)}, "
+                f"got {self.hidden_act!r}"
+            )
+
+    def with_values(self, changes: Mapping[str, str]) -> ModelConfig:
+        """This config with ``--set`` changes (``{key: text}``), each checked."""
+        names = {f.name for f in fields(self)} - {"name", "model_type"}
+        out = {}
+        for key, text in changes.items():
+            if key not in names:
+                raise CostError(
+                    f"set: unknown key {key!r}; expected one of "
+                    f"{', '.join(sorted(names | set(WORKLOAD_KEYS)))}"
+                )
+            kind = type(getattr(self, key))
+            if kind is bool:
+                if text.lower() not in ("true", "false", "1", "0"):
+                    raise CostError(f"set: {key} expects true or false, got {text!r}")
+                out[key] = text.lower() in ("true", "1")
+            elif kind is int:
+                out[key] = _count(f"set: {key}", _int_text(key, text))
+                if out[key] == 0 and key not in ("num_local_experts", "num_experts_per_tok"):
+                    raise CostError(f"set: {key} expects a positive integer, got {text!r}")
+            else:
+                out[key] = text
+        label = ", ".join(f"{k}={v}" for k, v in changes.items())
+        config = replace(self, **out, name=f"{self.name} ({label})")
+        config.check()
+        return config
+
+
+def _int_text(key: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise CostError(f"set: {key} expects an integer, got {text!r}") from None
+
+
+def _positive_int(what: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise CostError(f"{what}: expected a positive integer, got {v!r}")
+    return v
+
+
+def _count(what: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise CostError(f"{what}: expected an integer >= 0, got {v!r}")
+    return v
+
+
+def _whole_heads(values: dict) -> int:
+    hidden, heads = values["hidden_size"], values["num_attention_heads"]
+    if hidden % heads:
+        raise CostError(
+            f"config {values['name']}: hidden_size ({hidden}) is not a multiple of "
+            f"num_attention_heads ({heads}); give head_dim"
+        )
+    return hidden // heads
+
+
+def load_config(spec) -> ModelConfig:
+    """A preset name, a config.json path, a dict of config values or a transformers config."""
+    from kernelab.models.presets import PRESETS
+
+    if isinstance(spec, ModelConfig):
+        return spec
+    if isinstance(spec, Mapping):
+        return ModelConfig.from_dict(spec)
+    if hasattr(spec, "to_dict") and not isinstance(spec, str | Path):
+        return ModelConfig.from_dict(spec.to_dict(), getattr(spec, "name_or_path", "") or "config")
+    text = str(spec)
+    if text in PRESETS:
+        return ModelConfig.from_dict(PRESETS[text].values(), text)
+    path = Path(text)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.suffix == ".json" or path.is_file():
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise CostError(f"config: cannot read {text!r}: {exc.strerror or exc}") from None
+        try:
+            data = json.loads(raw)  # parsed, never executed
+        except json.JSONDecodeError as exc:
+            raise CostError(f"config: {text!r} is not valid JSON: {exc}") from None
+        return ModelConfig.from_dict(data, path.parent.name or path.stem)
+    raise CostError(
+        f"config: expected a preset ({', '.join(sorted(PRESETS))}) or a path to a "
+        f"config.json, got {text!r}"
+    )
