@@ -5,6 +5,7 @@ reversibly.
     patch(model)                      # RMSNorm, fused residual + RMSNorm, fused SwiGLU MLP, RoPE
     patch(model, quantize="w4a16")    # ... and the projections on int4 weight-only GEMMs
     with patched(model): model.generate(...)
+    register_attention(model)         # attention on kernelab's kernels, paged cache in place
 
 Supported: the causal LMs of the Llama family (Llama, Mistral, Qwen2/Qwen2.5, Qwen3); see
 ``kernelab.models._arch``. transformers is an optional dependency (``pip install kernelab[hf]``).
@@ -19,9 +20,11 @@ from kernelab.models import _linear, _parity
 from kernelab.models._arch import ARCHITECTURES, DEFAULT_REPLACEMENTS, REPLACEMENTS, blueprint_for
 from kernelab.models._patch import PatchError, apply, state_of, unpatch
 from kernelab.models.presets import PRESETS, build
+from kernelab.models.serving import AttentionParityError, register_attention, unregister_attention
 
 __all__ = [
     "ARCHITECTURES",
+    "AttentionParityError",
     "DEFAULT_REPLACEMENTS",
     "PRESETS",
     "REPLACEMENTS",
@@ -29,8 +32,10 @@ __all__ = [
     "build",
     "patch",
     "patched",
+    "register_attention",
     "state_of",
     "unpatch",
+    "unregister_attention",
 ]
 
 
