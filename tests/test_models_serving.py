@@ -13,14 +13,15 @@ import torch
 
 pytest.importorskip("transformers")
 
-import kernelab.ops as ko  # noqa: E402
-from kernelab.models import (  # noqa: E402
+import kernelab.ops as ko
+from kernelab.models import (
     AttentionParityError,
+    _attention,
     build,
     register_attention,
+    serving,
     unregister_attention,
 )
-from kernelab.models import _attention, serving  # noqa: E402
 
 GenerationConfig = importlib.import_module("transformers").GenerationConfig
 ContinuousBatchingConfig = importlib.import_module("transformers").ContinuousBatchingConfig

@@ -24,10 +24,10 @@ from kernelab.models.serving import AttentionParityError, register_attention, un
 
 __all__ = [
     "ARCHITECTURES",
-    "AttentionParityError",
     "DEFAULT_REPLACEMENTS",
     "PRESETS",
     "REPLACEMENTS",
+    "AttentionParityError",
     "PatchError",
     "build",
     "patch",
