@@ -29,6 +29,7 @@ COMMANDS = {
     "report": "kernelab.cli.report_cmd",
     "ceilings": "kernelab.cli.ceilings_cmd",
     "model-bench": "kernelab.cli.model_bench_cmd",
+    "serve-bench": "kernelab.cli.serve_bench_cmd",
 }
 
 
