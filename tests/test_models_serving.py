@@ -241,6 +241,17 @@ def test_the_parity_check_passes_an_honest_integration():
     assert m.config._attn_implementation == "kernelab"
 
 
+def test_a_sliding_window_passes_the_parity_check_and_generates_the_tokens_of_sdpa(calls):
+    m = model("tiny-mistral", sliding_window=4)  # shorter than the probes: the window applies
+    ids = torch.tensor(_prompts([10], seed=8))
+    want = m.generate(ids, max_new_tokens=4, **GREEDY)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no fallback
+        register_attention(m)
+        got = m.generate(ids, max_new_tokens=4, **GREEDY)
+    assert torch.equal(got, want) and calls["paged_attention"] > 0
+
+
 def _refused(m, module="model.layers.0.self_attn"):
     with pytest.raises(AttentionParityError) as info:
         register_attention(m)
