@@ -71,12 +71,12 @@ def _flashinfer(inputs: dict):
     last = ((seq_lens - 1) % block_size + 1).to(torch.int32)
     workspace = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=q.device)
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
-    window = inputs.get("window")
+    window_left = inputs.get("window_left", -1)
     wrapper.plan(
         indptr, indices, last, q.shape[1], heads_kv, head_dim, block_size,
-        window_left=(window - 1) if window else -1,
+        window_left=window_left,
         logits_soft_cap=inputs.get("softcap") or 0.0,
-        sm_scale=inputs["scale"], q_data_type=q.dtype, kv_data_type=k_cache.dtype,
+        sm_scale=inputs["softmax_scale"], q_data_type=q.dtype, kv_data_type=k_cache.dtype,
     )  # fmt: skip
     kv = (k_cache, inputs["v_cache"])
     scales = {}

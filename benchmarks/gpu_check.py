@@ -42,7 +42,13 @@ CLI_DEPS = ("click", "rich", "orjson")
 #: The module of the wheel a rehearsal builds and installs.
 PROBE = "kernelab_rehearsal_probe"
 #: Time budgets: the check on a GPU, and its rehearsal on a CPU.
-GPU = dict(budget_s=420.0, verify_s=120.0, report_reserve=45.0, min_per_op=15.0)
+#: serve-bench on a GPU: Llama-3-8B-shaped, 8 requests (its time comes out of the ops' share)
+SERVE_BENCH = [
+    "serve-bench", "--preset", "llama3-8b", "--requests", "8", "--prompt-len", "512",
+    "--output-len", "32", "--page-size", "64", "--json", "--label", "gpu-check",
+]  # fmt: skip
+SERVE_BENCH_S = 120
+GPU = dict(budget_s=420.0, verify_s=120.0, report_reserve=45.0 + SERVE_BENCH_S, min_per_op=15.0)
 REHEARSAL = dict(budget_s=240.0, verify_s=90.0, report_reserve=10.0, min_per_op=5.0)
 #: What a rehearsal adds to a step's arguments: small, interpreter-free, repeatable.
 REHEARSE_VERIFY = ["--variant", "torch", "--shapes", "representative", "--trials", "1"]
@@ -347,6 +353,9 @@ def main(argv=None) -> int:
             summary["steps"] += api_bench(
                 ops[:1], out / "api", args.device, args.dtype, 1.0, **knobs
             )
+        if not args.rehearse:  # a short continuous-batching run, kernelab's attention in it
+            summary["steps"].append(kernelab(SERVE_BENCH + dev, out / "serve-bench.json",
+                                             SERVE_BENCH_S, env))  # fmt: skip
         # every op's bench run (a label names only the newest run that has it)
         runs = [r for r in (_run_id(out / f"bench-{op.name}.json") for op in ops) if r]
         summary["steps"].append(

@@ -31,6 +31,7 @@ COMMANDS = {
     "ceilings": "kernelab.cli.ceilings_cmd",
     "model-bench": "kernelab.cli.model_bench_cmd",
     "model-cost": "kernelab.cli.model_cost_cmd",
+    "serve-bench": "kernelab.cli.serve_bench_cmd",
 }
 
 

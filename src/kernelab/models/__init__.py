@@ -5,6 +5,7 @@ reversibly.
     patch(model)                      # RMSNorm, fused residual + RMSNorm, fused SwiGLU MLP, RoPE
     patch(model, quantize="w4a16")    # ... and the projections on int4 weight-only GEMMs
     with patched(model): model.generate(...)
+    register_attention(model)         # attention on kernelab's kernels, paged cache in place
 
 Supported: the causal LMs of the Llama family (Llama, Mistral, Qwen2/Qwen2.5, Qwen3); see
 ``kernelab.models._arch``. transformers is an optional dependency (``pip install kernelab[hf]``).
@@ -20,19 +21,23 @@ from kernelab.models._arch import ARCHITECTURES, DEFAULT_REPLACEMENTS, REPLACEME
 from kernelab.models._patch import PatchError, apply, state_of, unpatch
 from kernelab.models.model_cost import cost
 from kernelab.models.presets import PRESETS, build
+from kernelab.models.serving import AttentionParityError, register_attention, unregister_attention
 
 __all__ = [
     "ARCHITECTURES",
     "DEFAULT_REPLACEMENTS",
     "PRESETS",
     "REPLACEMENTS",
+    "AttentionParityError",
     "PatchError",
     "build",
     "cost",
     "patch",
     "patched",
+    "register_attention",
     "state_of",
     "unpatch",
+    "unregister_attention",
 ]
 
 

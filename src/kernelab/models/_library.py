@@ -48,8 +48,12 @@ def schema_of(op) -> tuple[inspect.Signature, tuple[str, ...], tuple[str, ...]]:
     """(signature of the custom op, the arguments it mutates, the outputs it returns) for
     ``op``, from its public function, its inputs (meta tensors of every shape) and contract."""
     public = getattr(ops, op.name)
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     params = [
-        p for p in inspect.signature(public).parameters.values() if p.name not in _NOT_IN_SCHEMA
+        p
+        for p in inspect.signature(public).parameters.values()
+        # a catch-all (paged_attention's deprecated keyword spellings) is not in the schema
+        if p.name not in _NOT_IN_SCHEMA and p.kind not in variadic
     ]
     seen: dict[str, set] = {p.name: set() for p in params}
     for shape_set in op.shape_sets:

@@ -20,8 +20,10 @@ class Preset:
     rope_theta: float = 500000.0
     tiny: bool = False
 
-    def config(self):
-        """A transformers config for this preset (transformers must be installed)."""
+    def config(self, head_dim: int | None = None):
+        """A transformers config for this preset (transformers must be installed); ``head_dim``
+        overrides the preset's (the attention kernels take 64, 96, 128 and 256: the tiny
+        presets' 16 is below them)."""
         import transformers
 
         cls = transformers.AutoConfig.for_model(self.model_type).__class__
@@ -35,8 +37,8 @@ class Preset:
             max_position_embeddings=4096,
             tie_word_embeddings=False,
         )
-        if self.head_dim is not None:
-            kwargs["head_dim"] = self.head_dim
+        if (head_dim or self.head_dim) is not None:
+            kwargs["head_dim"] = head_dim or self.head_dim
         config = cls(**kwargs)
         config.rope_theta = self.rope_theta
         return config
@@ -85,8 +87,9 @@ def get(name: str) -> Preset:
     return PRESETS[name]
 
 
-def build(name: str, dtype=None, device="cpu", seed: int = 0):
-    """A causal LM for preset ``name`` with random weights, in eval mode."""
+def build(name: str, dtype=None, device="cpu", seed: int = 0, head_dim: int | None = None):
+    """A causal LM for preset ``name`` with random weights, in eval mode (``head_dim``: see
+    ``Preset.config``)."""
     import torch
     import transformers
 
@@ -98,7 +101,7 @@ def build(name: str, dtype=None, device="cpu", seed: int = 0):
     # tiny model is the same model everywhere.)
     where = device if device.type != "cpu" and not preset.tiny else torch.device("cpu")
     with where:
-        model = transformers.AutoModelForCausalLM.from_config(preset.config())
+        model = transformers.AutoModelForCausalLM.from_config(preset.config(head_dim))
     # Trained norm weights are not all ones (the initial value): spread them, so that kernels
     # that mishandle the weight cannot agree with the original by accident.
     with torch.no_grad():

@@ -11,6 +11,7 @@ import re
 import pytest
 import torch
 
+from kernelab.numerics import error
 from kernelab.ops import ATTENTION_PREFILL, attention_prefill, attention_prefill_ref
 from kernelab.ops.attention import _ragged
 from kernelab.ops.attention.attention_prefill import (
@@ -237,7 +238,7 @@ def _args(**over):
 
 
 BAD = [
-    ({"q": torch.randn(10, 4, 64)}, TypeError, "q: expected dtype"),
+    ({"q": torch.randn(10, 4, 64).double()}, TypeError, "q: expected dtype"),
     ({"k": torch.randn(12, 2, 64, dtype=torch.float16)}, TypeError, "k: expected dtype"),
     ({"q": torch.randn(10, 4, 80, dtype=torch.bfloat16)}, ValueError, "q: expected a head dim"),
     ({"q": torch.randn(10, 3, 64, dtype=torch.bfloat16)}, ValueError, "k: expected a KV head"),
@@ -248,6 +249,12 @@ BAD = [
     ({"cu_seqlens_q": torch.tensor([0, 6, 4], dtype=torch.int32)}, ValueError, "non-decreasing"),
     ({"cu_seqlens_k": torch.tensor([0, 5, 11], dtype=torch.int32)}, ValueError, "end at the 12"),
     ({"window_left": -2}, ValueError, "window_left: expected"),
+    ({"window_left": 3.0}, TypeError, "window_left: expected an int"),
+    ({"causal": 1}, TypeError, "causal: expected a bool"),
+    ({"return_lse": "no"}, TypeError, "return_lse: expected a bool"),
+    ({"softcap": "30"}, TypeError, "softcap: expected a float"),
+    ({"block_mask": torch.ones(2, 1, 1, 1, dtype=torch.bool), "mask_block": 64.0}, TypeError,
+     "mask_block: expected an int"),
     ({"window_left": 3, "causal": False}, ValueError, "window_left: a sliding window"),
     ({"softcap": -1.0}, ValueError, "softcap: expected"),
     ({"softmax_scale": 0.0}, ValueError, "softmax_scale: expected"),
@@ -405,3 +412,16 @@ def test_sm90_launch_moves_128_bit_vectors_and_offsets_in_64_bits():
     assert loads[0] == 128 and stores[0] == 128 and not local
     assert re.search(r"wgmma\.mma_async", ptx)
     assert re.search(r"arith\.muli [^\n]*: (tensor<[^>]*xi64>|i64)", compiled.asm["ttir"])
+
+
+def test_float32_runs_the_kernel_to_float32_accuracy(interpret):
+    # a float32 model is served as it is: the kernel (through the interpreter) against float64
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(9, 4, 64, generator=gen)
+    k, v = torch.randn(2, 13, 2, 64, generator=gen)
+    cu_q = torch.tensor([0, 4, 9], dtype=torch.int32)
+    cu_k = torch.tensor([0, 6, 13], dtype=torch.int32)
+    got = attention_prefill(q, k, v, cu_q, cu_k, window_left=3)
+    want = attention_prefill_ref(q.double(), k.double(), v.double(), cu_q, cu_k, window_left=3)
+    assert got.dtype == torch.float32
+    assert error(got, want).rel_l2 < 1e-5

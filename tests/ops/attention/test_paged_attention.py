@@ -5,12 +5,18 @@ caught by verify, bad inputs, and the static checks of the GQA-packed decode lau
 import importlib
 import math
 import re
+import warnings
 
 import pytest
 import torch
 
 from kernelab.numerics import error
-from kernelab.ops import PAGED_ATTENTION, paged_attention, paged_attention_ref
+from kernelab.ops import (
+    PAGED_ATTENTION,
+    attention_prefill_ref,
+    paged_attention,
+    paged_attention_ref,
+)
 from kernelab.ops.attention.paged_attention import (
     PagedConfig,
     paged_attention_torch,
@@ -160,7 +166,7 @@ def _args(**over):
 I32 = torch.int32
 F8 = torch.float8_e4m3fn
 BAD = [
-    ({"q": torch.randn(3, 8, 64)}, TypeError, "q: expected dtype"),
+    ({"q": torch.randn(3, 8, 64).double()}, TypeError, "q: expected dtype"),
     ({"k_cache": torch.randn(6, 16, 2, 64)}, TypeError, "k_cache: expected dtype"),
     ({"q": torch.randn(3, 5, 64).half()}, ValueError, "k_cache: expected a number of KV heads"),
     (
@@ -204,8 +210,15 @@ BAD = [
         ValueError,
         "block_tables: entry [0, 1] = 6 is not a block",
     ),
-    ({"window": 0}, ValueError, "window: expected a positive int"),
-    ({"softcap": -1.0}, ValueError, "softcap: expected a finite positive float"),
+    ({"window_left": -2}, ValueError, "window_left: expected an int ≥ 0"),
+    ({"window_left": 15.0}, TypeError, "window_left: expected an int ≥ 0"),
+    ({"window_left": None}, TypeError, "window_left: expected an int ≥ 0"),
+    ({"softmax_scale": 0.0}, ValueError, "softmax_scale: expected a finite positive float"),
+    ({"softcap": -1.0}, ValueError, "softcap: expected a finite float ≥ 0"),
+    ({"softcap": "50"}, TypeError, "softcap: expected a float"),
+    ({"num_splits": 2.0}, TypeError, "num_splits: expected a positive int"),
+    ({"return_lse": 1}, TypeError, "return_lse: expected a bool"),
+    ({"check": "yes"}, TypeError, "check: expected a bool"),
     ({"sinks": torch.zeros(4)}, ValueError, "sinks: expected shape (8,)"),
     ({"num_splits": 0}, ValueError, "num_splits: expected a positive int"),
     (
@@ -247,7 +260,7 @@ def test_content_checks_can_be_turned_off_for_the_serving_loop(monkeypatch):
 E = pa._edge_shape
 MUTANT_SHAPES = {
     "block edges": E("t", [16, 17, 40], [1, 1, 3]),
-    "window": E("t", [40, 33], [3, 1], window=16),
+    "window": E("t", [40, 33], [3, 1], window=16),  # W = 16 keys: window_left = 15
     "several tiles": E("t", [200, 70], num_splits=1),
     "splits": E("t", [200, 70], num_splits=4),
 }
@@ -391,3 +404,65 @@ def test_other_representative_launches_use_tensor_cores_without_spills(label, ar
         f = facts(launch, arch)
         assert f["spill_bytes"] == 0 and f["spill_instructions"] == 0, (launch.name, f)
     assert facts(launches[0], arch)["tensor_cores"]
+
+
+# --- one convention for every attention op: softmax_scale and window_left = W - 1 -----------
+
+
+@pytest.mark.parametrize(
+    "fn", [paged_attention, paged_attention_triton, paged_attention_torch],
+    ids=["public", "triton", "torch"],
+)  # fmt: skip
+def test_old_spellings_are_deprecated_aliases_with_the_old_meaning(fn):
+    args = _args()
+    want = fn(**clone(args), softmax_scale=0.2, window_left=7)
+    with pytest.warns(DeprecationWarning) as caught:
+        got = fn(**clone(args), scale=0.2, window=8)  # W = 8 keys seen
+    said = sorted(str(w.message).split(" is ")[0] for w in caught)
+    assert said == ["scale=", "window="]
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert not torch.equal(want, fn(**clone(args), softmax_scale=0.2, window_left=8))
+
+
+@pytest.mark.parametrize(
+    ("over", "exc", "words"),
+    [
+        ({"window": 8, "window_left": 7}, ValueError, "window: given with window_left"),
+        ({"scale": 0.2, "softmax_scale": 0.2}, ValueError, "scale: given with softmax_scale"),
+        ({"window": 0}, ValueError, "window: expected a positive int"),
+        ({"windw_left": 3}, TypeError, "windw_left: unexpected keyword"),
+    ],
+)
+def test_old_and_new_spellings_together_or_unknown_names_are_refused(over, exc, words):
+    with pytest.raises(exc, match=words), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        paged_attention(**_args(), **over)
+
+
+def test_a_window_means_the_same_in_prefill_and_paged_attention():
+    # one sequence of 40 keys, its last 3 as queries: the same attention both ways
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 4, 64, generator=gen).half()
+    k = torch.randn(40, 2, 64, generator=gen).half()
+    v = torch.randn(40, 2, 64, generator=gen).half()
+    k_cache, v_cache = k.view(5, 8, 2, 64), v.view(5, 8, 2, 64)
+    table = torch.arange(5, dtype=I32)[None]
+    for window_left in (-1, 0, 9):
+        paged = paged_attention_torch(
+            q, k_cache, v_cache, table, torch.tensor([40], dtype=I32),
+            torch.tensor([0, 3], dtype=I32), window_left=window_left,
+        )  # fmt: skip
+        cu_q, cu_k = torch.tensor([0, 3], dtype=I32), torch.tensor([0, 40], dtype=I32)
+        prefill = attention_prefill_ref(q, k, v, cu_q, cu_k, window_left=window_left)
+        torch.testing.assert_close(paged, prefill, rtol=2e-3, atol=2e-3)
+
+
+def test_float32_cache_runs_the_kernel_to_float32_accuracy(interpret):
+    args = {k: (v.float() if v.is_floating_point() else v) for k, v in _args().items()}
+    got = paged_attention(**clone(args), window_left=9)
+    want = paged_attention_ref(
+        **{k: (v.double() if v.is_floating_point() else v) for k, v in args.items()},
+        window_left=9,
+    )
+    assert got.dtype == torch.float32
+    assert error(got, want).rel_l2 < 1e-5

@@ -15,6 +15,8 @@ tensor (``k_scale``, ``v_scale``, shape (1,)); readers dequantize as ``value × 
 from __future__ import annotations
 
 import math
+import numbers
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -87,9 +89,79 @@ def validate_caches(k_cache, v_cache, value_dtype: torch.dtype, device) -> None:
 
 
 def positive_int(name: str, value, what: str) -> None:
-    """None, or a positive int (not a bool)."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+    """None, or a positive int: a bool or a float is a TypeError (the repository's rule, see
+    ``_runtime/check.py``), zero or less a ValueError."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected a positive int ({what}) or None, got {value!r}")
+    if value < 1:
         raise ValueError(f"{name}: expected a positive int ({what}) or None, got {value!r}")
+
+
+def window_left(name: str, value) -> int:
+    """A left window: an int ≥ 0 (a query at position p sees keys j ≥ p − value), or −1 for
+    none. The one convention of every attention op."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            f"{name}: expected an int ≥ 0 (sliding window W − 1), or −1 for none, got {value!r}"
+        )
+    if value < -1:
+        raise ValueError(
+            f"{name}: expected an int ≥ 0 (sliding window W − 1), or −1 for none, got {value!r}"
+        )
+    return int(value)
+
+
+def softcap(name: str, value) -> float:
+    """A logit soft cap: a finite float ≥ 0, 0 (or None) for none."""
+    if value is None:
+        return 0.0
+    x = _check.finite(name, value)
+    if x < 0:
+        raise ValueError(f"{name}: expected a finite float ≥ 0 (0: none), got {value!r}")
+    return x
+
+
+def window_of(window_left: int) -> int | None:
+    """The number of keys a windowed query sees (W = window_left + 1), None for no window."""
+    return window_left + 1 if window_left >= 0 else None
+
+
+#: Old spellings kept for one release: name -> (new name, conversion).
+DEPRECATED = {
+    "scale": ("softmax_scale", lambda v: v),
+    "window": ("window_left", lambda v: -1 if v is None else (v - 1 if _is_int(v) else v)),
+}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def renamed(args: dict) -> dict:
+    """``args`` (a function's locals, with its ``**deprecated`` catch-all) with the old names
+    ``scale=`` and ``window=`` (W keys seen; ``window_left`` = W − 1) mapped to the new ones,
+    with a DeprecationWarning; an unknown keyword, or both spellings at once, is refused."""
+    args = dict(args)
+    extra = args.pop("deprecated", None) or {}
+    for old, value in extra.items():
+        if old not in DEPRECATED:
+            raise TypeError(f"{old}: unexpected keyword argument")
+        new, convert = DEPRECATED[old]
+        if old == "window" and _is_int(value) and value < 1:
+            raise ValueError(f"window: expected a positive int (keys a query sees), got {value!r}")
+        default = -1 if new == "window_left" else None
+        if args.get(new, default) != default:
+            raise ValueError(f"{old}: given with {new}; pass {new} only")
+        warnings.warn(
+            f"{old}= is deprecated: pass {new}= "
+            + ("(W − 1 for a sliding window of W keys)" if old == "window" else "(same meaning)"),
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        args[new] = convert(value)
+    return args
 
 
 def validate_scales(k_cache, k_scale, v_scale) -> None:

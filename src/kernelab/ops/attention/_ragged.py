@@ -30,6 +30,9 @@ from kernelab.ops._runtime import inputs as _inputs
 #: Head dimensions the kernels support (96 is padded to 128 inside, with masking).
 HEAD_DIMS = (64, 96, 128, 256)
 FLOATS16 = (torch.float16, torch.bfloat16)
+#: what the attention kernels accept: the 16-bit types they are tuned and declared for, and
+#: float32 (a float32 model served as it is; on NVIDIA GPUs the dots then run in TF32)
+FLOATS_IN = (*FLOATS16, torch.float32)
 MASK_DTYPES = (torch.bool, torch.uint8, torch.int8)
 
 #: Longest key sequence a representative shape keeps through the interpreter: every length (and

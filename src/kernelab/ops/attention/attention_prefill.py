@@ -33,7 +33,7 @@ from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
 from kernelab.ops._runtime.launch import KernelCall, LaunchPlan
 from kernelab.ops._runtime.triton import arch_of, next_pow2, sm_version, use_triton
-from kernelab.ops.attention import _ragged
+from kernelab.ops.attention import _paged, _ragged
 from kernelab.ops.attention._kernels import _attention_prefill_kernel
 
 # --- launch heuristics as data ----------------------------------------------------------------
@@ -223,7 +223,7 @@ def _validate(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, window
               sinks, block_mask, mask_block, return_lse, out, check):  # fmt: skip
     """Shape, dtype and option checks always; the cumulative lengths' values (and that the
     block mask covers the longest sequence) only with ``check``: they need a device sync."""
-    _check.tensor("q", q, dtypes=_ragged.FLOATS16, ndim=3)
+    _check.tensor("q", q, dtypes=_ragged.FLOATS_IN, ndim=3)
     _check.tensor("k", k, dtypes=(q.dtype,), ndim=3, device=q.device)
     _check.tensor("v", v, dtypes=(q.dtype,), ndim=3, device=q.device)
     total_q, hq, d = q.shape
@@ -242,16 +242,16 @@ def _validate(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, window
     _ragged.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q.device)
     batch = cu_seqlens_q.shape[0] - 1
     _ragged.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch + 1, q.device)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    _check.boolean("causal", causal)
+    _check.boolean("return_lse", return_lse)
+    _check.boolean("check", check)
     if softmax_scale is not None:
         _check.finite_positive("softmax_scale", softmax_scale)
-    if isinstance(window_left, bool) or not isinstance(window_left, int) or window_left < -1:
-        raise ValueError(f"window_left: expected an int ≥ 0, or −1 for none, got {window_left!r}")
+    # the conventions shared by every attention op (attention/_paged.py)
+    _paged.window_left("window_left", window_left)
     if window_left >= 0 and not causal:
         raise ValueError("window_left: a sliding window needs causal=True")
-    if isinstance(softcap, bool) or not isinstance(softcap, int | float) or not softcap >= 0:
-        raise ValueError(f"softcap: expected a float ≥ 0 (0: none), got {softcap!r}")
+    _paged.softcap("softcap", softcap)
     if sinks is not None:
         _check.tensor("sinks", sinks, dtypes=_check.FLOATS, ndim=1, device=q.device)
         _check.same_shape("sinks", sinks, (hq,), "one per query head")
@@ -262,12 +262,8 @@ def _validate(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, window
                 f"block_mask: expected shape ({batch}, {hq} or 1, query blocks, key blocks), "
                 f"got {tuple(block_mask.shape)}"
             )
-        if (
-            isinstance(mask_block, bool)
-            or not isinstance(mask_block, int)
-            or mask_block < 16
-            or (mask_block & (mask_block - 1))
-        ):
+        _check.integer("mask_block", mask_block)
+        if mask_block < 16 or (mask_block & (mask_block - 1)):
             raise ValueError(f"mask_block: expected a power of two ≥ 16, got {mask_block!r}")
     if out is not None:
         outs = out if isinstance(out, tuple | list) else (out,)
@@ -352,7 +348,7 @@ def _plan(
             stride_mk=m_strides[3],
             batch=batch,
             sm_scale=_scale(q, softmax_scale),
-            softcap=float(softcap),
+            softcap=float(softcap or 0.0),
             window=max(window_left, 0),
             GROUP=hq // k.shape[1],
             HEAD_DIM=d,

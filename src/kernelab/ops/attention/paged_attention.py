@@ -4,10 +4,11 @@ query per sequence) and mixed batches (some sequences carry a chunk of prefill),
 For sequence b with queries q[cu_seqlens_q[b] : cu_seqlens_q[b + 1]] (q_len of them) and
 kv_len = seq_lens[b] keys in the cache (the new tokens' keys written there already, by
 ``kv_cache_write``), query i sits at position kv_len − q_len + i (causal, aligned
-bottom-right) and attends key j when j ≤ its position and, with ``window`` W, position − j < W
-(the W most recent keys, itself included). For query head h and KV head h // (Hq / Hkv):
+bottom-right) and attends key j when j ≤ its position and, with ``window_left`` ≥ 0,
+position − j ≤ window_left (the window_left + 1 = W most recent keys, itself included). For
+query head h and KV head h // (Hq / Hkv):
 
-    s_j = scale · q·k_j,  s_j ← cap · tanh(s_j / cap)        (``softcap``)
+    s_j = softmax_scale · q·k_j,  s_j ← cap · tanh(s_j / cap)        (``softcap``)
     out = Σ_j exp(s_j − m) v_j / (Σ_j exp(s_j − m) + exp(sink_h − m))    (``sinks``: a learned
     lse = m + log(Σ_j exp(s_j − m) + exp(sink_h − m))                      logit per head)
 
@@ -38,7 +39,7 @@ from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
 from kernelab.ops._runtime.launch import KernelCall, LaunchPlan, cdiv
 from kernelab.ops._runtime.triton import next_pow2, num_sms, use_triton
-from kernelab.ops.attention import _paged
+from kernelab.ops.attention import _paged, _ragged
 from kernelab.ops.attention._kernels import (
     _merge_attention_states_kernel,
     _paged_attention_kernel,
@@ -127,13 +128,15 @@ def _finish(o, lse_v, out, lse, return_lse, dtype):
 
 
 def paged_attention_ref(
-    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=None, window=None,
-    softcap=None, sinks=None, k_scale=None, v_scale=None, num_splits=None, return_lse=False,
+    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, softmax_scale=None,
+    window_left=-1, softcap=0.0, sinks=None, k_scale=None, v_scale=None, num_splits=None,
+    return_lse=False,
     out=None, lse=None, check=True,
 ):  # fmt: skip
     """Plain PyTorch per sequence in the inputs' dtype (exact in float64): pages gathered
     through the block table, the cache dequantized, scores masked, one softmax."""
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    window = _paged.window_of(window_left)
 
     def attend(q_b, k, v, visible):
         return _paged.softmax_attention(q_b, k, v, visible, scale, softcap, sinks, q.dtype)
@@ -145,15 +148,24 @@ def paged_attention_ref(
 
 
 def paged_attention_torch(
-    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=None, window=None,
-    softcap=None, sinks=None, k_scale=None, v_scale=None, num_splits=None, return_lse=False,
-    out=None, lse=None, check=True,
+    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, softmax_scale=None,
+    window_left=-1, softcap=0.0, sinks=None, k_scale=None, v_scale=None, num_splits=None,
+    return_lse=False, out=None, lse=None, check=True, **deprecated,
 ):  # fmt: skip
     """Eager PyTorch per sequence (host loop; not graph-safe): gathered K/V in q's dtype and
     ``scaled_dot_product_attention`` with a boolean mask; softcap, sinks or a requested lse
     take the plain formula in float32 (SDPA expresses none of them)."""
-    _validate(**locals())  # the arguments, as named
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    args = _paged.renamed(dict(locals()))  # the arguments, as named
+    _validate(**args)
+    return _eager(**args)
+
+
+def _eager(
+    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, softmax_scale=None,
+    window_left=-1, softcap=0.0, sinks=None, k_scale=None, v_scale=None, num_splits=None,
+    return_lse=False, out=None, lse=None, check=True,
+):  # fmt: skip
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     plain = softcap or sinks is not None or return_lse or lse is not None
 
     def attend(q_b, k, v, visible):
@@ -172,6 +184,7 @@ def paged_attention_torch(
         seen = visible.any(dim=-1)[:, None, None]  # rows without keys: SDPA gives NaN
         return torch.where(seen, o, torch.zeros_like(o)), o.new_zeros(o.shape[1], o.shape[0])
 
+    window = _paged.window_of(window_left)
     o, l_ = _paged.per_sequence(
         q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, window, k_scale, v_scale, attend
     )
@@ -179,13 +192,14 @@ def paged_attention_torch(
 
 
 def _validate(
-    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=None, window=None,
-    softcap=None, sinks=None, k_scale=None, v_scale=None, num_splits=None, return_lse=False,
+    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, softmax_scale=None,
+    window_left=-1, softcap=0.0, sinks=None, k_scale=None, v_scale=None, num_splits=None,
+    return_lse=False,
     out=None, lse=None, check=True,
 ) -> None:  # fmt: skip
     """Dtypes and shapes from metadata; with ``check``, the contents of the integer inputs
     (a host synchronisation)."""
-    _check.tensor("q", q, dtypes=(torch.float16, torch.bfloat16), ndim=3)
+    _check.tensor("q", q, dtypes=_ragged.FLOATS_IN, ndim=3)
     _paged.unit_last("q", q)
     _paged.validate_caches(k_cache, v_cache, q.dtype, q.device)
     tokens, heads_q, head_dim = q.shape
@@ -205,12 +219,13 @@ def _validate(
     _check.same_shape("seq_lens", seq_lens, (batch,), "one length per block-table row")
     _check.tensor("cu_seqlens_q", cu_seqlens_q, dtypes=(torch.int32,), ndim=1, device=q.device)
     _check.same_shape("cu_seqlens_q", cu_seqlens_q, (batch + 1,), "batch + 1 offsets")
-    if scale is not None:
-        _check.finite_positive("scale", scale)
-    if softcap is not None:
-        _check.finite_positive("softcap", softcap)
-    _paged.positive_int("window", window, "keys a query sees, itself included")
+    if softmax_scale is not None:
+        _check.finite_positive("softmax_scale", softmax_scale)
+    _paged.window_left("window_left", window_left)
+    _paged.softcap("softcap", softcap)
     _paged.positive_int("num_splits", num_splits, "split-KV parts")
+    _check.boolean("return_lse", return_lse)
+    _check.boolean("check", check)
     if sinks is not None:
         _check.tensor("sinks", sinks, dtypes=(torch.float32,), ndim=1, device=q.device)
         _check.same_shape("sinks", sinks, (heads_q,), "one logit per query head")
@@ -226,8 +241,9 @@ def _validate(
 
 
 def _plan(
-    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=None, window=None,
-    softcap=None, sinks=None, k_scale=None, v_scale=None, num_splits=None, return_lse=False,
+    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, softmax_scale=None,
+    window_left=-1, softcap=0.0, sinks=None, k_scale=None, v_scale=None, num_splits=None,
+    return_lse=False,
     out=None, lse=None, check=True,
     config=None,
 ) -> LaunchPlan:  # fmt: skip
@@ -288,9 +304,9 @@ def _plan(
             KScale=k_scale if fp8 else seq_lens,
             VScale=v_scale if fp8 else seq_lens,
             batch=batch,
-            scale=float(head_dim**-0.5 if scale is None else scale),
+            scale=float(head_dim**-0.5 if softmax_scale is None else softmax_scale),
             softcap=float(softcap or 0.0),
-            window=int(window or 0),
+            window=window_left + 1 if window_left >= 0 else 0,  # the kernel's W: keys seen
             GROUP=group,
             GROUP_PAD=next_pow2(group),
             BLOCK_Q=cfg.block_q,
@@ -299,7 +315,7 @@ def _plan(
             HEAD_DIM=head_dim,
             BLOCK_D=next_pow2(head_dim),
             NUM_SPLITS=splits,
-            HAS_WINDOW=bool(window),
+            HAS_WINDOW=window_left >= 0,
             HAS_SOFTCAP=bool(softcap),
             HAS_SINKS=sinks is not None,
             FP8=fp8,
@@ -318,14 +334,16 @@ def _plan(
 
 
 def paged_attention_triton(
-    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=None, window=None,
-    softcap=None, sinks=None, k_scale=None, v_scale=None, num_splits=None, return_lse=False,
+    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, softmax_scale=None,
+    window_left=-1, softcap=0.0, sinks=None, k_scale=None, v_scale=None, num_splits=None,
+    return_lse=False,
     out=None, lse=None, check=True,
-    config=None,
+    config=None, **deprecated,
 ):  # fmt: skip
     """Launch the Triton kernels (natively on GPUs, through the interpreter on CPU tensors)."""
     args = dict(locals())  # the arguments, as named
     del args["config"]
+    args = _paged.renamed(args)
     _validate(**args)
     return _plan(**args, config=config).run()
 
@@ -374,9 +392,10 @@ def paged_attention(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
-    scale: float | None = None,
-    window: int | None = None,
-    softcap: float | None = None,
+    *,
+    softmax_scale: float | None = None,
+    window_left: int = -1,
+    softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
@@ -385,6 +404,7 @@ def paged_attention(
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     check: bool = True,
+    **deprecated,
 ):
     """Attention of ``q`` to the paged KV cache (module docstring for the conventions).
 
@@ -399,9 +419,11 @@ def paged_attention(
     seq_lens : int32 (batch,): keys per sequence in the cache (this step's included).
     cu_seqlens_q : int32 (batch + 1,): offsets of each sequence's queries in ``q``; a sequence
         may have none. One query per sequence is decode.
-    scale : softmax scale (default head_dim ** −0.5).
-    window : keys a query sees, itself included (sliding window); None for all.
-    softcap : logit soft cap (scores become cap · tanh(score / cap)); None for none.
+    softmax_scale : multiplies q·k (default head_dim ** −0.5).
+    window_left : a query at position p sees keys j ≥ p − window_left (sliding window; −1:
+        none). A model's ``sliding_window`` W is window_left = W − 1 (FlashAttention's
+        ``window_size[0]``, FlashInfer's ``window_left``), as in ``attention_prefill``.
+    softcap : logit soft cap (scores become cap · tanh(score / cap)); 0 for none.
     sinks : float32 (heads_q,): a learned logit per query head added to the softmax
         denominator (a key of value 0).
     k_scale, v_scale : float32 (1,): the per-tensor scales of a float8 cache.
@@ -412,9 +434,10 @@ def paged_attention(
         synchronisation); off in a serving loop, and for CUDA-graph capture.
 
     Returns ``out`` (q's shape and dtype), or ``(out, lse)``. Triton on CUDA/ROCm; torch on CPU
-    (the interpreter with KERNELAB_INTERPRET=1).
+    (the interpreter with KERNELAB_INTERPRET=1). The names ``scale=`` and ``window=`` (W, keys
+    seen) of earlier versions are accepted with a DeprecationWarning for one release.
     """
-    args = dict(locals())  # the arguments, as named
+    args = _paged.renamed(dict(locals()))  # the arguments, as named
     if isinstance(q, torch.Tensor) and use_triton(q):
         return paged_attention_triton(**args)
     return paged_attention_torch(**args)
@@ -584,9 +607,9 @@ def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
         "block_tables": table,
         "seq_lens": torch.tensor(kv_lens, dtype=torch.int32).to(device),
         "cu_seqlens_q": _paged.cumulative(q_lens, device),
-        "scale": head_dim**-0.5,
-        "window": window,
-        "softcap": p.get("softcap") or None,
+        "softmax_scale": head_dim**-0.5,
+        "window_left": window - 1 if window else -1,
+        "softcap": p.get("softcap") or 0.0,
         "sinks": sinks,
         "k_scale": cache["k_scale"],
         "v_scale": cache["v_scale"],
@@ -607,7 +630,9 @@ def _cost(inputs: dict) -> Cost:
     cu, lens = inputs["cu_seqlens_q"].tolist(), inputs["seq_lens"].tolist()
     scores, keys, pages = 0, 0, 0
     for b, kv_len in enumerate(lens):
-        n, lo, hi = _paged.visible_keys(cu[b + 1] - cu[b], kv_len, inputs.get("window"))
+        n, lo, hi = _paged.visible_keys(
+            cu[b + 1] - cu[b], kv_len, _paged.window_of(inputs.get("window_left", -1))
+        )
         scores += n
         keys += hi - lo
         pages += cdiv(hi, block_size) - lo // block_size if hi > lo else 0
