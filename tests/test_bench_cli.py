@@ -245,3 +245,70 @@ def test_csv_is_one_row_per_case_for_spreadsheets(db_path):
         assert float(row["median_s"]) == case["metrics"]["median_s"]
     floors = runner.invoke(app, ["bench", "rmsnorm", "--floors-for", "h200", "--csv"])
     assert floors.stdout.startswith("op,shape_label,dtype,bytes,flops,floor_s,bound")
+
+
+USER_OP = """
+import torch
+
+def ref(x, w):
+    return x * w
+
+def mine(x, w):
+    if tuple(x.shape) != (16, 96):  # the sizes given on the command line, or a failure
+        raise ValueError(f"timed on {tuple(x.shape)}")
+    return x * w
+
+def inputs(seed, device, rows=8, cols=64):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g).to(device)
+    return {"x": x, "w": torch.randn(cols, generator=g).to(device)}
+
+def inputs_without_sizes(seed):
+    return {"x": torch.ones(4, 4), "w": torch.ones(4)}
+"""
+
+
+def test_bench_a_users_function_with_reference_inputs_and_sizes(db_path, tmp_path):
+    """--reference/--inputs as verify takes them; --shape name=value passes the sizes to the
+    generator: the timed inputs have them (bytes read), and a generator without them is
+    refused by name."""
+    path = tmp_path / "user_op.py"
+    path.write_text(USER_OP)
+    user = ["--candidate", f"{path}:mine", "--reference", f"{path}:ref"]
+    args = ["bench", *user, "--inputs", f"{path}:inputs", *QUICK, "--no-ledger", "--json"]
+    result = runner.invoke(app, [*args, "--shape", "rows=16,cols=96"])
+    assert result.exit_code == 0, result.output
+    (case,) = json.loads(result.stdout)["cases"]
+    assert case["variant"] == "candidate:mine" and case["shape_label"] == "rows=16,cols=96"
+    assert case["metrics"]["valid"], case
+    bad = runner.invoke(
+        app,
+        ["bench", *user, "--inputs", f"{path}:inputs_without_sizes", *QUICK, "--shape", "rows=4"],
+    )
+    assert bad.exit_code == 2 and "inputs: the generator takes no argument 'rows'" in bad.output
+    lone = runner.invoke(app, ["bench", *user, *QUICK])
+    assert lone.exit_code == 2 and "--reference: expected --candidate" in lone.output
+
+
+def test_bench_shape_sizes_for_an_op_and_label_filters_kept(db_path):
+    args = ["bench", "rmsnorm", *QUICK, "--no-ledger", "--json", "--variant", "torch"]
+    result = runner.invoke(app, [*args, "--shape", "rows=3,cols=40"])
+    assert result.exit_code == 0, result.output
+    cases = json.loads(result.stdout)["cases"]
+    assert sorted(c["shape_label"] for c in cases) == ["rows=3,cols=40", "rows=3,cols=40 +residual"]
+    assert all(c["shape_key"].startswith("rows=3,cols=40;") for c in cases)
+    plain = next(c for c in cases if "+residual" not in c["shape_label"])
+    assert plain["metrics"]["gbps"] * plain["metrics"]["median_s"] * 1e9 == pytest.approx(
+        (2 * 3 * 40 + 40) * 4  # x read, y written, w read: float32 at the sizes given
+    )
+    for value, words in (
+        ("rows=3", "--shape: rmsnorm takes sizes ['cols', 'rows'], got ['rows']"),
+        ("rows=0,cols=8", "--shape: expected sizes as name=positive integer"),
+        ("rows=x,cols=8", "--shape: expected sizes as name=positive integer"),
+    ):
+        bad = runner.invoke(app, [*args, "--shape", value])
+        assert bad.exit_code == 2 and words in bad.output, bad.output
+    filtered = runner.invoke(app, [*args, "--shape", "decode 1x4096"])
+    assert filtered.exit_code == 0, filtered.output
+    labels = {c["shape_label"] for c in json.loads(filtered.stdout)["cases"]}
+    assert labels and all("decode 1x4096" in x for x in labels)

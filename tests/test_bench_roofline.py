@@ -112,3 +112,31 @@ def test_cpu_ceilings_are_the_best_of_stored_and_measured_now(tmp_path, monkeypa
     # Not measuring: the stored values as they are.
     c, note = api.ceilings_for(info, db, measure_if_missing=False)
     assert c.bandwidth == 2e10 and note == ""
+
+
+@pytest.mark.parametrize("shape_set", ["representative", "edge"])
+def test_floors_from_shapes_alone_for_every_op(shape_set):
+    """Floors come from meta inputs: no op's cost model may read data off a meta tensor."""
+    from kernelab import ops
+
+    for op in ops.all_ops():
+        rows = floors(H200, [op], shape_set)
+        assert len(rows) == len(op.shapes(shape_set)) * len(op.dtypes), op.name
+        for r in rows:
+            assert r["bytes"] >= 0 and r["flops"] >= 0, (op.name, r["shape_label"])
+            assert r["floor_s"] is not None and r["floor_s"] >= 0, (op.name, r["shape_label"])
+
+
+def test_block_sparse_floor_on_meta_counts_the_same_work_as_real_inputs():
+    """The block mask skips work by its data: meta inputs carry it (on the CPU), so the floor
+    from shapes alone is the floor of the inputs a bench run times."""
+    from kernelab.ops import ATTENTION_PREFILL as op
+
+    (shape,) = [s for s in op.shapes("edge") if s.params.get("block_sparse")]
+    meta = op.inputs(shape, torch.float16, "meta")
+    real = op.inputs(shape, torch.float16, "cpu")
+    assert meta["q"].is_meta and not meta["block_mask"].is_meta
+    assert torch.equal(meta["block_mask"], real["block_mask"])
+    assert op.cost(meta) == op.cost(real)
+    dense = op.cost({**real, "block_mask": None})
+    assert op.cost(meta).flops < dense.flops  # the mask's skipped blocks are counted

@@ -18,6 +18,7 @@ from kernelab.models import (  # noqa: E402
     state_of,
     unpatch,
 )
+from kernelab.models._arch import blueprint_for  # noqa: E402
 from kernelab.numerics import error  # noqa: E402
 
 TINY = ("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3")
@@ -233,3 +234,28 @@ def test_a_wrong_rope_is_refused_and_named(monkeypatch):
         patch(model)
     module = importlib.import_module("transformers.models.llama.modeling_llama")
     assert not hasattr(module.apply_rotary_pos_emb, "__wrapped__")
+
+
+def test_patch_returns_what_it_replaced_per_kind():
+    """The return value (and ``state_of``) names every module each kind replaced, and only
+    those; its repr counts them per kind."""
+    model = build("tiny-llama", dtype=torch.float32)
+    bp = blueprint_for(model)
+    norms = [n for n, m in model.named_modules() if type(m).__name__ == bp.norm_class]
+    mlps = [n for n, m in model.named_modules() if type(m).__name__ == bp.mlp_class]
+    layers = [n for n, m in model.named_modules() if type(m).__name__ == bp.layer_class]
+    state = patch(model, ("rmsnorm", "mlp"), check=False)
+    try:
+        assert state is state_of(model)
+        assert state.replaced == {"rmsnorm": norms, "mlp": mlps}
+        text = repr(state)
+        assert f"rmsnorm {len(norms)} ({norms[0]} … {norms[-1]})" in text
+        assert f"mlp {len(mlps)} ({mlps[0]} … {mlps[-1]})" in text
+        assert "fused_residual" not in text and "llama" in text
+    finally:
+        unpatch(model)
+    state = patch(model, ("fused_residual",), check=False)
+    try:
+        assert state.replaced == {"fused_residual": layers}
+    finally:
+        unpatch(model)

@@ -2,6 +2,7 @@
 tuned-config cache round-trips and ignores stale entries."""
 
 import dataclasses
+from collections import Counter
 
 import orjson
 import pytest
@@ -190,3 +191,107 @@ def test_prune_reasons_are_counted_by_kind():
         "cannot reach one block per SM"
     )
     assert _category("does not compile: out of resources") == "does not compile"
+
+
+def _planted_reports(plant):
+    """Stand-in for inspect's batch analysis: each job's report from ``plant(config)``."""
+    from kernelab.inspect.findings import Finding
+    from kernelab.inspect.report import KernelReport
+
+    def analyze_jobs(jobs, progress=None, counterfactuals=True, **_):
+        assert counterfactuals is False  # the ranking needs no aligned recompilation
+        reps = []
+        for job in jobs:
+            warps = job.spec.num_warps
+            facts, occ, kinds = plant(warps)
+            reps.append(
+                KernelReport(
+                    key=job.key,
+                    op=job.op,
+                    kernel=job.spec.name,
+                    target=job.target.name,
+                    label=job.spec.label,
+                    config="",
+                    facts=facts,
+                    occupancy=None if occ is None else {"occupancy": occ, "blocks_per_sm": 1},
+                    findings=[Finding(k, "warn", k) for k in kinds],
+                    cached=warps == 1,
+                )
+            )
+        if progress:
+            progress(len(jobs), len(jobs))
+        return reps
+
+    return analyze_jobs
+
+
+def _facts(regs=32, spills=0, bits=128, shared=0):
+    return {
+        "registers": regs,
+        "spill_bytes": spills,
+        "loads": {str(bits): 1},
+        "stores": {str(bits): 1},
+        "shared_bytes": shared,
+    }
+
+
+def test_static_ranking_prunes_by_reason_and_prefers_occupancy_then_width(monkeypatch):
+    from kernelab.inspect import report as _report
+
+    def plant(warps):
+        if warps == 8:  # planted: spills
+            return _facts(spills=44), 0.5, ["spills"]
+        if warps == 4:  # planted: too much shared memory
+            return _facts(shared=1 << 20), 0.5, ["shared-limit"]
+        if warps == 2:  # narrow accesses, best occupancy
+            return _facts(bits=32), 1.0, []
+        return _facts(regs=40), 1.0 if warps == 1 else 0.25, []
+
+    monkeypatch.setattr(_report, "analyze_jobs", _planted_reports(plant))
+    shape = ops.Shape("t", {"rows": 5, "cols": 96}, {"residual": False}, batch_dim="rows")
+    space = RMSNORM.tuning_space(shape, torch.float32)
+    analysis = []
+    (result,) = tune(RMSNORM, [shape], torch.float32, "cpu", analysis=analysis)
+    by_warps = Counter(c.num_warps for c in space)
+    assert result.pruned["spills bytes per thread"] == by_warps[8]
+    assert result.pruned["needs bytes of shared memory"] == by_warps[4]
+    assert {r.config.num_warps for r in result.ranked} <= {1, 2, 16, 32}
+    keys = [r.key() for r in result.ranked]
+    assert keys == sorted(keys)  # preferred first
+    first = result.ranked[0]
+    # full occupancy and 128-bit beats full occupancy at 32-bit; low occupancy comes last
+    assert first.occupancy == 1.0 and first.widest_bits == 128 and first.config.num_warps == 1
+    assert [r.config.num_warps for r in result.ranked[-by_warps[16] :]] == [16] * by_warps[16]
+    assert result.ranked[by_warps[1]].widest_bits == 32  # then the narrow one at full occupancy
+    assert result.winner is None and "not timed" in result.note
+    assert result.as_dict()["ranked"][0]["widest_bits"] == 128
+    (a,) = analysis
+    assert a.compiled + a.cached == len(space) and a.compiled == len(space) - by_warps[1]
+
+
+def test_cli_tune_on_cpu_names_the_preferred_configs_and_the_gpu_command(monkeypatch):
+    from click.testing import CliRunner
+
+    from kernelab.cli import app
+    from kernelab.inspect import report as _report
+
+    def plant(warps):
+        return (_facts(spills=8), 0.5, ["spills"]) if warps > 2 else (_facts(), 1.0, [])
+
+    monkeypatch.setattr(_report, "analyze_jobs", _planted_reports(plant))
+    args = ["tune", "rmsnorm", "--limit", "1", "--device", "cpu", "--dtype", "fp32"]
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    data = orjson.loads(result.stdout)
+    (r,) = data["results"]
+    assert r["ranked"] and all(x["config"]["num_warps"] <= 2 for x in r["ranked"])
+    assert r["pruned"]["spills bytes per thread"] == r["space"] - len(r["ranked"])
+    assert (
+        data["gpu_command"]
+        == "kernelab tune rmsnorm --shapes representative --dtype float32 --limit 1"
+    )
+    text = CliRunner(env={"COLUMNS": "80"}).invoke(app, args)
+    assert text.exit_code == 0, text.output
+    assert "inspect prefers 1)" in text.stdout and data["gpu_command"] in text.stdout
+    assert "spills bytes per thread" in text.stdout
+    assert max(len(line) for line in text.stdout.splitlines()) <= 80

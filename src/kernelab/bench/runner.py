@@ -64,6 +64,8 @@ class BenchConfig:
     compile: bool = False  # time "compile" variants on the CPU (slow to compile there)
     max_rows: int | None = None  # cap the batch dimension (None: CPU_MAX_ROWS on CPU; 0: none)
     shapes: tuple[str, ...] | None = None  # keep shapes whose label contains one of these
+    #: explicit sizes (each a dict of every dim of the op): bench these instead of a set's
+    dims: tuple[dict, ...] | None = None
     graph_calls: int = 100
     energy_window_s: float = 0.3  # 0 disables energy measurement
     budget_s: float | None = None  # stop starting new cases after this many seconds
@@ -128,7 +130,58 @@ def subjects_for(op, device_type: str, cfg: BenchConfig, candidate=None):
     return subjects, skipped
 
 
+def parse_dims(text: str, arg: str = "--shape") -> dict[str, int]:
+    """``"rows=4096,cols=8192"`` -> ``{"rows": 4096, "cols": 8192}`` (positive integers)."""
+    dims = {}
+    for part in (p.strip() for p in text.split(",")):
+        name, eq, value = part.partition("=")
+        name, value = name.strip(), value.strip()
+        if not eq or not name.isidentifier() or not value.isdigit() or int(value) < 1:
+            raise ValueError(
+                f"{arg}: expected sizes as name=positive integer, comma-separated "
+                f"(rows=4096,cols=8192), got {part!r} in {text!r}"
+            )
+        if name in dims:
+            raise ValueError(f"{arg}: {name!r} given twice in {text!r}")
+        dims[name] = int(value)
+    return dims
+
+
+def dims_label(dims: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in dims.items())
+
+
+def explicit_shapes(op, dims_list, shape_set: str = "representative") -> list[Shape]:
+    """Shapes of ``op`` with the sizes given: every dim of the op, no other. Options (a norm's
+    residual, ...) come from the set's shapes: one shape per distinct set of options."""
+    templates = op.shapes(shape_set) or op.shapes("representative")
+    shapes = []
+    for dims in dims_list:
+        want = set(templates[0].dims) if templates else set()
+        if set(dims) != want:
+            raise ValueError(
+                f"--shape: {op.name} takes sizes {sorted(want)}, got {sorted(dims)} "
+                f"(a value without '=' filters shape labels instead)"
+            )
+        seen = []
+        for t in templates:
+            if t.params in seen:
+                continue
+            seen.append(t.params)
+            options = [
+                f"+{k}" if v is True else f"{k}={v}"
+                for k, v in t.params.items()
+                if isinstance(v, bool | int | float | str) and v is not False
+            ]
+            label = " ".join([dims_label(dims), *options])
+            shapes.append(Shape(label, dict(dims), dict(t.params), t.batch_dim, dict(t.reduce_to)))
+    return shapes
+
+
 def _select_shapes(op, cfg: BenchConfig, max_rows: int | None) -> list[Shape]:
+    if cfg.dims:  # the sizes asked for, cut only by an explicit --max-rows
+        shapes = explicit_shapes(op, cfg.dims, cfg.shape_set)
+        return [s.reduced(cfg.max_rows) for s in shapes] if cfg.max_rows else shapes
     shapes = [s for s in op.shapes(cfg.shape_set) if all(v > 0 for v in s.dims.values())]
     if cfg.shapes:
         shapes = [s for s in shapes if any(k in s.label for k in cfg.shapes)]

@@ -234,6 +234,50 @@ def op_option(help: str | None = None):
     return _shared("op", "--op", help=help or "The registered op a --candidate implements.")
 
 
+def reference_option(help: str | None = None):
+    """``--reference``: the user's reference, for a function kernelab has no op for."""
+    return _shared(
+        "reference",
+        "--reference",
+        help=help or "Your reference, file.py:function, for an op kernelab does not know.",
+    )
+
+
+def inputs_option(help: str | None = None):
+    """``--inputs``: the user's input generator, with ``--reference``."""
+    return _shared(
+        "inputs",
+        "--inputs",
+        help=help or "Your input generator, file.py:function(seed, dist, device) -> dict.",
+    )
+
+
+def check_custom(candidate, op, ops, reference, inputs) -> bool:
+    """Whether ``--reference``/``--inputs`` name a user's op (then with ``--candidate``, and
+    neither ``--op`` nor op names); raises a clear error for an incomplete combination."""
+    if reference is None and inputs is None:
+        return False
+    if reference is None or inputs is None or candidate is None:
+        raise ValueError(
+            "--reference: expected --candidate, --reference and --inputs together "
+            "(for an op kernelab does not know)"
+        )
+    if op is not None or ops:
+        raise ValueError("--reference: not with --op or op names (those ops have one)")
+    return True
+
+
+def custom_op(candidate: str, reference: str, inputs: str, device, dims=()):
+    """The user's op from ``--reference`` and ``--inputs`` (``kernelab.verify``'s), named after
+    the candidate, with the sizes of ``--shape name=value,...`` if any."""
+    from kernelab._loader import load_callable
+    from kernelab.verify._custom import user_op
+
+    ref = load_callable(reference, "reference")
+    gen = load_callable(inputs, "inputs")
+    return user_op(ref, gen, device, name=candidate.rpartition(":")[2], dims=dims)
+
+
 def _console(name: str) -> Console:
     """``console`` (stdout) or ``err_console`` (stderr), made (with rich) on first use: a
     command printing JSON never loads rich. A new one is made when ``COLUMNS`` changes (rich

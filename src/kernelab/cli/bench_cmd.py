@@ -8,11 +8,14 @@ import click
 
 from kernelab.cli._common import (
     candidate_option,
+    check_custom,
     csv_option,
+    custom_op,
     device_option,
     doing,
     dtype_option,
     emit_json,
+    inputs_option,
     json_option,
     kept,
     label_option,
@@ -21,6 +24,7 @@ from kernelab.cli._common import (
     max_rows_option,
     no_ledger_option,
     op_option,
+    reference_option,
     select_ops,
     shape_option,
     shape_set_option,
@@ -94,11 +98,16 @@ def register(app: click.Group) -> None:
     @click.argument("ops", nargs=-1)
     @device_option()
     @shape_set_option()
-    @shape_option()
+    @shape_option(
+        "Keep shapes whose label contains this, or give sizes: rows=4096,cols=8192 "
+        "(every size of the op; repeatable)."
+    )
     @dtype_option()
     @variant_option()
     @candidate_option()
     @op_option()
+    @reference_option()
+    @inputs_option()
     @click.option("--mode", default="auto", help="auto (cold if memory-bound), cold or hot.")
     @click.option("--compile", is_flag=True, help="Time torch.compile on CPU.")
     @max_rows_option("Cap the batch dimension (rows, tokens); CPU default 128, 0: no cap.")
@@ -133,6 +142,8 @@ def register(app: click.Group) -> None:
         variants,
         candidate,
         op,
+        reference,
+        inputs,
         mode,
         compile,
         max_rows,
@@ -191,12 +202,27 @@ def register(app: click.Group) -> None:
                 return
             _print_floors(spec, rows, as_json)
             return
-        if candidate and not op:
-            raise ValueError("op: --candidate needs --op NAME (the op it implements)")
+        custom = check_custom(candidate, op, ops, reference, inputs)
+        if candidate and not op and not custom:
+            raise ValueError(
+                "op: --candidate needs --op NAME (the op it implements), or --reference and "
+                "--inputs for a function kernelab has no op for"
+            )
         if op and not candidate:
             raise ValueError("candidate: --op is for a --candidate; name ops as arguments")
-        selected = select_ops([op] if op else ops)
+        from kernelab.bench.runner import parse_dims
+
+        dims = tuple(parse_dims(s) for s in shapes if "=" in s)
+        shapes = tuple(s for s in shapes if "=" not in s)
+        if dims and shapes:
+            raise ValueError("--shape: give sizes (name=value) or label filters, not both")
         info = detect(device)
+        if custom:
+            dev = "cpu" if info.type == "cpu" else f"cuda:{info.index}"
+            selected = [custom_op(candidate, reference, inputs, dev, dims)]
+            dims = ()  # the user's op has the sizes as its shapes
+        else:
+            selected = select_ops([op] if op else ops)
         rule = CPU_RULE if info.type == "cpu" else GPU_RULE
         changes = {
             k: v
@@ -216,6 +242,7 @@ def register(app: click.Group) -> None:
             compile=compile,
             max_rows=max_rows,
             shapes=tuple(shapes) or None,
+            dims=dims or None,
             energy_window_s=energy_window,
             budget_s=budget,
         )

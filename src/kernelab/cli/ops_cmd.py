@@ -7,9 +7,90 @@ import click
 from kernelab.cli._common import device_option, emit_json, json_option, select_ops, user_errors
 
 
-def describe(device_type: str) -> list[dict]:
+def _kind(value) -> str:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).removeprefix('torch.')} tensor, {value.dim()}-d"
+    if isinstance(value, tuple | list):
+        return f"{type(value).__name__} of {len(value)}"
+    return type(value).__name__
+
+
+def calling_convention(op) -> dict:
+    """How a candidate for ``op`` is called: ``fn(**inputs)`` with these arguments (read from
+    the inputs of every shape of every set, on meta tensors), the outputs it returns, which
+    arguments it updates in place, which may be omitted (None in some shapes), and the out=
+    rule."""
+    args: dict[str, dict] = {}
+    first = True
+    for shape_set in op.shape_sets:
+        for shape in op.shapes(shape_set):
+            inputs = op.inputs(shape, op.dtypes[0], "meta")
+            later, first = not first, False
+            for name in args:
+                if name not in inputs:
+                    args[name]["optional"] = True
+            for name, value in inputs.items():
+                entry = args.setdefault(
+                    name,
+                    {"name": name, "kind": None, "optional": later, "inplace": False},
+                )
+                if value is None:
+                    entry["optional"] = True
+                elif entry["kind"] is None:
+                    entry["kind"] = _kind(value)
+    for name in op.contract.inplace:
+        if name in args:
+            args[name]["inplace"] = True
+    for entry in args.values():
+        entry["kind"] = entry["kind"] or "None"
+    out = op.out_arg
+    if out is None:
+        rule = "no out= argument: the candidate allocates its outputs"
+    elif isinstance(out, str):
+        many = " (a tuple, in the order of the outputs)" if len(op.outputs) > 1 else ""
+        rule = (
+            f"{out}= may be given a preallocated output{many}: write it and return it; "
+            f"verify then passes poisoned buffers with canaries"
+        )
+    else:
+        rule = f"{', '.join(f'{n}=' for n in out)} may each be given a preallocated output"
+    return {
+        "arguments": list(args.values()),
+        "returns": list(op.outputs),
+        "inplace": list(op.contract.inplace),
+        "out": out,
+        "out_rule": rule,
+        "example": _example(op, list(args.values())),
+    }
+
+
+def _example(op, args: list[dict]) -> str:
+    required = [a["name"] for a in args if not a["optional"]]
+    optional = [f"{a['name']}=None" for a in args if a["optional"]]
+    outs = []
+    if isinstance(op.out_arg, str):
+        outs = [f"{op.out_arg}=None"]
+    elif op.out_arg:
+        outs = [f"{n}=None" for n in op.out_arg]
+    params = [*required, *optional, *outs]
+    head = f"def my_{op.name}({', '.join(params)}):"
+    if len(head) > 76:  # one argument a line, to read at 80 columns
+        head = "\n".join([f"def my_{op.name}(", *(f"    {p}," for p in params), "):"])
+    body = [head]
+    for a in args:
+        if a["inplace"]:
+            body.append(f"    ...  # update {a['name']} in place")
+    ret = ", ".join(op.outputs)
+    body.append(f"    ...  # compute {ret}" + (" (into out= when given)" if outs else ""))
+    body.append(f"    return {ret}")
+    return "\n".join(body)
+
+
+def describe(device_type: str, names=None) -> list[dict]:
     rows = []
-    for op in select_ops(None):
+    for op in select_ops(names):
         variants = []
         for v in op.variants.values():
             ok, why = v.runs_on(device_type)
@@ -38,23 +119,42 @@ def describe(device_type: str) -> list[dict]:
 
 def register(app: click.Group) -> None:
     @app.command("ops")
+    @click.argument("op", required=False)
     @device_option(
         "Device to judge availability on (default: the accelerator if present, else cpu)."
     )
     @json_option
     @user_errors
-    def ops_command(device, as_json):
-        """List ops, their variants, and which variants can run on this machine."""
+    def ops_command(op, device, as_json):
+        """List ops, their variants, and which variants can run on this machine.
+
+        OP (optional): one op, with the calling convention a candidate for it follows.
+        """
         from kernelab.hardware import detect
 
         info = detect(device)
-        rows = describe(info.type)
+        rows = describe(info.type, [op] if op else None)
+        calling = calling_convention(select_ops([op])[0]) if op else None
         if as_json:
-            emit_json({"device": info.as_dict(), "ops": rows})
+            emit_json({"device": info.as_dict(), "ops": rows, "calling": calling})
             return
-        from kernelab.cli._common import console
+        from kernelab.cli._common import console, echo
 
         ops_sheet(info, rows).print(console)
+        if calling is not None:
+            _print_calling(op, calling, echo)
+
+
+def _print_calling(name: str, c: dict, echo) -> None:
+    echo((f"calling convention of {name}", "bold"), ": fn(**inputs), with")
+    for a in c["arguments"]:
+        marks = [m for m, on in (("in place", a["inplace"]), ("may be None", a["optional"])) if on]
+        echo(f"  {a['name']}: {a['kind']}" + (f" ({', '.join(marks)})" if marks else ""))
+    echo(f"returns: {', '.join(c['returns'])}")
+    echo(f"outputs: {c['out_rule']}")
+    echo("example candidate:")
+    for line in c["example"].splitlines():
+        echo(f"  {line}")
 
 
 def ops_sheet(info, rows: list[dict]):

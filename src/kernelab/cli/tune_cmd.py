@@ -79,6 +79,7 @@ def register(app: click.Group) -> None:
                 save(result, device_key)
                 kept(f"tuned config for {result.shape.label} ({dtype}, {device_key})")
 
+        analysis = []
         with spinner(disable=as_json) as say:
             results = tune.tune(
                 selected,
@@ -89,18 +90,63 @@ def register(app: click.Group) -> None:
                 measure=measure,
                 store=store,
                 progress=say,
+                analysis=analysis,
             )
+        gpu_command = _gpu_command(op, shape_set, dtype, limit, target)
+        static = None
+        if analysis:
+            a = analysis[0]
+            static = {"compiled": a.compiled, "cached": a.cached, "seconds": round(a.seconds, 3)}
         if as_json:
-            emit_json({"device": info.as_dict(), "results": [r.as_dict() for r in results]})
+            emit_json(
+                {
+                    "device": info.as_dict(),
+                    "results": [r.as_dict() for r in results],
+                    "static": static,
+                    "gpu_command": gpu_command if info.type != "cuda" else None,
+                }
+            )
             return
-        from kernelab.cli._common import console
+        from kernelab.cli._common import console, echo
 
         tune_sheet(op, info, results).print(console)
+        if static is not None:
+            echo(f"ranked statically by inspect for {results[0].target if results else target}:")
+            echo(
+                f"  {static['compiled']} compiled, {static['cached']} read from the cache, "
+                f"in {static['seconds']:.1f} s"
+            )
+        if info.type != "cuda":
+            echo("to time and store winners, on a GPU run:")
+            echo(f"  {gpu_command}")
+
+
+def _gpu_command(op, shape_set, dtype, limit, target) -> str:
+    """The command that times these configs on a GPU (the same selection)."""
+    parts = ["kernelab", "tune", op, "--shapes", shape_set, "--dtype", dtype]
+    if limit:
+        parts += ["--limit", str(limit)]
+    return " ".join(parts)
+
+
+def config_text(config) -> str:
+    """``block_m=4 block_n=256 w2 s1``: a config's fields, warps and stages compactly."""
+    from kernelab.tune.tuner import _fields
+
+    fields = dict(_fields(config) or {})
+    tail = [
+        f"w{fields.pop(k)}" if k == "num_warps" else f"s{fields.pop(k)}"
+        for k in ("num_warps", "num_stages")
+        if k in fields
+    ]
+    return " ".join([*(f"{k}={v}" for k, v in fields.items()), *tail])
 
 
 def tune_sheet(op: str, info, results):
-    """One group per shape: its space, what pruning left and why, the winner."""
+    """One group per shape: its space, what pruning left and why, the winner (or, untimed,
+    the configs inspect prefers)."""
     from kernelab.cli._table import Col, Sheet
+    from kernelab.tune.static import PREFERRED
 
     sheet = Sheet(
         f"kernelab tune {op} — {info.type}: {info.name}",
@@ -114,7 +160,17 @@ def tune_sheet(op: str, info, results):
     for r in results:
         why = ", ".join(f"{n} {k}" for k, n in r.pruned.most_common()) or "—"
         left = r.space - sum(r.pruned.values())
-        winner = str(r.winner) if r.winner is not None else r.note
+        ranked = getattr(r, "ranked", None) or []
+        if r.winner is not None:
+            winner = config_text(r.winner)
+        elif ranked:
+            best = "; ".join(
+                f"{n}) {config_text(s.config)}: {s.summary()}"
+                for n, s in enumerate(ranked[:PREFERRED], 1)
+            )
+            winner = f"not timed; inspect prefers {best}"
+        else:
+            winner = r.note
         sheet.group(r.shape.label)
         sheet.row(str(r.space), str(left), why, winner)
     return sheet

@@ -7,14 +7,17 @@ import click
 
 from kernelab.cli._common import (
     candidate_option,
+    check_custom,
     device_option,
     doing,
     dtype_option,
     emit_json,
+    inputs_option,
     json_option,
     lost,
     max_rows_option,
     op_option,
+    reference_option,
     shape_set_option,
     spinner,
     user_errors,
@@ -28,14 +31,8 @@ def _check_options(ops, candidate, op, reference, inputs, audit, shapes) -> None
     for s in shapes:
         if s not in SHAPE_CHOICES:
             raise ValueError(f"--shapes: expected one of {list(SHAPE_CHOICES)}, got {s!r}")
-    if reference is not None or inputs is not None:
-        if reference is None or inputs is None or candidate is None:
-            raise ValueError(
-                "--reference: expected --candidate, --reference and --inputs together "
-                "(for an op kernelab does not know)"
-            )
-        if op is not None or ops:
-            raise ValueError("--reference: not with --op or op names (those ops have one)")
+    if check_custom(candidate, op, ops, reference, inputs):
+        pass
     elif candidate is not None and op is None:
         raise ValueError(
             "--candidate: expected --op NAME (a registered op) or --reference and --inputs"
@@ -74,14 +71,8 @@ def register(app: click.Group) -> None:
     )
     @candidate_option("Your callable, path/to/file.py:function (with --op or --reference).")
     @op_option("The registered op --candidate implements.")
-    @click.option(
-        "--reference",
-        help="Your reference, file.py:function, for an op kernelab does not know.",
-    )
-    @click.option(
-        "--inputs",
-        help="Your input generator, file.py:function(seed, dist, device) -> dict.",
-    )
+    @reference_option()
+    @inputs_option()
     @click.option(
         "--audit", is_flag=True, help="Check that null kernels fail for every op (the contracts)."
     )

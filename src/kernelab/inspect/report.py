@@ -94,13 +94,17 @@ def analyze_jobs(
     workers: int | None = None,
     use_cache: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    counterfactuals: bool = True,
 ) -> list[KernelReport]:
-    """Compile (or read from the cache) every job, then the aligned counterfactuals needed."""
+    """Compile (or read from the cache) every job, then the aligned counterfactuals needed
+    (unless ``counterfactuals`` is False: the vectorisation findings then cannot say whether
+    alignment is what kept an access narrow)."""
     first = runner.run([(j.spec, j.target) for j in jobs], workers, use_cache, progress)
     need = [
         i
         for i, (j, r) in enumerate(zip(jobs, first, strict=True))
-        if "facts" in r
+        if counterfactuals
+        and "facts" in r
         and not j.target.is_tpu
         and narrow_accesses(r["facts"])
         and j.spec.missing_alignment()

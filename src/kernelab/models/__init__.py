@@ -2,8 +2,10 @@
 reversibly.
 
     from kernelab.models import patch, unpatch, patched
-    patch(model)                      # RMSNorm, fused residual + RMSNorm, fused SwiGLU MLP, RoPE
+    state = patch(model)              # RMSNorm, fused residual + RMSNorm, fused SwiGLU MLP, RoPE
+    state.replaced["mlp"]             # the qualified names of the modules each kind replaced
     patch(model, quantize="w4a16")    # ... and the projections on int4 weight-only GEMMs
+    state_of(model)                   # what patch did (its return value), None if unpatched
     with patched(model): model.generate(...)
     register_attention(model)         # attention on kernelab's kernels, paged cache in place
 
@@ -49,7 +51,12 @@ def patch(
     check: bool = True,
     check_tokens: int = 8,
 ):
-    """Replace the model's modules with kernelab ops, in place, and return the model.
+    """Replace the model's modules with kernelab ops, in place; return what was replaced.
+
+    The return value is the model's :class:`~kernelab.models._patch.PatchState` (also
+    ``state_of(model)`` until ``unpatch``): ``.replaced`` maps each replacement kind
+    ("rmsnorm", "fused_residual", "mlp", "rope", "linear") to the qualified names it replaced,
+    and its ``repr`` counts them per kind. A kind that found nothing to replace is absent.
 
     ``ops`` chooses among ``REPLACEMENTS``; "linear" (the decoder layers' projections on
     kernelab GEMMs) is not in the default set. ``quantize`` ("w8a16", "w4a16" or "fp8") implies
@@ -97,7 +104,7 @@ def patch(
         except BaseException:
             unpatch(model)
             raise
-    return model
+    return state
 
 
 def _functions(state) -> str:

@@ -45,6 +45,19 @@ class PatchState:
     #: (qualified name, module, prepared weight) of each projection on a kernelab GEMM; a
     #: fused gate/up is listed under its MLP
     linears: list[tuple[str, torch.nn.Module, _linear.PreparedLinear]] = field(default_factory=list)
+    #: replacement kind ("rmsnorm", "mlp", ...) -> the qualified names it replaced, in order
+    replaced: dict[str, list[str]] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        """``<kernelab patch of llama: rmsnorm 5 (model.layers.0.input_layernorm … model.norm);
+        mlp 2 (…)>``: each kind with how many it replaced, the first and the last."""
+        parts = []
+        for kind, names in self.replaced.items():
+            span = names[0] if len(names) == 1 else f"{names[0]} … {names[-1]}"
+            parts.append(f"{kind} {len(names)} ({span})")
+        quant = f" quantize={self.quantize}" if self.quantize else ""
+        what = "; ".join(parts) or "nothing replaced"
+        return f"<kernelab patch of {self.blueprint.model_type}{quant}: {what}>"
 
 
 class PatchError(ValueError):
@@ -168,6 +181,11 @@ def _linear_forward(self, x):
 # --- patch / unpatch -------------------------------------------------------------------------
 
 
+def _replaced(state: PatchState, kind: str, name: str) -> None:
+    state.names.append(name)
+    state.replaced.setdefault(kind, []).append(name)
+
+
 def _set(state: PatchState, module, attr: str, value) -> None:
     if attr in module.__dict__:
         raise RuntimeError(f"module {type(module).__name__} already has an instance {attr!r}")
@@ -226,7 +244,7 @@ def _patch_linears(state: PatchState, layers: list[tuple[str, torch.nn.Module]])
             _set(state, module, "_kernelab_linear", prepared)
             _set(state, module, "forward", types.MethodType(_linear_forward, module))
             state.linears.append((name, module, prepared))
-            state.names.append(name)
+            _replaced(state, "linear", name)
 
 
 def apply(model, replacements=DEFAULT_REPLACEMENTS, quantize=None) -> PatchState:
@@ -257,12 +275,12 @@ def apply(model, replacements=DEFAULT_REPLACEMENTS, quantize=None) -> PatchState
                 layers.append((name, module))
             if "rmsnorm" in replacements and cls == bp.norm_class:
                 _set(state, module, "forward", types.MethodType(_norm_forward, module))
-                state.names.append(name)
+                _replaced(state, "rmsnorm", name)
             elif "fused_residual" in replacements and cls == bp.layer_class:
                 sig = inspect.signature(type(module).forward)
                 _set(state, module, "_kernelab_signature", sig)
                 _set(state, module, "forward", types.MethodType(_layer_forward, module))
-                state.names.append(name)
+                _replaced(state, "fused_residual", name)
             elif "mlp" in replacements and cls == bp.mlp_class:
                 act_name = act_ops.get(hidden_act, "")
                 act = None if _op(act_name) is None else getattr(_library, act_name, _op(act_name))
@@ -274,11 +292,11 @@ def apply(model, replacements=DEFAULT_REPLACEMENTS, quantize=None) -> PatchState
                     _prepare_gate_up(state, name, module)
                 _set(state, module, "_kernelab_act", act)
                 _set(state, module, "forward", types.MethodType(_mlp_forward, module))
-                state.names.append(name)
+                _replaced(state, "mlp", name)
         if "rope" in replacements and _op("rope") is not None:
             state.rope = _install_rope(bp)
             if state.rope:
-                state.names.append(f"{bp.modeling_module}.{bp.rope_function}")
+                _replaced(state, "rope", f"{bp.modeling_module}.{bp.rope_function}")
         if linear:
             _patch_linears(state, layers)
     except Exception:
@@ -315,4 +333,7 @@ def unpatch(model) -> None:
 
 
 def state_of(model) -> PatchState | None:
+    """What :func:`kernelab.models.patch` did to ``model`` (the :class:`PatchState` it
+    returned), or None when the model is not patched: ``state_of(model).replaced`` maps each
+    replacement kind to the qualified names of what it replaced."""
     return getattr(model, _STATE, None)

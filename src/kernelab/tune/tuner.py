@@ -16,6 +16,7 @@ from kernelab.ops import Op, Shape, as_tuple
 from kernelab.ops._model import dtype_name
 from kernelab.ops._runtime import tuned as _tuned
 from kernelab.tune.search import Trial, search
+from kernelab.tune.static import Analysis, Standing, rank
 
 #: The namespace of tuned configs in the ledger's cache.
 NAMESPACE = "tune"
@@ -38,6 +39,8 @@ class TuneResult:
     verified: bool | None = None
     stored: bool = False
     note: str = ""
+    #: Without timing: the survivors as inspect ranks them, preferred first.
+    ranked: list[Standing] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {
@@ -57,6 +60,16 @@ class TuneResult:
                 for t in self.trials
             ],
             "note": self.note,
+            "ranked": [
+                {
+                    "config": _fields(r.config),
+                    "spill_bytes": r.spill_bytes,
+                    "occupancy": r.occupancy,
+                    "widest_bits": r.widest_bits,
+                    "registers": r.registers,
+                }
+                for r in self.ranked
+            ],
         }
 
 
@@ -139,8 +152,14 @@ def tune(
     store: Callable[[TuneResult, str], None] | None = None,
     verify: bool = True,
     progress: Callable[[str], None] | None = None,
+    analysis: list[Analysis] | None = None,
 ) -> list[TuneResult]:
-    """Tune ``op`` for each shape; see the package docstring."""
+    """Tune ``op`` for each shape; see the package docstring.
+
+    Without a timing function and with inspect's own pruning, every config of every shape
+    is compiled in one batch and the survivors are ranked statically
+    (:mod:`kernelab.tune.static`); pass a list as ``analysis`` to receive that batch's
+    figures (compilations made, read from the cache, seconds)."""
     from kernelab.hardware import detect
 
     if op.tuning_space is None:
@@ -148,16 +167,29 @@ def tune(
     info = detect(device)
     if target is None:
         target = info.arch if info.type == "cuda" else "sm_90"
-    if prune is None and use_inspect:
+    static = None
+    if measure is None and prune is None and use_inspect and op.launches is not None:
+        try:
+            static = rank(op, shapes, dtype, target, _category, progress)
+        except ImportError:  # inspect needs Triton
+            static = None
+        if static is not None and analysis is not None:
+            analysis.append(static)
+    if prune is None and use_inspect and static is None:
         prune = _default_prune()
     results = []
-    for shape in shapes:
-        if progress:
+    for i, shape in enumerate(shapes):
+        if progress and static is None:
             progress(f"tune {op.name} {shape.label}")
         configs = list(op.tuning_space(shape, dtype))
         result = TuneResult(op.name, shape, dtype_name(dtype), target, len(configs))
-        kept, result.pruned = prune_configs(op, shape, dtype, configs, target, prune)
-        if prune is None:
+        if static is not None:
+            result.pruned = static.rankings[i].pruned
+            result.ranked = static.rankings[i].ranked
+            kept = [r.config for r in result.ranked]
+        else:
+            kept, result.pruned = prune_configs(op, shape, dtype, configs, target, prune)
+        if prune is None and static is None:
             result.note = "no static pruning (inspect unavailable)"
         if measure is None:
             result.note = (result.note + "; " if result.note else "") + (

@@ -6,13 +6,16 @@ only if it accepts it) and returns the inputs dict; ``dist`` is one of
 inputs (the truth) and on the inputs as generated (the baseline the tolerance is derived from,
 as eager torch is for registered ops). Nothing is declared in place: any change to an input is
 reported.
+
+With explicit sizes (``dims``: ``kernelab bench --shape rows=4096,cols=8192``), each size is
+passed to the generator as a keyword of that name as well; it must take them all.
 """
 
 from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -40,11 +43,29 @@ def _kwargs_for(fn: Callable, **available) -> dict:
     return {k: v for k, v in available.items() if k in params}
 
 
-def custom_op(reference: Callable, make_inputs: Callable, device, name: str = "custom") -> Op:
-    """An unregistered op built from a user's reference and input generator."""
+def custom_op(
+    reference: Callable,
+    make_inputs: Callable,
+    device,
+    name: str = "custom",
+    dims: Sequence[Mapping[str, int]] = (),
+) -> Op:
+    """An unregistered op built from a user's reference and input generator; its shapes are
+    the ``dims`` given (each passed to the generator by keyword), or one: "user inputs"."""
+    for d in dims:
+        taken = _kwargs_for(make_inputs, **d)
+        missing = [k for k in d if k not in taken]
+        if missing:
+            raise ValueError(
+                f"inputs: the generator takes no argument {', '.join(map(repr, missing))} "
+                f"(the sizes given with --shape are passed to it by name)"
+            )
 
-    def generate(seed: int, dist: str = "normal") -> dict:
-        inputs = make_inputs(**_kwargs_for(make_inputs, seed=seed, dist=dist, device=device))
+    def generate(seed: int, dist: str = "normal", sizes: Mapping[str, int] | None = None) -> dict:
+        given = dict(sizes or {})
+        inputs = make_inputs(
+            **_kwargs_for(make_inputs, seed=seed, dist=dist, device=device, **given)
+        )
         if not isinstance(inputs, dict) or not all(isinstance(k, str) for k in inputs):
             raise TypeError(
                 f"inputs: expected the generator to return a dict of argument name -> value, "
@@ -52,7 +73,10 @@ def custom_op(reference: Callable, make_inputs: Callable, device, name: str = "c
             )
         return inputs
 
-    sample = generate(0)
+    shapes = [Shape(",".join(f"{k}={v}" for k, v in d.items()), dict(d)) for d in dims] or [
+        Shape("user inputs", {})
+    ]
+    sample = generate(0, sizes=shapes[0].dims)
     floats = [
         v.dtype for v in sample.values() if isinstance(v, torch.Tensor) and v.is_floating_point()
     ]
@@ -64,23 +88,35 @@ def custom_op(reference: Callable, make_inputs: Callable, device, name: str = "c
             )
         )
     )
-    shape = Shape("user inputs", {})
 
     def make(shape_, dtype_, device_, gen, dist):
-        return generate(int(gen.initial_seed()), dist)
+        return generate(int(gen.initial_seed()), dist, sizes=shape_.dims)
 
     return Op(
         name,
         description="a user's op: their reference and input generator",
         reference=reference,
         make_inputs=make,
-        shapes={"representative": lambda: [shape], "edge": lambda: [shape]},
+        shapes={"representative": lambda: list(shapes), "edge": lambda: list(shapes)},
         cost=lambda inputs: Cost(0.0, 0.0),
         contract=Contract(),
         dtypes=(dtype,),
         outputs=tuple(f"out{i}" if n_out > 1 else "out" for i in range(n_out)),
         out_arg=None,
     )
+
+
+def user_op(reference: Callable, make_inputs: Callable, device, name: str = "custom", dims=()):
+    """:func:`custom_op`, with a failure of the user's code as one line naming what failed."""
+    try:
+        return custom_op(reference, make_inputs, device, name=name, dims=dims)
+    except (TypeError, ValueError):
+        raise
+    except Exception as exc:  # the user's code
+        raise ValueError(
+            f"reference: generating inputs or calling the reference on them raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def verify_custom(
@@ -100,15 +136,7 @@ def verify_custom(
             raise TypeError(f"{arg}: expected a callable, got {type(value).__name__}")
     device = str(device or default_device())
     seed = new_seed() if seed is None else seed
-    try:
-        op = custom_op(reference, make_inputs, device)
-    except (TypeError, ValueError):
-        raise
-    except Exception as exc:  # the user's code: one line, naming what failed
-        raise ValueError(
-            f"reference: generating inputs or calling the reference on them raised "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
+    op = user_op(reference, make_inputs, device)
     sample = op.inputs(op.shapes("representative")[0], op.dtypes[0], device, seed=0)
     check_signature(fn, list(sample))
     report = Report(seed, device, trials, ["representative"])

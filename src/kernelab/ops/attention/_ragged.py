@@ -233,10 +233,18 @@ def qkv(shape: Shape, q_lens, k_lens, dtype, device, gen, dist) -> tuple:
 def block_mask(batch, heads, q_lens, k_lens, mask_block, device, gen) -> torch.Tensor:
     """A random bool block mask [batch, heads, query blocks, key blocks] with about half the
     blocks kept, and the second query block of the first sequence (when it has one) masked
-    entirely: rows that see no key."""
+    entirely: rows that see no key. It is drawn on the CPU from its own stream of ``gen``'s
+    seed (not from what the other inputs drew), so meta inputs (static analysis, floors) get
+    the same mask, kept on the CPU like the cumulative lengths: the work it skips is data, and
+    the cost model reads it (a few bytes per block)."""
     nqb = max(1, -(-max(q_lens, default=0) // mask_block))
     nkb = max(1, -(-max(k_lens, default=0) // mask_block))
-    m = _inputs.randint((batch, heads, nqb, nkb), 0, 2, device, gen).to(torch.bool)
-    if torch.device(device).type != "meta" and batch and nqb > 1:
+    own = _inputs.generator(gen.initial_seed() + _MASK_STREAM if gen is not None else 0, "cpu")
+    m = _inputs.randint((batch, heads, nqb, nkb), 0, 2, "cpu", own).to(torch.bool)
+    if batch and nqb > 1:
         m[0, :, 1] = False
-    return m
+    return m if torch.device(device).type == "meta" else m.to(device)
+
+
+#: Offset of the block mask's seed from the inputs' seed (any fixed value: its own stream).
+_MASK_STREAM = 0x6D61736B
