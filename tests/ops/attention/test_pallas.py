@@ -23,6 +23,7 @@ EDGE = {s.label.split(" (")[0]: s for s in PAGED_ATTENTION.shapes("edge")}
 ONE_PAGE = PagedSteps(1)  # a step per page: the two slots alternate
 
 
+@pytest.mark.slow  # the TPU interpreter compiles each shape (seconds)
 def test_paged_decode_passes_across_pages_and_with_window_sinks_and_a_chunk():
     shapes = [EDGE["length = block size and block size + 1"], EDGE["sinks window 8"]]
     report = pc.verify(PAGED_ATTENTION, pc.configured(PAGED, ONE_PAGE), shapes)
@@ -62,6 +63,7 @@ def _racy_kernel(
     o_ref[...] = ap._finish_rows(m, l_, acc, None).astype(o_ref.dtype)
 
 
+@pytest.mark.slow  # the TPU interpreter compiles each shape (seconds)
 def test_reading_a_page_before_its_dma_wait_is_a_race():
     def racy(call):
         return dataclasses.replace(call, kernel=_racy_kernel)
@@ -93,6 +95,7 @@ PREFILL = ATTENTION_PREFILL.variants["pallas"]
 PREFILL_EDGE = {s.label: s for s in ATTENTION_PREFILL.shapes("edge")}
 
 
+@pytest.mark.slow  # the TPU interpreter compiles each shape (seconds)
 def test_prefill_passes_on_blocks_straddling_sequences_with_a_partial_last_block():
     # 64 + 65 + 128 + 129 tokens in query blocks of 128 (four, the last partial, three of them
     # spanning two sequences) and key blocks of 64; lse checked too (the op asks for it).
