@@ -43,7 +43,7 @@ def _racy_kernel(
     b, lo, hi = ap._decode_bounds(seq_ref, lens_ref, cu_ref, t, window)
     n_pages = (hi + bs - 1) // bs
     steps = jnp.where(hi > lo, n_pages, 0)
-    q = (q_ref[...].astype(jnp.float32) * scale).astype(q_ref.dtype)
+    q = q_ref[...]
 
     def copies(step):
         return ap._page_copies(
@@ -53,7 +53,7 @@ def _racy_kernel(
 
     def body(i, carry):
         ap._start(copies(i))
-        carry = ap._attend(carry, q, kbuf[0], vbuf[0], i * bs, lo, hi, softcap)
+        carry = ap._attend(carry, q, kbuf[0], vbuf[0], i * bs, lo, hi, softcap, scale)
         ap._wait(copies(i))  # too late: the buffer was read above
         return carry
 

@@ -128,7 +128,7 @@ def _wait(copies):
             v.wait()
 
 
-def _attend(carry, q, k, v, first_key, lo, hi, softcap):
+def _attend(carry, q, k, v, first_key, lo, hi, softcap, scale):
     """One step of online softmax over keys ``first_key`` … of the (keys, D) tiles ``k``, ``v``;
     keys outside [lo, hi) (scalars, or per query row: (rows, 1)) are masked, and the value
     rows no query sees are zeroed (a stale page or a block past the array never reaches the
@@ -139,7 +139,10 @@ def _attend(carry, q, k, v, first_key, lo, hi, softcap):
     m, l_, acc = carry
     keys = first_key + jax.lax.broadcasted_iota(jnp.int32, (1, k.shape[0]), 1)
     visible = (keys >= lo) & (keys < hi)
+    # q·k in float32 from the unrounded operands, then scaled: a pre-scaled, re-rounded q would
+    # move large scores by more than their gaps.
     s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    s = s * scale
     if softcap:
         s = softcap * jnp.tanh(s / softcap)
     s = jnp.where(visible, s, -jnp.inf)
@@ -186,7 +189,7 @@ def _paged_decode_kernel(
     n_pages = (hi + bs - 1) // bs
     first = lo // (bs * pps)
     steps = jnp.where(hi > lo, (n_pages + pps - 1) // pps - first, 0)
-    q = (q_ref[...].astype(jnp.float32) * scale).astype(q_ref.dtype)
+    q = q_ref[...]
     g = q.shape[0]
 
     def copies(step, slot):
@@ -207,7 +210,7 @@ def _paged_decode_kernel(
             _start(copies(step + 1, 1 - slot))
 
         _wait(copies(step, slot))
-        return _attend(carry, q, kbuf[slot], vbuf[slot], step * pps * bs, lo, hi, softcap)
+        return _attend(carry, q, kbuf[slot], vbuf[slot], step * pps * bs, lo, hi, softcap, scale)
 
     init = (
         jnp.full((g, 1), M_INIT, jnp.float32),
@@ -345,11 +348,11 @@ def _prefill_kernel(
 
     @pl.when(s < kb_count_ref[i])
     def _step():
-        q = (q_ref[...].astype(jnp.float32) * scale).astype(q_ref.dtype)
+        q = q_ref[...]
         first_key = (kb_start_ref[i] + s) * bk
         carry = (m_sc[...], l_sc[...], acc_sc[...])
         m, l_, acc = _attend(
-            carry, q, k_ref[...], v_ref[...], first_key, lo_ref[...], hi_ref[...], softcap
+            carry, q, k_ref[...], v_ref[...], first_key, lo_ref[...], hi_ref[...], softcap, scale
         )
         m_sc[...], l_sc[...], acc_sc[...] = m, l_, acc
 
