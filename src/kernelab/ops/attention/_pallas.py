@@ -157,8 +157,10 @@ def _attend(carry, q, k, v, first_key, lo, hi, softcap, scale):
     return m_new, alpha * l_ + p.sum(axis=-1, keepdims=True), alpha * acc + pv
 
 
-def _finish_rows(m, l_, acc, sink):
-    """out = acc / l with the sink's exp(sink − m) in the denominator; 0 where nothing is seen."""
+def _finish_rows(m, l_, acc, sink, seen):
+    """out = acc / l with the sink's exp(sink − m) in the denominator; 0 where the row sees no
+    key (``seen`` False). A row that sees keys whose scores are all −inf gets 0 / 0 = NaN, as
+    the reference's softmax does."""
     import jax.numpy as jnp
 
     if sink is not None:
@@ -166,8 +168,7 @@ def _finish_rows(m, l_, acc, sink):
         alpha = jnp.exp(m - m_new)
         l_ = alpha * l_ + jnp.exp(sink - m_new)
         acc = alpha * acc
-    # l == 0 only when no key was seen; a NaN l (a NaN query) must stay NaN.
-    return jnp.where(l_ == 0, 0.0, acc / jnp.where(l_ == 0, 1.0, l_))
+    return jnp.where(seen, acc / l_, 0.0)
 
 
 def _paged_decode_kernel(
@@ -219,7 +220,7 @@ def _paged_decode_kernel(
     )
     m, l_, acc = jax.lax.fori_loop(0, steps, body, init)
     sink = sinks_ref[...].astype(jnp.float32).reshape(g, 1) if has_sinks else None
-    o_ref[...] = _finish_rows(m, l_, acc, sink).astype(o_ref.dtype)
+    o_ref[...] = _finish_rows(m, l_, acc, sink, hi > lo).astype(o_ref.dtype)
 
 
 def token_sequences(cu_seqlens_q: torch.Tensor, tokens: int) -> torch.Tensor:
@@ -360,7 +361,8 @@ def _prefill_kernel(
     def _write():
         m, l_ = m_sc[...], l_sc[...]
         sink = sinks_ref[0, h].astype(jnp.float32) if has_sinks else None
-        o_ref[...] = _finish_rows(m, l_, acc_sc[...], sink).astype(o_ref.dtype)
+        seen = hi_ref[...] > lo_ref[...]
+        o_ref[...] = _finish_rows(m, l_, acc_sc[...], sink, seen).astype(o_ref.dtype)
         if sink is not None:
             m_new = jnp.maximum(m, sink)
             l_ = jnp.exp(m - m_new) * l_ + jnp.exp(sink - m_new)
