@@ -309,6 +309,8 @@ def test_bad_arguments_name_themselves(kwargs, words):
 
 def test_failure_classes_are_the_documented_ones():
     assert CLASSES == (
+        "race",
+        "interpreter error",
         "contract",
         "out-of-bounds write",
         "mutated input",

@@ -170,18 +170,24 @@ class Refuse:
             raise ModuleNotFoundError(f"No module named {name!r}")
 sys.meta_path.insert(0, Refuse())
 import kernelab.ops as ko
-from kernelab.ops._runtime import pallas
-print(pallas.available())
-print([(o.name, v.runs_on('cpu')) for o in ko.all_ops() for v in o.variants.values()
-       if v.kind == 'pallas'][:2])
-assert 'jax' not in sys.modules
+unavailable = [o.name for o in ko.all_ops() for v in o.variants.values()
+               if v.kind == 'pallas' and not v.runs_on('cpu')[0]]
+print('unavailable', sorted(unavailable))
+from kernelab.verify import verify
+report = verify(['rmsnorm'], variants=['pallas'], device='cpu', seed=1)
+print('skipped', report.skipped)
 from kernelab.cli import main
 sys.argv = ['kernelab', 'ops']
 try:
     main()
 except SystemExit as e:
     assert not e.code, e.code
+assert 'jax' not in sys.modules
 """
     r = run_python(code)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert '(False, "jax cannot be imported (ModuleNotFoundError)' in r.stdout
+    ops = ["attention_prefill", "gemm", "paged_attention", "rmsnorm", "silu_and_mul", "w8a16_gemm"]
+    assert f"unavailable {ops}" in r.stdout
+    skipped = next(line for line in r.stdout.splitlines() if line.startswith("skipped"))
+    assert "rmsnorm/pallas: jax cannot be imported (ModuleNotFoundError)" in skipped
+    assert "pip install" in r.stdout and "kernelab ops" in r.stdout

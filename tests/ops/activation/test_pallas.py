@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from kernelab.ops import SILU_AND_MUL, Shape
@@ -26,12 +27,14 @@ def _cfg(shape):
     return ActBlocks(16, 128 if d % 128 == 0 else None)
 
 
+@pytest.mark.slow  # the TPU interpreter compiles each shape (seconds)
 def test_verify_passes_tiled_and_whole_rows():
     for shape in (TILED, ROWS):
         report = pc.verify(SILU_AND_MUL, pc.configured(VARIANT, _cfg(shape)), [shape])
         assert pc.passed(report), pc.failures(report)
 
 
+@pytest.mark.slow  # the TPU interpreter compiles each shape (seconds)
 def test_the_up_tile_off_by_one_column_tile_is_wrong_values():
     # The up tile read one tile to the left: in bounds, every value wrong.
     def off_by_one(call):

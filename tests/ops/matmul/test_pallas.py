@@ -29,11 +29,13 @@ FULL = Shape(
 PLAIN = Shape("20x200x300", {"M": 20, "N": 200, "K": 300}, {}, batch_dim="M")
 
 
+@pytest.mark.slow  # the TPU interpreter compiles each shape (seconds)
 def test_verify_passes_with_a_masked_k_tail_and_the_whole_epilogue():
     report = pc.verify(GEMM, pc.configured(VARIANT, TILES), [FULL])
     assert pc.passed(report), pc.failures(report)
 
 
+@pytest.mark.slow  # the TPU interpreter compiles each shape (seconds)
 def test_w8a16_verify_passes_with_a_masked_k_tail_and_bias():
     shape = Shape("20x200x300 bias", {"M": 20, "N": 200, "K": 300}, {"bias": True}, batch_dim="M")
     variant = W8A16_GEMM.variants["pallas"]
@@ -56,6 +58,7 @@ def _never_zeroed_kernel(a_ref, b_ref, o_ref, acc_ref, *, k_size, bk, nk, **_):
         o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
 
+@pytest.mark.slow  # the TPU interpreter compiles each shape (seconds)
 def test_an_accumulator_never_zeroed_is_caught_as_nan():
     # The interpreter fills scratch with NaN: the sum of a never-zeroed accumulator is NaN.
     def never_zeroed(call):

@@ -25,12 +25,14 @@ BLOCKS = RowBlocks(16)
 VARIANT = RMSNORM.variants["pallas"]
 
 
+@pytest.mark.slow  # the TPU interpreter compiles each shape (seconds)
 def test_verify_passes_on_a_partial_last_block_with_and_without_residual():
     report = pc.verify(RMSNORM, pc.configured(VARIANT, BLOCKS), SHAPES)
     assert pc.passed(report), pc.failures(report)
     assert len(report.cases) == 2
 
 
+@pytest.mark.slow  # the TPU interpreter compiles each shape (seconds)
 def test_dropping_the_last_partial_block_leaves_rows_unwritten():
     def drop_last(call):
         return dataclasses.replace(call, grid=(ROWS // BLOCKS.block_rows,))
@@ -40,6 +42,7 @@ def test_dropping_the_last_partial_block_leaves_rows_unwritten():
     assert "NaN mismatch" in pc.classes(report), pc.failures(report)
 
 
+@pytest.mark.slow  # the TPU interpreter compiles each shape (seconds)
 def test_a_block_index_off_by_one_is_an_interpreter_error():
     def off_by_one(call):
         return dataclasses.replace(

@@ -23,7 +23,7 @@ recompile for every shape and dtype.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -383,6 +383,52 @@ def attention_prefill_triton(
     return _plan(*args, config=config).run()
 
 
+def _pallas_plan(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, causal=True, softmax_scale=None, window_left=-1,
+    softcap=0.0, sinks=None, block_mask=None, mask_block=128, return_lse=False, out=None,
+    check=True, config=None, target=None,
+):  # fmt: skip
+    """The Pallas launch for these (validated) arguments (``attention/_pallas.py``); a block
+    mask is not in it (refused, naming the argument)."""
+    from kernelab.ops.attention import _pallas
+
+    if block_mask is not None:
+        raise ValueError("block_mask: not supported by the Pallas variant")
+    outs = out if isinstance(out, tuple | list) else (out, None)
+    plan = _pallas.prefill_plan(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, window_left, softcap, sinks,
+        outs[0], outs[1] if return_lse else None, config, target,
+    )  # fmt: skip
+    if return_lse:
+        return plan
+    finish = plan.finish
+    return replace(
+        plan,
+        finish=None if finish is None else (lambda o: finish(o)[0]),
+        result=plan.result[0] if plan.result is not None else None,
+    )
+
+
+def attention_prefill_pallas(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, causal=True, softmax_scale=None, window_left=-1,
+    softcap=0.0, sinks=None, block_mask=None, mask_block=128, return_lse=False, out=None,
+    check=True, config=None,
+):  # fmt: skip
+    """The Pallas kernel: natively on a TPU, through the TPU interpreter on CPU tensors."""
+    _validate(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, window_left, softcap,
+              sinks, block_mask, mask_block, return_lse, out, check)  # fmt: skip
+    return _pallas_plan(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, window_left, softcap, sinks,
+        block_mask, mask_block, return_lse, out, check, config,
+    ).run()  # fmt: skip
+
+
+def _pallas_supports(shape: Shape) -> str | None:
+    if shape.params.get("block_sparse"):
+        return "block-sparse mask: not in the Pallas variant"
+    return None
+
+
 def attention_prefill(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -581,6 +627,16 @@ ATTENTION_PREFILL.add_variant(
         attention_prefill_triton,
         "triton",
         description="Triton: one program per query block and head, masked tiles skipped",
+    )
+)
+ATTENTION_PREFILL.add_variant(
+    Variant(
+        "pallas",
+        attention_prefill_pallas,
+        "pallas",
+        plan=_pallas_plan,
+        supports=_pallas_supports,
+        description="Pallas TPU flash prefill: packed query blocks, per-row key ranges",
     )
 )
 ATTENTION_PREFILL.add_torch(attention_prefill_torch, compile=False)
