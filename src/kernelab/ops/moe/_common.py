@@ -412,8 +412,8 @@ MOE_MODELS = (
 #: Tokens per step: decode at 1, 16 and 64 sequences, a 4096-token prefill.
 MOE_TOKENS = (1, 16, 64, 4096)
 #: Sizes a representative shape is cut to through the interpreter: 16 experts (top-k stays),
-#: K multiples of both int4 group sizes, N not a multiple of the prefill tile.
-INTERPRETER_DIMS = {"experts": 16, "hidden": 256, "intermediate": 192, "shared_intermediate": 128}
+#: K multiples of both int4 group sizes.
+INTERPRETER_DIMS = {"experts": 16, "hidden": 128, "intermediate": 128, "shared_intermediate": 64}
 
 
 def representative(**params) -> list[Shape]:

@@ -49,14 +49,13 @@ def moe_topk_ref(router_logits, top_k, scoring="softmax", renormalize=True):
 
 
 def moe_topk_torch(router_logits, top_k, scoring="softmax", renormalize=True):
-    """Eager PyTorch, as transformers' routers: float32 scores, torch.topk, renormalise."""
+    """Eager PyTorch, as transformers' routers (float32 scores, renormalised), but with the op's
+    tie order: a stable sort of the logits rather than torch.topk, whose order among equal
+    values is unspecified."""
     _validate(router_logits, top_k, scoring, renormalize)
     logits = router_logits.float()
-    scores = torch.softmax(logits, -1) if scoring == "softmax" else torch.sigmoid(logits)
-    w, ids = torch.topk(scores, top_k, dim=-1)
-    if renormalize:
-        w = w / w.sum(dim=-1, keepdim=True)
-    return w, ids.to(torch.int32)
+    ids = mc.topk_select(logits, top_k)
+    return _weights(logits, ids, scoring, renormalize), ids.to(torch.int32)
 
 
 def _validate(router_logits, top_k, scoring, renormalize) -> None:
