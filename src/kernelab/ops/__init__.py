@@ -45,6 +45,11 @@ from kernelab.ops.matmul.gemm import GEMM, gemm, gemm_ref
 from kernelab.ops.matmul.w4a16 import W4A16_GEMM, w4a16_gemm, w4a16_ref
 from kernelab.ops.matmul.w8a16 import W8A16_GEMM, w8a16_gemm, w8a16_ref
 from kernelab.ops.moe.fused_moe import FUSED_MOE, fused_moe, fused_moe_ref
+from kernelab.ops.moe.fused_moe_w4a16 import (
+    FUSED_MOE_W4A16,
+    fused_moe_w4a16,
+    fused_moe_w4a16_ref,
+)
 from kernelab.ops.moe.moe_align import MOE_ALIGN, moe_align, moe_align_ref
 from kernelab.ops.moe.moe_topk import MOE_TOPK, moe_topk, moe_topk_ref
 from kernelab.ops.norm.layernorm import LAYERNORM, layernorm, layernorm_ref
