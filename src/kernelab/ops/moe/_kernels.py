@@ -251,7 +251,7 @@ def _fused_moe_kernel(
     Bytes: each expert hit reads its weight tiles once per m-block (from L2 across m-blocks),
     A rows re-read per n tile, C written once.
     """
-    pid = tl.program_id(0)
+    pid = tl.program_id(0).to(tl.int64)
     pid_m = pid % num_blocks
     pid_n = pid // num_blocks
     rm = tl.arange(0, BLOCK_M)
@@ -268,10 +268,10 @@ def _fused_moe_kernel(
         expert = 0
         rows = pid_m * BLOCK_M + rm
     row_ok = (rows >= 0) & (rows < numel)
-    rows = tl.where(row_ok, rows, 0)
+    rows = tl.where(row_ok, rows, 0).to(tl.int64)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < N
-    a_rows = A + (rows // A_ROW_DIV).to(tl.int64)[:, None] * stride_am
+    a_rows = A + (rows // A_ROW_DIV)[:, None] * stride_am
     b = B + expert.to(tl.int64) * stride_be
     s = S + expert.to(tl.int64) * stride_se
     z = Z + expert.to(tl.int64) * stride_ze
@@ -330,7 +330,7 @@ def _fused_moe_kernel(
         acc = acc * tl.sigmoid(acc) * acc_up
     if MUL_WEIGHT:
         acc = acc * tl.load(TopkWeights + rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
-    c_ptrs = C + rows.to(tl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
+    c_ptrs = C + rows[:, None] * stride_cm + rn[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
@@ -358,8 +358,8 @@ def _moe_sum_kernel(
 
     Bytes: T·TOPK·H parts (+ T·H shared) and T·TOPK ids read, T·H written.
     """
-    rt = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    rh = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    rt = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    rh = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
     t_ok = rt < T
     h_ok = rh < H
     acc = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
