@@ -64,7 +64,9 @@ class MoEConfig:
             return MoEConfig(16, 64, block_k, 4, 3)
         if per_expert <= 64:
             return MoEConfig(32, 64, 64, 4, 3)
-        return MoEConfig(64, 128, 64, 8, 3)
+        # int4 holds the codes, their 16-bit conversions and two accumulators: at 64x128 it
+        # spilled 8 bytes on sm_90 (triton 3.9); 64x64 does not.
+        return MoEConfig(64, 64 if w4 else 128, 64, 8, 3)
 
     @staticmethod
     def tuning_space(pairs: int, experts: int, w4: bool = False) -> list[MoEConfig]:
