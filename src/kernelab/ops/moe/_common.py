@@ -65,8 +65,10 @@ class MoEConfig:
         if per_expert <= 64:
             return MoEConfig(32, 64, 64, 4, 3)
         # int4 holds the codes, their 16-bit conversions and two accumulators: at 64x128 it
-        # spilled 8 bytes on sm_90 (triton 3.9); 64x64 does not.
-        return MoEConfig(64, 64 if w4 else 128, 64, 8, 3)
+        # spilled 8 bytes on sm_90 (triton 3.9); 64x64 does not. bf16 at 64x128: K steps of 32,
+        # so that three stages of the A tile and both B tiles (60 KB) fit gfx942's 64 KB of LDS
+        # (block_k 64 needed 72 KB there and could not launch).
+        return MoEConfig(64, 64, 64, 8, 3) if w4 else MoEConfig(64, 128, 32, 8, 3)
 
     @staticmethod
     def tuning_space(pairs: int, experts: int, w4: bool = False) -> list[MoEConfig]:
