@@ -59,9 +59,10 @@ class MoEConfig:
         # read bounds the time and a 16-row tile (the smallest tensor-core M) wastes least on
         # padding; at prefill the tile grows to reuse each weight tile over more rows.
         per_expert = pairs / max(1, min(experts, pairs))
-        block_k = 64 if w4 else 128
         if per_expert <= 16:
-            return MoEConfig(16, 64, block_k, 4, 3)
+            # K steps of 64: with 128, bf16 needed 72 KB of shared memory (gfx942 has 64) and
+            # spilled on sm_90 in the shared expert's launches.
+            return MoEConfig(16, 64, 64, 4, 3)
         if per_expert <= 64:
             return MoEConfig(32, 64, 64, 4, 3)
         # int4 holds the codes, their 16-bit conversions and two accumulators: at 64x128 it
