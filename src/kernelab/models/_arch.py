@@ -7,8 +7,10 @@ Every architecture listed here shares the pre-norm decoder block of Llama:
 and so the same replacements: RMSNorm modules, the post-attention residual add fused into the
 post-attention RMSNorm, the gated MLP's activation fused with its product (SwiGLU), and the
 rotary embedding of q and k (one in-place kernel instead of a chain of slices, products and
-concatenations), and, on request, the linear projections (dense or quantized GEMMs). Adding
-an architecture that shares the block is one entry; one that does not needs its own block rule.
+concatenations), the sparse mixture-of-experts blocks of Mixtral and Qwen3-MoE (router top-k
+and the fused expert layer), and, on request, the linear projections (dense or quantized
+GEMMs). Adding an architecture that shares the block is one entry; one that does not needs its
+own block rule.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ class Blueprint:
         "mlp.gate_proj",
         "mlp.up_proj",
     )
+    #: the sparse mixture-of-experts block (a router ``gate`` with ``weight`` and ``top_k``,
+    #: ``experts`` with ``gate_up_proj`` [E, 2I, H] and ``down_proj`` [E, H, I]) that the "moe"
+    #: replacement runs on ``moe_topk`` and ``fused_moe``; empty: none
+    moe_class: str = ""
 
 
 _LLAMA_LIKE = {
@@ -57,12 +63,27 @@ ARCHITECTURES: dict[str, Blueprint] = {
     )
     for model_type, prefix in _LLAMA_LIKE.items()
 }
+#: Mixtures of experts with the same decoder block, the MLP a sparse MoE block (Qwen3-MoE
+#: keeps dense MLPs in its ``mlp_only_layers``).
+ARCHITECTURES.update(
+    {
+        model_type: Blueprint(
+            model_type,
+            f"transformers.models.{model_type}.modeling_{model_type}",
+            f"{prefix}RMSNorm",
+            f"{prefix}DecoderLayer",
+            f"{prefix}MLP",
+            moe_class=f"{prefix}SparseMoeBlock",
+        )
+        for model_type, prefix in {"mixtral": "Mixtral", "qwen3_moe": "Qwen3Moe"}.items()
+    }
+)
 
 #: Replacements a caller may ask for, in the order they are applied.
-REPLACEMENTS = ("rmsnorm", "fused_residual", "mlp", "rope", "linear")
+REPLACEMENTS = ("rmsnorm", "fused_residual", "mlp", "rope", "moe", "linear")
 #: What ``patch`` replaces unless told otherwise. "linear" (the projections on kernelab GEMMs)
 #: is opt-in: on a CPU it brings nothing; ``quantize=`` implies it.
-DEFAULT_REPLACEMENTS = ("rmsnorm", "fused_residual", "mlp", "rope")
+DEFAULT_REPLACEMENTS = ("rmsnorm", "fused_residual", "mlp", "rope", "moe")
 
 
 def blueprint_for(model) -> Blueprint:

@@ -154,6 +154,16 @@ def silu_and_mul(x):
     return call("silu_and_mul", x)
 
 
+def moe_topk(router_logits, top_k, renormalize):
+    return call("moe_topk", router_logits, int(top_k), "softmax", bool(renormalize))
+
+
+def fused_moe(x, w1, w2, topk_weights, topk_ids):
+    # The ids come from moe_topk (always in range): on a device, checking them would
+    # synchronise at every layer for nothing.
+    return call("fused_moe", x, w1, w2, topk_weights, topk_ids, check=x.device.type == "cpu")
+
+
 # The GEMMs: x [M, K] with a weight prepared by ``kernelab.models._linear`` → [M, N].
 
 

@@ -174,6 +174,36 @@ def _mlp_forward(self, x):
     return self.down_proj(self._kernelab_act(gate_up))
 
 
+def _moe_forward(self, hidden_states):
+    """The sparse MoE block: router logits (the block's own linear), ``moe_topk`` (softmax,
+    renormalised as the block's router does), ``fused_moe`` on the experts' own weights. In
+    training mode (router jitter) the block's own forward runs."""
+    if self.training:
+        return type(self).forward(self, hidden_states)
+    shape = hidden_states.shape
+    x = hidden_states.reshape(-1, shape[-1])
+    gate, experts = self.gate, self.experts
+    logits = F.linear(x, gate.weight)
+    weights, ids = _library.moe_topk(logits, gate.top_k, self._kernelab_renormalize)
+    y = _library.fused_moe(x, experts.gate_up_proj, experts.down_proj, weights, ids)
+    return y.reshape(shape)
+
+
+def _fusable_moe(module, hidden_act) -> bool:
+    gate, experts = getattr(module, "gate", None), getattr(module, "experts", None)
+    w1, w2 = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
+    return (
+        hidden_act == "silu"
+        and isinstance(getattr(gate, "weight", None), torch.Tensor)
+        and isinstance(getattr(gate, "top_k", None), int)
+        and isinstance(w1, torch.Tensor)
+        and isinstance(w2, torch.Tensor)
+        and w1.dim() == w2.dim() == 3
+        # fused_moe takes 16-bit floats (tensor-core inputs); a float32 model keeps its block
+        and w1.dtype in (torch.float16, torch.bfloat16)
+    )
+
+
 def _linear_forward(self, x):
     return self._kernelab_linear(x)
 
@@ -293,6 +323,13 @@ def apply(model, replacements=DEFAULT_REPLACEMENTS, quantize=None) -> PatchState
                 _set(state, module, "_kernelab_act", act)
                 _set(state, module, "forward", types.MethodType(_mlp_forward, module))
                 _replaced(state, "mlp", name)
+            elif "moe" in replacements and bp.moe_class and cls == bp.moe_class:
+                if _op("fused_moe") is None or not _fusable_moe(module, hidden_act):
+                    continue  # not the block fused_moe computes: it stays as it is
+                renorm = getattr(module.gate, "norm_topk_prob", True)  # Mixtral: always
+                _set(state, module, "_kernelab_renormalize", bool(renorm))
+                _set(state, module, "forward", types.MethodType(_moe_forward, module))
+                _replaced(state, "moe", name)
         if "rope" in replacements and _op("rope") is not None:
             state.rope = _install_rope(bp)
             if state.rope:

@@ -19,6 +19,8 @@ class Preset:
     head_dim: int | None = None
     rope_theta: float = 500000.0
     tiny: bool = False
+    #: further config fields (name, value): the mixture-of-experts sizes, say
+    extra: tuple[tuple[str, object], ...] = ()
 
     def config(self, head_dim: int | None = None):
         """A transformers config for this preset (transformers must be installed); ``head_dim``
@@ -39,6 +41,7 @@ class Preset:
         )
         if (head_dim or self.head_dim) is not None:
             kwargs["head_dim"] = head_dim or self.head_dim
+        kwargs.update(self.extra)
         config = cls(**kwargs)
         config.rope_theta = self.rope_theta
         return config
@@ -57,6 +60,7 @@ class Preset:
             "head_dim": self.head_dim or self.hidden // self.heads,
             "hidden_act": "silu",
             "tie_word_embeddings": False,
+            **dict(self.extra),
         }
 
 
@@ -77,6 +81,40 @@ PRESETS: dict[str, Preset] = {
         Preset("tiny-mistral", "mistral", 64, 2, 4, 2, 192, 256, tiny=True),
         Preset("tiny-qwen2", "qwen2", 64, 2, 4, 2, 192, 256, tiny=True),
         Preset("tiny-qwen3", "qwen3", 64, 2, 4, 2, 192, 256, head_dim=16, tiny=True),
+        # Mixtures of experts: 4 experts of 192 (Mixtral, top-2), 8 of 64 (Qwen3-MoE, top-2,
+        # its second layer a dense MLP of 192).
+        Preset(
+            "tiny-mixtral",
+            "mixtral",
+            64,
+            2,
+            4,
+            2,
+            192,
+            256,
+            tiny=True,
+            extra=(("num_local_experts", 4), ("num_experts_per_tok", 2)),
+        ),
+        Preset(
+            "tiny-qwen3-moe",
+            "qwen3_moe",
+            64,
+            2,
+            4,
+            2,
+            192,
+            256,
+            head_dim=16,
+            tiny=True,
+            extra=(
+                ("num_experts", 8),
+                ("num_experts_per_tok", 2),
+                ("moe_intermediate_size", 64),
+                ("norm_topk_prob", True),
+                ("decoder_sparse_step", 1),
+                ("mlp_only_layers", [1]),
+            ),
+        ),
     )
 }
 

@@ -1,6 +1,6 @@
-"""Ops, one folder per family (norm, matmul, quant, activation, rotary, logits, attention), each
-op declared once through the op model (``_model``) in one module of its family; what families
-share lives in ``_runtime``.
+"""Ops, one folder per family (norm, matmul, quant, activation, rotary, logits, attention,
+moe), each op declared once through the op model (``_model``) in one module of its family;
+what families share lives in ``_runtime``.
 
 Adding an op: one module in its family's folder, one test file, one export line below.
 """
@@ -46,6 +46,14 @@ from kernelab.ops.matmul.gemm import GEMM, gemm, gemm_ref
 from kernelab.ops.matmul.mx_gemm import MX_GEMM, mx_gemm, mx_gemm_ref
 from kernelab.ops.matmul.w4a16 import W4A16_GEMM, w4a16_gemm, w4a16_ref
 from kernelab.ops.matmul.w8a16 import W8A16_GEMM, w8a16_gemm, w8a16_ref
+from kernelab.ops.moe.fused_moe import FUSED_MOE, fused_moe, fused_moe_ref
+from kernelab.ops.moe.fused_moe_w4a16 import (
+    FUSED_MOE_W4A16,
+    fused_moe_w4a16,
+    fused_moe_w4a16_ref,
+)
+from kernelab.ops.moe.moe_align import MOE_ALIGN, moe_align, moe_align_ref
+from kernelab.ops.moe.moe_topk import MOE_TOPK, moe_topk, moe_topk_ref
 from kernelab.ops.norm.layernorm import LAYERNORM, layernorm, layernorm_ref
 from kernelab.ops.norm.rmsnorm import RMSNORM, rmsnorm, rmsnorm_ref
 from kernelab.ops.norm.rmsnorm_fp8_quant import (

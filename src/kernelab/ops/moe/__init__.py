@@ -1,0 +1,3 @@
+"""Mixture of experts: routing (``moe_topk``), alignment of the routed pairs by expert
+(``moe_align``), and the fused expert layer in bf16/fp16 (``fused_moe``) and with int4 weights
+(``fused_moe_w4a16``)."""
