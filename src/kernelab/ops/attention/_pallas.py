@@ -265,8 +265,10 @@ def paged_decode_plan(
     ]
     specs = [qo, Block(memory="any"), Block(memory="any")]
     if sinks is not None:
-        inputs.append(sinks.reshape(hkv, g))
-        specs.append(Block((1, g), lambda t, h, *_: (h, 0)))
+        # (Hkv, 1, G): a (1, G) block equal to the array's last two dims, which TPU tiling
+        # accepts, where a (1, G) block of an (Hkv, G) array does not lower
+        inputs.append(sinks.reshape(hkv, 1, g))
+        specs.append(Block((None, 1, g), lambda t, h, *_: (h, 0, 0)))
     call = PallasCall(
         _paged_decode_kernel,
         grid=(tokens, hkv),

@@ -349,9 +349,9 @@ def paged_attention_triton(
 
 
 def _pallas_plan(
-    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=None, window=None,
-    softcap=None, sinks=None, k_scale=None, v_scale=None, num_splits=None, return_lse=False,
-    out=None, lse=None, check=True, config=None, target=None,
+    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, softmax_scale=None,
+    window_left=-1, softcap=0.0, sinks=None, k_scale=None, v_scale=None, num_splits=None,
+    return_lse=False, out=None, lse=None, check=True, config=None, target=None,
 ):  # fmt: skip
     """The Pallas launch for these (validated) arguments (``attention/_pallas.py``): fp8
     caches and the log-sum-exp are not in it (refused, naming the argument); ``num_splits``
@@ -362,21 +362,23 @@ def _pallas_plan(
         raise ValueError("k_cache: a float8 cache is not supported by the Pallas variant")
     if return_lse or lse is not None:
         raise ValueError("return_lse, lse: the Pallas variant does not return the log-sum-exp")
+    window = window_left + 1 if window_left >= 0 else 0  # the kernel's W: keys seen
     return _pallas.paged_decode_plan(
-        q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, window, softcap,
-        sinks, out, config, target,
+        q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, softmax_scale, window,
+        softcap, sinks, out, config, target,
     )  # fmt: skip
 
 
 def paged_attention_pallas(
-    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=None, window=None,
-    softcap=None, sinks=None, k_scale=None, v_scale=None, num_splits=None, return_lse=False,
-    out=None, lse=None, check=True,
-    config=None,
+    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, softmax_scale=None,
+    window_left=-1, softcap=0.0, sinks=None, k_scale=None, v_scale=None, num_splits=None,
+    return_lse=False, out=None, lse=None, check=True,
+    config=None, **deprecated,
 ):  # fmt: skip
     """The Pallas kernel: natively on a TPU, through the TPU interpreter on CPU tensors."""
     args = dict(locals())  # the arguments, as named
     del args["config"]
+    args = _paged.renamed(args)
     _validate(**args)
     return _pallas_plan(**args, config=config).run()
 
