@@ -100,6 +100,9 @@ def _study(noise, values=(10, 20, 40, 60, 80, 160)):
     return study, cases
 
 
+UNCONFIRMED = ("ambiguous", "unreliable")
+
+
 def test_measured_crossover_where_the_costs_cross():
     study, cases = _study(lambda n: 0.01)
     verdicts = [p["verdict"] for p in study.points]
@@ -113,16 +116,18 @@ def test_measured_crossover_where_the_costs_cross():
 
 
 def test_unconfirmed_points_stay_inside_the_bracket():
-    # 40 and 60 sit 20% either side of the crossover, and their times spread 4x: ambiguous
+    # 40 and 60 sit 20% either side of the crossover, and their times spread 4x: neither is
+    # confirmed (compare calls such a point ambiguous, or unreliable when the run's own
+    # stopping rule did not converge)
     study, _ = _study(lambda n: 3.0 if n in (40, 60) else 0.01)
     by = {p["value"]: p["verdict"] for p in study.points}
-    assert by[40] == by[60] == "ambiguous"
+    assert by[40] in UNCONFIRMED and by[60] in UNCONFIRMED, study.points
     assert study.crossovers[0]["low"] == 20 and study.crossovers[0]["high"] == 80
 
 
 def test_no_crossover_named_when_nothing_is_confirmed():
     study, _ = _study(lambda n: 9.0, values=(10, 160))
-    assert all(p["verdict"] == "ambiguous" for p in study.points)
+    assert all(p["verdict"] in UNCONFIRMED for p in study.points), study.points
     assert study.crossovers == []
     assert "no crossover named" in study.summary()
 

@@ -61,7 +61,6 @@ def test_the_rehearsal_runs_every_step_and_writes_the_gpu_check_s_folder(tmp_pat
         assert op in report  # the report shows every op's run, not only the newest
     assert json.loads((tmp_path / "api" / "bench-rmsnorm.json").read_text())["cases"]
     assert (tmp_path / "ledger.sqlite").is_file()
-    assert summary["seconds"] < 120
 
 
 def test_without_a_gpu_the_check_says_so_and_runs_nothing(tmp_path):

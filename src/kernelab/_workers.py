@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,9 +31,18 @@ from contextlib import contextmanager
 
 def in_worker() -> None:
     """In a forked worker: SIGTERM ends it at once (the default), and SIGINT is left to the
-    parent, which ends its workers itself (a Ctrl-C reaches the whole process group)."""
+    parent, which ends its workers itself (a Ctrl-C reaches the whole process group).
+
+    torch runs on one thread here. The CPU build's OpenMP runtime (GNU libgomp) keeps a pool
+    of threads that a fork does not copy: once the parent has run a parallel region, the
+    child's first one waits forever on threads that do not exist (a 64 MiB ``copy_`` is
+    enough). With one thread torch runs its loops inline and never enters that pool.
+    """
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
 
 
 class Guard:
