@@ -279,3 +279,55 @@ def test_a_result_for_a_stored_key_is_dropped_in_the_same_transaction(tmp_path):
         with pytest.raises(ValueError, match=r"task\.target: expected a string"):
             lsweeps.record_task(db, "sw1", {**task, "key": "k2", "target": None}, "floors", [], {})
         assert db.count_runs() == 1
+
+
+_AFTER_A_PARALLEL_REGION = """
+import torch
+from kernelab import sweep
+from kernelab.sweep import engines
+
+src = torch.randint(0, 255, (64 << 20,), dtype=torch.uint8)
+torch.empty_like(src).copy_(src)  # the parent runs an OpenMP parallel region first
+
+
+def run(task):
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # and so does the worker: hung forever with the parent's thread count
+    return {"threads": torch.get_num_threads(), "equal": bool(torch.equal(dst, src))}
+
+
+tasks, _ = sweep.expand(sweep.validate({"kind": "floors", "ops": ["rmsnorm"], "targets": ["H100"]}))
+eng = engines.LocalEngine(1, run=run)
+try:
+    eng.submit(tasks[0])
+    out = []
+    while not out:
+        out = eng.poll(5.0)
+    print(out[0][1], out[0][2])
+finally:
+    eng.close()
+"""
+
+
+def test_a_local_worker_runs_torch_after_the_parent_ran_a_parallel_region(tmp_path):
+    """A fork copies no OpenMP worker threads: a worker entering a parallel region with the
+    parent's thread count waits on them forever. A fresh interpreter makes the parent's
+    parallel region certain (a test process may or may not have run one)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "fork_after_parallel.py"
+    script.write_text(_AFTER_A_PARALLEL_REGION)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the hung worker too
+        proc.communicate()
+        pytest.fail("the local worker hung in its first parallel region")
+    assert proc.returncode == 0, stderr[-2000:]
+    assert stdout.split()[0] == "ok", stdout
+    assert "'threads': 1" in stdout and "'equal': True" in stdout
