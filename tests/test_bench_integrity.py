@@ -166,7 +166,7 @@ def test_in_place_residual_is_restored_and_checked():
         return rmsnorm_torch(x + residual, weight, eps)  # never writes the residual
 
     bad = run(shape, Subject("nores", forgets_residual, "candidate"), mode="cold", variants=())
-    assert flagged(bad["nores"], "wrong output of timed calls: output 1")
+    assert flagged(bad["nores"], "wrong output of timed calls: residual")
 
 
 class _LazyNorm(torch.Tensor):
@@ -218,3 +218,55 @@ def test_lazy_or_wrapped_timed_outputs_are_invalid(make, what):
     assert any(what in f for f in flagged(case, "wrong output of timed calls")), case["flags"]
     assert not case["metrics"]["valid"] and "speedup_vs_torch" not in case["metrics"]
     assert cases["torch"]["metrics"]["valid"], cases["torch"]["flags"]
+
+
+# --- in-place regions: a cache write is checked slot by slot, not by L2 over the cache ---------
+
+
+def _kv_cases(*subjects):
+    from kernelab.ops import KV_CACHE_WRITE
+
+    shape = next(s for s in KV_CACHE_WRITE.shapes("edge") if s.label.startswith("padding"))
+    cases = bench_case(
+        KV_CACHE_WRITE, shape, KV_CACHE_WRITE.dtypes[0], list(subjects), detect("cpu"),
+        HostTimer(), GENEROUS, BenchConfig(mode="hot", rule=RULE, energy_window_s=0),
+    )  # fmt: skip
+    return {c["variant"]: c for c in cases}
+
+
+def _kv_planted(edit):
+    from kernelab.ops.attention.kv_cache_write import kv_cache_write_torch
+
+    def write(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None, check=True):
+        kv_cache_write_torch(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, check)
+        edit(k, k_cache, slot_mapping)
+        return k_cache, v_cache
+
+    return write
+
+
+def _one_slot_off(k, k_cache, slots):
+    """The first real token also lands one slot further on (a block-edge off-by-one)."""
+    t = int((slots >= 0).nonzero()[0])
+    s = int(slots[t]) + 1
+    k_cache.view(-1, *k_cache.shape[2:])[s % (k_cache.shape[0] * k_cache.shape[1])] = k[t]
+
+
+def _padding_written(k, k_cache, slots):
+    """A padding token (slot -1) written to the cache's last slot, as Python indexing does."""
+    t = int((slots < 0).nonzero()[0])
+    k_cache.view(-1, *k_cache.shape[2:])[-1] = k[t]
+
+
+@pytest.mark.parametrize("edit", [_one_slot_off, _padding_written], ids=lambda f: f.__name__)
+def test_a_cache_write_outside_its_slots_is_a_wrong_output(edit):
+    from kernelab.ops.attention.kv_cache_write import kv_cache_write_torch
+
+    cases = _kv_cases(
+        Subject("planted", _kv_planted(edit), "candidate"),
+        Subject("torch", kv_cache_write_torch, "torch"),
+    )
+    assert cases["torch"]["metrics"]["valid"], cases["torch"]["flags"]
+    wrong = flagged(cases["planted"], "wrong output")
+    assert wrong and "changed outside the region it may write" in wrong[0], cases["planted"]
+    assert not cases["planted"]["metrics"]["valid"]

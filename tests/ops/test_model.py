@@ -130,3 +130,16 @@ def test_cost_model_counts_minimum_bytes():
 def test_variant_kind_is_validated():
     with pytest.raises(ValueError, match="kind: expected"):
         Variant("x", lambda: None, "cuda")
+
+
+@pytest.mark.parametrize("op", ops.all_ops(), ids=lambda o: o.name)
+def test_the_cost_of_meta_inputs_is_the_cost_of_real_ones(op):
+    """Floors, model-cost, static tuning and inspect build meta inputs (no data): the cost model
+    must count on them what it counts on real inputs: the keys a sequence sees, the slots that
+    are not padding, the experts a routing reaches. Metadata the count reads (lengths, slots,
+    expert ids) stays on the CPU for meta inputs."""
+    dtype = op.dtypes[0]
+    for shape in op.shapes("edge"):
+        meta = op.cost(op.inputs(shape, dtype, "meta"))
+        real = op.cost(op.inputs(shape, dtype, "cpu"))
+        assert (meta.flops, meta.bytes) == (real.flops, real.bytes), shape.label

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -76,28 +76,43 @@ def snapshot(result) -> tuple:
 
 @dataclass
 class Reference:
-    """The float64 reference for one input set and the tolerance per checked tensor."""
+    """The float64 reference for one input set and the tolerance per checked tensor.
+
+    An in-place argument whose contract declares a region (the cache slots a step writes) is
+    checked as verify checks it: within the region against the reference, and everywhere else
+    bitwise against its values before the call (rel L2 over a whole cache would let one wrong
+    slot among millions of elements pass)."""
 
     outputs: tuple
     inplace: dict
     tolerances: list[float]
+    #: in-place argument -> (mask of the elements it may write, its values outside, on CPU)
+    untouched: dict = field(default_factory=dict)
 
     @classmethod
     def build(cls, op, inputs: dict, dtype: torch.dtype) -> Reference:
-        """The reference of ``inputs`` and tolerances derived from eager torch's error on these
-        same inputs."""
+        """The reference of ``inputs`` (before any call wrote them) and tolerances derived
+        from eager torch's error on these same inputs."""
         outs, inplace = op.run_reference(inputs)
+        untouched = {}
+        for n in inplace:
+            mask = op.contract.region(n, inputs)
+            if mask is not None:
+                untouched[n] = (mask, inputs[n].detach().cpu()[~mask].clone())
         eager = None
         if "torch" in op.variants:
             args = clone_inputs(inputs)
             eager_out = as_tuple(op.variants["torch"](**args))
             eager = list(eager_out) + [args[n] for n in inplace]
+        names = [None] * len(outs) + list(inplace)
         refs = list(outs) + list(inplace.values())
         tols = []
-        for i, ref in enumerate(refs):
-            base = error(eager[i], ref).rel_l2 if eager is not None else None
+        for i, (name, ref) in enumerate(zip(names, refs, strict=True)):
+            base = None
+            if eager is not None:
+                base = error(*_within(untouched.get(name), eager[i], ref)).rel_l2
             tols.append(op.contract.tolerance_for(dtype, base)[0])
-        return cls(outs, inplace, tols)
+        return cls(outs, inplace, tols, untouched)
 
     def check(self, result, inputs: dict) -> str | None:
         """None when ``result`` (and the in-place arguments in ``inputs``) are right."""
@@ -105,18 +120,42 @@ class Reference:
         if len(got) != len(self.outputs):
             return f"expected {len(self.outputs)} output(s), got {len(got)}"
         got += [inputs[n] for n in self.inplace]
+        names = [f"output {i}" for i in range(len(self.outputs))] + list(self.inplace)
         refs = list(self.outputs) + list(self.inplace.values())
-        for i, (g, r, tol) in enumerate(zip(got, refs, self.tolerances, strict=True)):
+        checks = list(zip(names, got, refs, self.tolerances, strict=True))
+        n_out = len(self.outputs)  # in-place arguments first: an output may be one of them
+        for name, g, r, tol in checks[n_out:] + checks[:n_out]:
             if not isinstance(g, torch.Tensor):
-                return f"output {i} is {type(g).__name__}, not a tensor"
+                return f"{name} is {type(g).__name__}, not a tensor"
             if tuple(g.shape) != tuple(r.shape):
-                return f"output {i} has shape {tuple(g.shape)}, expected {tuple(r.shape)}"
+                return f"{name} has shape {tuple(g.shape)}, expected {tuple(r.shape)}"
+            kept = self.untouched.get(name)
+            if kept is not None:
+                outside = g.detach().cpu()[~kept[0]]
+                changed = _changed(outside, kept[1])
+                if changed:
+                    return f"{name}: {changed} element(s) changed outside the region it may write"
+            g, r = _within(kept, g, r)
             if bool(special_mismatch(g, r).any()):
-                return f"output {i}: NaN/Inf pattern differs from the reference"
+                return f"{name}: NaN/Inf pattern differs from the reference"
             err = error(g, r).rel_l2
             if not err <= tol:
-                return f"output {i}: error {err:.2e} > tolerance {tol:.2e}"
+                return f"{name}: error {err:.2e} > tolerance {tol:.2e}"
         return None
+
+
+def _within(kept, *tensors):
+    """``tensors`` restricted to a region's elements (all of them without a region)."""
+    if kept is None:
+        return tensors
+    return tuple(t.detach().cpu()[kept[0]] for t in tensors)
+
+
+def _changed(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many elements of two same-dtype 1-D tensors differ bit for bit."""
+    width = a.element_size()
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[width]
+    return int((a.contiguous().view(ints) != b.contiguous().view(ints)).sum())
 
 
 def new_threads(before: set) -> list[threading.Thread]:

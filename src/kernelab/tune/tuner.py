@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from kernelab import _flags
-from kernelab.numerics import error
-from kernelab.ops import Op, Shape, as_tuple
+from kernelab.bench import integrity
+from kernelab.ops import Op, Shape
 from kernelab.ops._model import dtype_name
 from kernelab.ops._runtime import tuned as _tuned
 from kernelab.tune.search import Trial, search
@@ -120,23 +120,13 @@ def prune_configs(
 
 
 def verify_config(op: Op, shape: Shape, dtype, config, device, seed: int = 0) -> bool:
-    """The op's Triton variant with ``config`` agrees with the float64 reference."""
+    """The op's Triton variant with ``config`` agrees with the float64 reference: bench's
+    check (outputs within the contract, in-place arguments within their regions and bitwise
+    unchanged outside them)."""
     inputs = op.inputs(shape, dtype, device, seed=seed)
-    ref, ref_inplace = op.run_reference(inputs)
-    eager = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-    cand = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-    base = as_tuple(op.variants["torch"](**eager)) if "torch" in op.variants else None
-    got = as_tuple(op.variants["kernelab"].fn(**cand, config=config))
-    pairs = [
-        (g, r, None if base is None else b)
-        for g, r, b in zip(got, ref, base or [None] * len(got), strict=True)
-    ]
-    pairs += [(cand[n], r, eager[n] if base is not None else None) for n, r in ref_inplace.items()]
-    for g, r, b in pairs:
-        tol, _ = op.contract.tolerance_for(dtype, None if b is None else error(b, r).rel_l2)
-        if not error(g, r).rel_l2 <= tol:
-            return False
-    return True
+    ref = integrity.Reference.build(op, inputs, dtype)
+    cand = integrity.clone_inputs(inputs)
+    return ref.check(op.variants["kernelab"].fn(**cand, config=config), cand) is None
 
 
 def tune(

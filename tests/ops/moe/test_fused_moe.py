@@ -118,8 +118,11 @@ def test_cost_counts_only_the_experts_hit_and_the_routed_flops():
     hit = len(set(inputs["topk_ids"].flatten().tolist()))
     assert hit == e - 1
     assert cost.bytes == hit * 3 * h * i * 2 + 2 * t * h * 2 + t * k * 8
-    meta = OP.cost(OP.inputs(shape, torch.bfloat16, "meta"))
-    assert meta.bytes == cost.bytes + 3 * h * i * 2  # unknown ids: min(E, T·k) experts
+    meta = OP.cost(OP.inputs(shape, torch.bfloat16, "meta"))  # the ids stay on the CPU
+    assert (meta.flops, meta.bytes) == (cost.flops, cost.bytes)
+    ids = torch.empty_like(inputs["topk_ids"], device="meta")  # a caller's own meta ids
+    unknown = OP.cost({**inputs, "topk_ids": ids})
+    assert unknown.bytes == cost.bytes + 3 * h * i * 2  # unknown ids: min(E, T·k) experts
 
 
 def test_launches_and_default_configs():

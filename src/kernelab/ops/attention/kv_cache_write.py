@@ -271,8 +271,6 @@ def _slots(shape: Shape, n_slots: int, device, gen) -> torch.Tensor:
     """Distinct slots in random order (so block and offset both vary), with padding as asked."""
     tokens, p = shape.dims["tokens"], shape.params
     dtype = torch.int32 if p.get("int32") else torch.int64
-    if torch.device(device).type == "meta":
-        return torch.empty(tokens, dtype=dtype, device=device)
     slots = torch.randperm(n_slots, generator=gen, device=gen.device)[:tokens]
     if p.get("ends") and tokens >= 2:
         slots[0], slots[-1] = 0, n_slots - 1
@@ -281,6 +279,8 @@ def _slots(shape: Shape, n_slots: int, device, gen) -> torch.Tensor:
         slots[-2:] = -1  # ...and the tail a CUDA-graph batch is padded with
     if p.get("all_padding"):
         slots[:] = -1
+    if torch.device(device).type == "meta":  # static analysis, floors: the cost model reads
+        return slots.to(dtype=dtype)  # which slots are padding, so they stay on the CPU
     return slots.to(device=device, dtype=dtype)
 
 
@@ -330,7 +330,7 @@ def _cost(inputs: dict) -> Cost:
     (float8: one division per element)."""
     k, cache, slots = inputs["k"], inputs["k_cache"], inputs["slot_mapping"]
     tokens = k.shape[0]
-    written = tokens if slots.device.type == "meta" else int((slots >= 0).sum())
+    written = int((slots >= 0).sum())
     per_token = k.shape[1] * k.shape[2]
     nbytes = 2 * written * per_token * (k.element_size() + cache.element_size())
     nbytes += tokens * slots.element_size()

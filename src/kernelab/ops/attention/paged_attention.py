@@ -579,6 +579,11 @@ def _edge() -> list[Shape]:
     ]
 
 
+def meta_or(device):
+    """Where the integer metadata goes: the CPU for meta inputs, else ``device``."""
+    return "cpu" if torch.device(device).type == "meta" else device
+
+
 def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
     d, p = shape.dims, shape.params
     q_lens, kv_lens = _paged.lengths(shape)
@@ -607,8 +612,10 @@ def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
         "k_cache": cache["k_cache"],
         "v_cache": cache["v_cache"],
         "block_tables": table,
-        "seq_lens": torch.tensor(kv_lens, dtype=torch.int32).to(device),
-        "cu_seqlens_q": _paged.cumulative(q_lens, device),
+        # for meta inputs (static analysis, floors) the lengths stay on the CPU, where the
+        # cost model reads them, as attention_prefill's cumulative lengths do
+        "seq_lens": torch.tensor(kv_lens, dtype=torch.int32).to(meta_or(device)),
+        "cu_seqlens_q": _paged.cumulative(q_lens, meta_or(device)),
         "softmax_scale": head_dim**-0.5,
         "window_left": window - 1 if window else -1,
         "softcap": p.get("softcap") or 0.0,
@@ -627,8 +634,6 @@ def _cost(inputs: dict) -> Cost:
     q, k_cache = inputs["q"], inputs["k_cache"]
     _, hq, head_dim = q.shape
     _, block_size, hkv, _ = k_cache.shape
-    if inputs["seq_lens"].device.type == "meta":
-        return Cost(flops=0.0, bytes=float(2 * q.numel() * q.element_size()))
     cu, lens = inputs["cu_seqlens_q"].tolist(), inputs["seq_lens"].tolist()
     scores, keys, pages = 0, 0, 0
     for b, kv_len in enumerate(lens):

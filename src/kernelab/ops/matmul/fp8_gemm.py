@@ -240,7 +240,7 @@ def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
     if device.type == "meta":
         a = torch.empty((m, k), dtype=fp8, device=device)
         b = torch.empty((n, k) if layout == "nk" else (k, n), dtype=fp8, device=device)
-        sa = torch.empty((m if per_row else 1,), device=device)
+        sa = torch.empty((m if per_row and m else 1,), device=device)  # as drawn below
         sb = torch.empty((n if per_row else 1,), device=device)
     else:
         x = _inputs.randn((m, k), torch.float32, device, gen, dist)
