@@ -131,6 +131,42 @@ def test_ceilings_measures_and_stores(tmp_path, monkeypatch):
     assert set(stored) == names and all(v["value"] > 0 for v in stored.values())
 
 
+
+def test_stored_ceilings_are_taken_as_they_are_and_measured_only_when_missing(
+    tmp_path, monkeypatch
+):
+    from kernelab.bench import roofline
+
+    calls = []
+    real = roofline.measure
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(roofline, "measure", counted)
+    path = str(tmp_path / "l.sqlite")
+    args = ["bench", "rmsnorm", "--device", "cpu", "--variant", "torch", "--max-rows", "1"]
+    args += ["--max-time", "0.1", "--shape", "decode 1x4096", "--ledger", path, "--json"]
+    first = runner.invoke(app, [*args, "--ceilings", "stored"])  # nothing stored: measured
+    assert first.exit_code == 0, first.output
+    assert len(calls) == 1
+    assert "measured now" in json.loads(first.stdout)["ceilings"]["bandwidth_source"]
+    key = detect("cpu").key
+    with ledger.open(path) as db:  # a planted stored copy rate, far from any real one
+        db.put_ceiling(key, COPY, 1.25e9, "B/s", "planted")
+    again = runner.invoke(app, [*args, "--ceilings", "stored"])
+    assert again.exit_code == 0, again.output
+    assert len(calls) == 1, "stored ceilings were measured again"
+    ceilings = json.loads(again.stdout)["ceilings"]
+    assert ceilings["bandwidth_source"].endswith("(planted)")
+    assert ceilings["bandwidth_bytes_per_s"] == 1.25e9
+    default = runner.invoke(app, args)  # measure (the default): best of stored and now
+    assert default.exit_code == 0, default.output
+    assert len(calls) == 2
+    bad = runner.invoke(app, [*args, "--ceilings", "datasheet"])
+    assert bad.exit_code == 2 and "--ceilings" in bad.output
+
 def test_bench_stage_times_torch_and_says_what_it_skipped(db_path):
     report = stage([RMSNORM], detect("cpu"))
     assert report.stage == "bench"

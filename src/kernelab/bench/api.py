@@ -20,18 +20,22 @@ def open_ledger(url: str | None = None):
     return ledger.open(url=url)
 
 
-def ceilings_for(info, db=None, measure_if_missing: bool = True, progress=None):
+def ceilings_for(
+    info, db=None, measure_if_missing: bool = True, progress=None, remeasure: bool = True
+):
     """Stored measured ceilings, else datasheet peaks; a CPU is measured now.
 
     A CPU's speed on a shared host moves with its neighbours, and a ceiling measured in a slow
     moment makes honest runs look faster than the hardware (and be marked invalid). So a CPU
     is measured at every call (about a second) and each ceiling is the best of the stored and
     the new value; a better one is stored. ``measure_if_missing=False`` never measures (stored
-    ceilings, else datasheet peaks, else none). Returns (Ceilings, note): the note says what
-    was done ("" when stored ceilings were used as they are).
+    ceilings, else datasheet peaks, else none); ``remeasure=False`` measures a CPU only when
+    nothing is stored for it (many short runs in a row, after `kernelab ceilings`). Returns
+    (Ceilings, note): the note says what was done ("" when stored ceilings were used as they
+    are).
     """
     stored = db.ceilings(info.key) if db is not None else {}
-    if info.type != "cpu" or not measure_if_missing:
+    if info.type != "cpu" or not measure_if_missing or (stored and not remeasure):
         if stored:
             return roofline.resolve(info, stored), ""
         if info.spec is not None:
@@ -89,15 +93,17 @@ def bench(
     ceilings=None,
     db=None,
     progress=None,
+    remeasure: bool = True,
 ) -> BenchResult:
-    """Bench ``ops`` (Op objects) on ``device``; see :class:`BenchConfig` for the knobs."""
+    """Bench ``ops`` (Op objects) on ``device``; see :class:`BenchConfig` for the knobs.
+    ``remeasure``: see :func:`ceilings_for`."""
     from kernelab.hardware import detect
 
     info = detect(device)
     cfg = cfg or BenchConfig()
     note = ""
     if ceilings is None:
-        ceilings, note = ceilings_for(info, db, progress=progress)
+        ceilings, note = ceilings_for(info, db, progress=progress, remeasure=remeasure)
     dev = "cpu" if info.type == "cpu" else f"cuda:{info.index}"
     timer = timer_for(dev, threads=torch.get_num_threads())
     telemetry = open_telemetry(info)

@@ -130,6 +130,16 @@ def register(app: click.Group) -> None:
         "of two variants (timed) or, with --floors-for, of two ops (floors).",
     )
     @click.option("--html", "html_out", help="With --sweep: write the study's chart here.")
+    @click.option(
+        "--ceilings",
+        "ceilings_how",
+        type=click.Choice(["measure", "stored"]),
+        default="measure",
+        show_default=True,
+        help="A CPU's ceilings: measured now, keeping the best of stored and new, or the "
+        "stored ones as they are (measured only when none are stored). A GPU's are always "
+        "the stored ones (`kernelab ceilings`), else its datasheet's.",
+    )
     @json_option
     @csv_option
     @user_errors
@@ -159,6 +169,7 @@ def register(app: click.Group) -> None:
         floors_for,
         sweep,
         html_out,
+        ceilings_how,
         as_json,
         as_csv,
     ):
@@ -267,6 +278,7 @@ def register(app: click.Group) -> None:
                     candidate=subject,
                     db=db,
                     progress=progress,
+                    remeasure=ceilings_how == "measure",
                 )
         except bench.BenchInterrupted as exc:  # Ctrl-C: keep what was measured
             result = exc.result
