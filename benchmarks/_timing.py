@@ -27,3 +27,21 @@ def cold_median(fn, samples: int, flush: torch.Tensor, warmup: int = 1) -> float
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
     return statistics.median(times)
+
+
+def time_variants(op, inputs: dict, samples: int, flush: torch.Tensor, extra=None) -> list:
+    """Every CUDA variant of ``op`` (torch.compile left out) and the ``extra`` callables (name
+    -> fn, another library's), each timed cold on ``inputs``: (name, median seconds, rel L2
+    of its output against eager torch's)."""
+    from kernelab.numerics import error
+
+    ref = op.variants["torch"](**inputs)
+    fns = {
+        name: (lambda v=v, kw=inputs: v(**kw))
+        for name, v in op.variants.items()
+        if v.runs_on("cuda")[0] and name != "compile"
+    }
+    fns.update(extra or {})
+    return [
+        (name, cold_median(fn, samples, flush), error(fn(), ref).rel_l2) for name, fn in fns.items()
+    ]

@@ -21,11 +21,10 @@ import platform
 
 import torch
 import triton
-from _timing import MEASURED_COPY_H200, cold_median
+from _timing import MEASURED_COPY_H200, time_variants
 
 from kernelab import __version__
 from kernelab.hardware.devices import lookup
-from kernelab.numerics import error
 from kernelab.ops import PAGED_ATTENTION
 from kernelab.ops.attention import _paged
 
@@ -125,18 +124,9 @@ def main() -> None:
         inputs = PAGED_ATTENTION.inputs(shape, dtype, "cuda", seed=0)
         inputs["check"] = False  # the serving loop's setting: no host synchronisation
         inputs["num_splits"] = None  # the split count this device's SM count gives
-        ref = PAGED_ATTENTION.variants["torch"](**inputs)
-        fns = {
-            name: (lambda v=v, kw=inputs: v(**kw))
-            for name, v in PAGED_ATTENTION.variants.items()
-            if v.runs_on("cuda")[0] and name != "compile"
-        }
         fi = _flashinfer(inputs)
-        if fi is not None:
-            fns["flashinfer"] = fi
-        for name, fn in fns.items():
-            agree = error(fn(), ref).rel_l2
-            t = cold_median(fn, args.samples, flush)
+        extra = {"flashinfer": fi} if fi is not None else {}
+        for name, t, agree in time_variants(PAGED_ATTENTION, inputs, args.samples, flush, extra):
             achieved[(shape.label, name)] = t
             print(
                 f"    {name:<11} {t * 1e6:9.2f} us  {cost.bytes / t / 1e12:6.2f} TB/s  "

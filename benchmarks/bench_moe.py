@@ -23,11 +23,10 @@ import platform
 
 import torch
 import triton
-from _timing import MEASURED_COPY_H200, cold_median
+from _timing import MEASURED_COPY_H200, time_variants
 
 from kernelab import __version__
 from kernelab.hardware.devices import lookup
-from kernelab.numerics import error
 from kernelab.ops import FUSED_MOE
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -100,15 +99,7 @@ def main() -> None:
             continue
         inputs = FUSED_MOE.inputs(shape, dtype, "cuda", seed=0)
         inputs["check"] = False
-        ref = FUSED_MOE.variants["torch"](**inputs)
-        fns = {
-            name: (lambda v=v, kw=inputs: v(**kw))
-            for name, v in FUSED_MOE.variants.items()
-            if v.runs_on("cuda")[0] and name != "compile"
-        }
-        for name, fn in fns.items():
-            agree = error(fn(), ref).rel_l2
-            t = cold_median(fn, args.samples, flush)
+        for name, t, agree in time_variants(FUSED_MOE, inputs, args.samples, flush):
             achieved[(shape.label, name)] = t
             print(
                 f"    {name:<9} {t * 1e6:10.2f} us  {cost.flops / t / 1e12:7.1f} TFLOP/s  "

@@ -131,7 +131,6 @@ def test_ceilings_measures_and_stores(tmp_path, monkeypatch):
     assert set(stored) == names and all(v["value"] > 0 for v in stored.values())
 
 
-
 def test_stored_ceilings_are_taken_as_they_are_and_measured_only_when_missing(
     tmp_path, monkeypatch
 ):
@@ -166,6 +165,7 @@ def test_stored_ceilings_are_taken_as_they_are_and_measured_only_when_missing(
     assert len(calls) == 2
     bad = runner.invoke(app, [*args, "--ceilings", "datasheet"])
     assert bad.exit_code == 2 and "--ceilings" in bad.output
+
 
 def test_bench_stage_times_torch_and_says_what_it_skipped(db_path):
     report = stage([RMSNORM], detect("cpu"))

@@ -232,22 +232,10 @@ def fused_moe_w4a16_triton(
     config=None,
 ):
     """Launch the Triton kernels (natively on GPUs, through the interpreter on CPU tensors)."""
-    args = (
-        x,
-        w1_qweight,
-        w1_scales,
-        w1_zeros,
-        w2_qweight,
-        w2_scales,
-        w2_zeros,
-        topk_weights,
-        topk_ids,
-        group_size,
-        check,
-        out,
-    )
-    _validate(*args)
-    return _plan(*args, config=config).run()
+    args = dict(locals())  # every argument by name, config last
+    del args["config"]
+    _validate(**args)
+    return _plan(**args, config=config).run()
 
 
 def fused_moe_w4a16(
@@ -267,23 +255,10 @@ def fused_moe_w4a16(
     """x [T, H] through the int4 experts ``topk_ids`` picks → [T, H] in x's dtype (layouts in
     the module docstring). Triton on CUDA/ROCm; torch on CPU (interpreter with
     KERNELAB_INTERPRET=1)."""
-    args = (
-        x,
-        w1_qweight,
-        w1_scales,
-        w1_zeros,
-        w2_qweight,
-        w2_scales,
-        w2_zeros,
-        topk_weights,
-        topk_ids,
-        group_size,
-        check,
-        out,
-    )
+    args = dict(locals())  # every argument by name
     if isinstance(x, torch.Tensor) and use_triton(x):
-        return fused_moe_w4a16_triton(*args)
-    return fused_moe_w4a16_torch(*args)
+        return fused_moe_w4a16_triton(**args)
+    return fused_moe_w4a16_torch(**args)
 
 
 # --- the declaration ---------------------------------------------------------------------------
