@@ -177,7 +177,8 @@ def test_profile_tiny_model_on_cpu(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert out.exists()
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)
+    assert f"trace written: {out}" in result.stderr
     assert data["gpu"] is None
     names = {o["name"] for o in data["cpu"]["ops"]}
     assert "aten::addmm" in names
@@ -204,6 +205,26 @@ def test_profile_tiny_model_on_cpu(tmp_path):
     assert human.exit_code == 0, human.output
     assert "CPU ops by self time" in human.output and "framework overhead" in human.output
     assert "memory cpu" not in human.output  # not recorded when asked not to
+
+
+def test_profile_without_out_writes_under_the_cache_dir_and_says_where(tmp_path, monkeypatch):
+    (tmp_path / "tiny_model.py").write_text(MODEL)
+    work, cache = tmp_path / "work", tmp_path / "cache"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("KERNELAB_CACHE_DIR", str(cache))
+    target = f"{tmp_path / 'tiny_model.py'}:step"
+    args = ["profile", target, "--steps", "1", "--warmup", "0", "--device", "cpu"]
+    args += ["--no-memory", "--json"]
+    first, second = runner.invoke(app, args), runner.invoke(app, args)
+    assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
+    assert list(work.iterdir()) == [], "a file in the working directory nobody named"
+    written = sorted((cache / "profiles").iterdir())
+    assert len(written) == 2, written  # two runs in one second do not overwrite each other
+    assert all(p.name.startswith("tiny_model.py-step-") for p in written)
+    for res in (first, second):
+        json.loads(res.stdout)  # stdout is the JSON alone
+        assert any(f"trace written: {p}" in res.stderr for p in written), res.stderr
 
 
 def test_profile_bad_target_is_one_line(tmp_path):

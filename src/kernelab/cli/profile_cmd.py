@@ -12,7 +12,11 @@ def register(app: click.Group) -> None:
     @click.argument("target")
     @click.option("--steps", default=5, help="Profiled steps (calls of the target).")
     @click.option("--warmup", default=2, help="Warm-up steps before profiling.")
-    @click.option("--out", help="Where to write the trace (.json or .json.gz).")
+    @click.option(
+        "--out",
+        help="Where to write the trace (.json or .json.gz); default: a file named by the "
+        "target and the time under the cache dir's profiles/ (the path is printed).",
+    )
     @device_option("auto, cpu or cuda: which activities to record.", default="auto")
     @json_option
     @click.option("--top", default=15, help="Rows in the summary tables.")
@@ -36,6 +40,7 @@ def register(app: click.Group) -> None:
             path = profile(
                 target, steps=steps, warmup=warmup, out=out, device=device, memory=memory
             )
+            click.echo(f"trace written: {path}", err=True)  # stdout stays JSON
         else:
             from rich.progress import Progress
 

@@ -8,6 +8,7 @@ as ``__main__``). The target is user code and is executed: that is its purpose.
 
 from __future__ import annotations
 
+import re
 import runpy
 import time
 import warnings
@@ -30,6 +31,23 @@ def resolve(target: str) -> tuple[Callable[[], object], str]:
     if path.suffix != ".py":
         raise ValueError(f"target: expected a .py script or 'module:function', got {target!r}")
     return (lambda: runpy.run_path(str(path), run_name="__main__")), str(path)
+
+
+def default_out(label: str) -> Path:
+    """Where a trace goes when no ``out`` is given: ``<cache dir>/profiles/``, named by the
+    target and the time (never the working directory, which the user did not name)."""
+    from kernelab import _flags
+
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(label.replace(":", "-")).name).strip("._")
+    folder = _flags.cache_dir() / "profiles"
+    folder.mkdir(parents=True, exist_ok=True)
+    when = time.strftime("%Y%m%d-%H%M%S")
+    path = folder / f"{stem or 'profile'}-{when}.json.gz"
+    n = 1
+    while path.exists():  # two in one second
+        n += 1
+        path = folder / f"{stem or 'profile'}-{when}-{n}.json.gz"
+    return path
 
 
 def profile(
@@ -58,7 +76,7 @@ def profile(
     if use_gpu and not torch.cuda.is_available():
         raise ValueError("device: 'cuda' requested but no CUDA or ROCm device is available")
     step, label = resolve(target)
-    out_path = Path(out) if out else Path(f"kernelab-profile-{int(time.time())}.json.gz")
+    out_path = Path(out) if out else default_out(label)
     if not out_path.name.endswith((".json", ".json.gz")):
         raise ValueError(f"out: expected a .json or .json.gz path, got {str(out_path)!r}")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_gpu else [])
