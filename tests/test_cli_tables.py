@@ -349,6 +349,8 @@ def test_tune_and_model_bench_tables(width):
         "prefill_speedup": 1.1,
         "decode_tokens_per_s": 100.0,
         "decode_speedup": 1.2,
+        "prefill_spread": {"n": 12, "rel_ci": 0.031, "converged": True},
+        "decode_spread": {"n": 40, "rel_ci": 0.084, "converged": False},
         "decode_profile": {
             "step_us": 1500.0,
             "framework_overhead_share": 0.4,
@@ -362,7 +364,9 @@ def test_tune_and_model_bench_tables(width):
             ],
         },
     }
-    check(render(model_sheet("tiny-llama", info, [row]), width), width, ("patched-w4a16",))
+    table = render(model_sheet("tiny-llama", info, [row]), width)
+    check(table, width, ("patched-w4a16",))
+    assert "±3%" in table and "±8%*" in table and "12/40" in table
     check(
         render(profile_sheet(row), width),
         width,

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from kernelab import ledger
 from kernelab.cli import app
 
-SMALL = ["--preset", "tiny-llama", "--device", "cpu", "--repeats", "1"]
+SMALL = ["--preset", "tiny-llama", "--device", "cpu", "--repeats", "1", "--max-time", "1"]
 SMALL += ["--prompt-tokens", "4", "--decode-tokens", "2"]
 
 
@@ -48,7 +48,19 @@ def test_model_bench_stores_timings_and_a_decode_step_profile(tmp_path):
     params = 2 * (4 * 64 * 64 // 2 + 64 * 64 + 3 * 64 * 192)  # q, k/v (2 kv heads), o, MLP
     assert params < timed["patched-w8a16"]["metrics"]["linear_weight_bytes"] < 1.1 * params
     for case in timed.values():
-        assert case["metrics"]["decode_tokens_per_s"] > 0 and case["samples"]
+        m = case["metrics"]
+        assert m["decode_tokens_per_s"] > 0 and case["samples"]
+        # medians with their spread, from at least --repeats (here 1: the rule's floor, 3)
+        for spread in (m["prefill_spread"], m["decode_spread"]):
+            assert spread["n"] >= 3 and spread["q1_s"] <= spread["q3_s"]
+            assert spread["rel_ci"] >= 0 and isinstance(spread["converged"], bool)
+        assert len(case["samples"]) == m["prefill_spread"]["n"]
+        assert len(m["decode_samples"]) == m["decode_spread"]["n"]
+        d = m["decode_spread"]
+        assert d["tokens_per_s_q1"] <= m["decode_tokens_per_s"] <= d["tokens_per_s_q3"]
+        # one decode step is the inverse of the throughput: the same median, not two
+        assert m["decode_step_s"] * m["decode_tokens_per_s"] == pytest.approx(1.0)
+    assert "± the median's ~95% interval" in result.output
     for case in profiled.values():
         m = case["metrics"]
         assert m["steps"] == 3 and m["step_us"] > 0 and 0 <= m["framework_overhead_share"] < 1

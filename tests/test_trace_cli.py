@@ -258,3 +258,22 @@ def test_a_signalled_trace_summary_ends_its_decoding_processes(tmp_path, sig):
     assert proc.returncode != 0
     # Without the fix they decode on for seconds (minutes for a real trace) after it ended.
     assert not children.outliving(workers, grace=1.0), "decoders outlived kernelab trace"
+
+
+def test_profile_prints_none_of_the_profilers_own_log_lines(tmp_path):
+    """Kineto writes ``USDT: ... profiler_start`` to stderr, from C++, unless told not to when
+    it first starts: a fresh process, as a user runs it."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "tiny_model.py").write_text(MODEL)
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    env["KERNELAB_CACHE_DIR"] = str(tmp_path / "cache")
+    cmd = [sys.executable, "-m", "kernelab", "profile", f"{tmp_path / 'tiny_model.py'}:step"]
+    cmd += ["--steps", "1", "--warmup", "0", "--device", "cpu", "--no-memory", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    json.loads(proc.stdout)
+    assert "USDT:" not in proc.stderr and "STAGE:" not in proc.stderr, proc.stderr
+    assert "trace written:" in proc.stderr

@@ -40,7 +40,15 @@ def register(app: click.Group) -> None:
         "--repeats",
         default=3,
         type=click.IntRange(min=1),
-        help="Timed repetitions per measurement.",
+        help="The fewest timed samples per measurement; each samples on until its median is "
+        "known within ±5% or --max-time is spent.",
+    )
+    @click.option(
+        "--max-time",
+        default=10.0,
+        show_default=True,
+        type=click.FloatRange(min=0),
+        help="Seconds of sampling per measurement at most (then marked * : noise target not met).",
     )
     @click.option(
         "--quantize",
@@ -67,6 +75,7 @@ def register(app: click.Group) -> None:
         prompt_tokens,
         decode_tokens,
         repeats,
+        max_time,
         quantize,
         profile,
         profile_dir,
@@ -110,6 +119,7 @@ def register(app: click.Group) -> None:
                 quantize=quantize,
                 profile=profile,
                 profile_dir=profile_dir,
+                max_time_s=max_time,
             )
         run_id = None if no_ledger else _store(rows, info, ledger_url, label)
         lost(None)
@@ -119,11 +129,18 @@ def register(app: click.Group) -> None:
         from kernelab.cli._common import console, echo
 
         model_sheet(preset, info, rows).print(console)
+        for note in model_notes(rows):
+            echo((note, "dim"))
         for r in rows:
             if "decode_profile" in r:
                 _print_profile(r)
         if run_id is not None:
             echo((f"stored as run {run_id}", "dim"))
+
+
+def _pm(spread: dict) -> str:
+    """The median's ~95% interval as ±%, with * where the noise target was not met."""
+    return f"±{spread['rel_ci']:.0%}" + ("" if spread["converged"] else "*")
 
 
 def model_sheet(preset: str, info, rows):
@@ -134,20 +151,36 @@ def model_sheet(preset: str, info, rows):
         [
             Col("variant"),
             Col("prefill ms", right=True),
-            Col("prefill ×", right=True),
+            Col("±", right=True),
+            Col("×", right=True),
             Col("decode tok/s", right=True),
-            Col("decode ×", right=True),
+            Col("±", right=True),
+            Col("×", right=True),
+            Col("n", right=True),
         ],
     )
     for r in rows:
+        p, d = r["prefill_spread"], r["decode_spread"]
         sheet.row(
             r["variant"],
             f"{r['prefill_s'] * 1e3:.2f}",
+            _pm(p),
             f"{r['prefill_speedup']:.2f}",
             f"{r['decode_tokens_per_s']:.1f}",
+            _pm(d),
             f"{r['decode_speedup']:.2f}",
+            f"{p['n']}/{d['n']}",
         )
     return sheet
+
+
+def model_notes(rows) -> list[str]:
+    """What the table's marks mean, when they appear."""
+    notes = ["± the median's ~95% interval; × against original; n samples (prefill/decode)"]
+    if any(not (r["prefill_spread"]["converged"] and r["decode_spread"]["converged"])
+           for r in rows):  # fmt: skip
+        notes.append("* noise target (±5%) not met within --max-time: a noisy machine")
+    return notes
 
 
 def _us(v) -> str:
@@ -163,7 +196,8 @@ def profile_sheet(row):
     d = row["decode_profile"]
     share = d.get("framework_overhead_share")
     sheet = Sheet(
-        f"one decode step — {row['variant']}: {_us(d.get('step_us'))} per step, "
+        f"one decode step — {row['variant']}: {_us(d.get('step_us'))} per step under the "
+        "profiler (its own cost included), "
         f"framework overhead {'-' if share is None else f'{share:.0%}'}",
         [
             Col("calls", right=True),
@@ -212,6 +246,10 @@ def _store(rows, info, url, label=None):
                 "median_s": r["prefill_s"],
                 "prefill_s": r["prefill_s"],
                 "decode_tokens_per_s": r["decode_tokens_per_s"],
+                "decode_step_s": r["decode_step_s"],
+                "prefill_spread": r["prefill_spread"],
+                "decode_spread": r["decode_spread"],
+                "decode_samples": r["decode_samples"],
                 "prefill_speedup": r["prefill_speedup"],
                 "decode_speedup": r["decode_speedup"],
                 **(

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 
+from kernelab.bench.stats import StopRule, quantile, summarize
 from kernelab.models import presets
 from kernelab.models._patch import state_of, unpatch
 
@@ -27,31 +28,70 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _median_time(fn: Callable[[], object], device, repeats: int, warmup: int) -> list[float]:
+#: Each measurement samples until the median's ~95% interval is within ±5% (at least
+#: ``repeats`` samples, at most ``MAX_TIME_S`` of sampling, then reported as not converged).
+REL_CI = 0.05
+MAX_TIME_S = 10.0
+
+
+def _timed(fn: Callable[[], object], device) -> float:
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def _sample(fn: Callable[[], object], device, rule: StopRule, warmup: int) -> list[float]:
+    """Seconds of ``fn()`` per call, sampled until ``rule`` is met."""
     for _ in range(warmup):
         fn()
-    samples = []
-    for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        samples.append(time.perf_counter() - t0)
+    samples: list[float] = []
+    t0 = time.perf_counter()
+    while not rule.done(summarize(samples) if samples else None, time.perf_counter() - t0):
+        samples.append(_timed(fn, device))
     return samples
+
+
+def _decode_samples(full, first, device, rule: StopRule) -> list[float]:
+    """Decode seconds per pair: a generate of every token minus a generate of the first one,
+    the two run back to back in each pair (so both see the machine in the same state)."""
+    full()
+    first()
+    samples: list[float] = []
+    t0 = time.perf_counter()
+    while not rule.done(summarize(samples) if samples else None, time.perf_counter() - t0):
+        samples.append(max(_timed(full, device) - _timed(first, device), 1e-12))
+    return samples
+
+
+def _spread(samples: list[float], rule: StopRule) -> dict:
+    s = summarize(samples)
+    return {"n": s.n, "q1_s": s.q1, "q3_s": s.q3, "rel_ci": s.rel_ci,
+            "converged": rule.converged(s, float("inf"))}  # fmt: skip
 
 
 @torch.no_grad()
 def measure(
-    model, device, prompt_tokens: int, decode_tokens: int, repeats: int, graphs: bool = False
+    model,
+    device,
+    prompt_tokens: int,
+    decode_tokens: int,
+    repeats: int,
+    graphs: bool = False,
+    max_time_s: float = MAX_TIME_S,
 ) -> dict:
-    """Prefill latency and decode throughput of ``model`` (batch 1, greedy)."""
+    """Prefill latency and decode throughput of ``model`` (batch 1, greedy), each a median
+    with its quartiles and whether the noise target was met."""
+    rule = StopRule(rel_ci=REL_CI, min_samples=max(3, repeats), min_time=0.0,
+                    max_time=max(max_time_s, 0.0))  # fmt: skip
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (1, prompt_tokens), generator=gen).to(device)
     forward = model.forward
     if graphs:
         model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=False)
     try:
-        prefill = _median_time(lambda: model(input_ids=ids, use_cache=False), device, repeats, 2)
+        prefill = _sample(lambda: model(input_ids=ids, use_cache=False), device, rule, 2)
         gen_kwargs = dict(
             max_new_tokens=decode_tokens,
             min_new_tokens=decode_tokens,
@@ -61,17 +101,28 @@ def measure(
         if graphs:
             gen_kwargs["cache_implementation"] = "static"
         one = dict(gen_kwargs, max_new_tokens=1, min_new_tokens=1)
-        full = _median_time(lambda: model.generate(ids, **gen_kwargs), device, repeats, 1)
-        first = _median_time(lambda: model.generate(ids, **one), device, repeats, 1)
+        decode = _decode_samples(
+            lambda: model.generate(ids, **gen_kwargs), lambda: model.generate(ids, **one),
+            device, rule,
+        )  # fmt: skip
     finally:
         if graphs:
             model.forward = forward
-    decode_s = max(statistics.median(full) - statistics.median(first), 1e-12)
+    steps = decode_tokens - 1
+    tok_s = sorted(steps / d for d in decode)
+    d = _spread(decode, rule)
     return {
         "prefill_s": statistics.median(prefill),
         "prefill_samples": prefill,
-        "decode_tokens_per_s": (decode_tokens - 1) / decode_s,
-        "generate_samples": full,
+        "prefill_spread": _spread(prefill, rule),
+        "decode_tokens_per_s": steps / statistics.median(decode),
+        "decode_step_s": statistics.median(decode) / steps,
+        "decode_samples": decode,
+        "decode_spread": {
+            **d,
+            "tokens_per_s_q1": quantile(tok_s, 0.25),
+            "tokens_per_s_q3": quantile(tok_s, 0.75),
+        },
     }
 
 
@@ -86,8 +137,11 @@ def run(
     quantize: str | None = None,
     profile: bool = False,
     profile_dir: str | None = None,
+    max_time_s: float = MAX_TIME_S,
 ) -> list[dict]:
-    """Measure every variant for ``preset`` on ``device``; one row per variant.
+    """Measure every variant for ``preset`` on ``device``; one row per variant. ``repeats``:
+    the fewest samples per measurement; each samples on until its median is known within
+    ±5% or ``max_time_s`` of sampling is spent (``*_spread["converged"]`` says which).
 
     ``quantize`` patches the linear projections with that weight format too (the patched rows
     are then named ``patched-<format>``). ``profile`` adds ``decode_profile`` (a
@@ -118,7 +172,7 @@ def run(
                 extra["linear_weight_bytes"] = sum(p.nbytes() for _, _, p in linears)
         try:
             graphs = variant.endswith("+graphs")
-            result = measure(model, dev, prompt_tokens, decode_tokens, repeats, graphs=graphs)
+            result = measure(model, dev, prompt_tokens, decode_tokens, repeats, graphs, max_time_s)
             if profile and not graphs:
                 if progress:
                     progress(f"{preset} {variant}: profiling a decode step")

@@ -46,6 +46,10 @@ def profile_prefill(model, tokens: int, seed: int = 0) -> list:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from kernelab.trace.profile import quiet_profiler
+
+    quiet_profiler()
+
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=gen)
     with (
@@ -61,6 +65,10 @@ def profile_decode(model, context: int, seed: int = 0) -> list:
     torch.profiler, attending over ``context`` keys; its events."""
     import torch
     from torch.profiler import ProfilerActivity, profile
+
+    from kernelab.trace.profile import quiet_profiler
+
+    quiet_profiler()
 
     if context < 2:
         raise ValueError(f"context: a decode step needs at least 2 keys, got {context}")

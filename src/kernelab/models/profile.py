@@ -42,6 +42,10 @@ def profile_decode(
     from torch.profiler import ProfilerActivity, schedule
     from torch.profiler import profile as torch_profile
 
+    from kernelab.trace.profile import quiet_profiler
+
+    quiet_profiler()
+
     from kernelab.trace import public, summarize
 
     if not isinstance(steps, int) or steps < 1:

@@ -123,6 +123,10 @@ class _StepSampler:
 
     def _start(self):
         from torch.profiler import ProfilerActivity, profile, record_function
+
+        from kernelab.trace.profile import quiet_profiler
+
+        quiet_profiler()
         from transformers.modeling_utils import AttentionInterface
 
         name = self.model.config._attn_implementation

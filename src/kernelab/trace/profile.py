@@ -8,6 +8,7 @@ as ``__main__``). The target is user code and is executed: that is its purpose.
 
 from __future__ import annotations
 
+import os
 import re
 import runpy
 import time
@@ -16,6 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kernelab._loader import load_callable
+
+
+def quiet_profiler() -> None:
+    """Keep the profiler's own log lines (``USDT: ... profiler_start``, ``STAGE: ...``) off
+    stderr, where they land between a command's own lines: Kineto prints at or above
+    ``KINETO_LOG_LEVEL``, read when the profiler first starts (6, above its highest level,
+    prints nothing; errors still surface as Python exceptions). A level the user set is kept."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 
 def resolve(target: str) -> tuple[Callable[[], object], str]:
@@ -65,6 +74,8 @@ def profile(
     import torch
     from torch.profiler import ProfilerActivity, schedule
     from torch.profiler import profile as torch_profile
+
+    quiet_profiler()
 
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps: expected a positive int, got {steps!r}")
