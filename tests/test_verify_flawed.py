@@ -69,3 +69,38 @@ def test_unmutated_launcher_through_the_swap_passes(tmp_path):
     )
     report, failing, _ = _verdict(with_kernel(same))
     assert report.passed, [f.line() for c in failing for f in c.failures]
+
+
+# --- a guessed layout: every argument that selects a behaviour has a case shapes cannot answer --
+
+
+def _guesses_layout(torch_fn):
+    """A GEMM that reads the weight's layout off its shape (K matches a's columns: [K, N]),
+    ignoring ``b_layout``: right on every non-square weight."""
+
+    def candidate(a, b, *args, b_layout=None, **kwargs):
+        guessed = "kn" if b.shape[0] == a.shape[1] else "nk"
+        return torch_fn(a, b, *args, b_layout=guessed, **kwargs)
+
+    return candidate
+
+
+@pytest.mark.parametrize("op_name", ["gemm", "fp8_gemm"])
+def test_a_gemm_guessing_the_weight_layout_from_its_shape_is_caught(op_name):
+    from kernelab.ops import get
+
+    op = get(op_name)
+    shapes = [s for s in op.shapes("edge") if s.label.startswith("square weight")]
+    assert len(shapes) == 2 and {s.params["layout"] for s in shapes} == {"nk", "kn"}
+    dtype = op.dtypes[0]
+    report = verify_candidate(
+        _guesses_layout(op.variants["torch"].fn), op_name, shapes=shapes, dtypes=(dtype,),
+        device="cpu", seed=SEED, trials=1,
+    )  # fmt: skip
+    failing = {c.shape_key for c in report.cases if not c.passed}
+    assert len(failing) == 1, [c.shape_key for c in report.cases]  # the layout it gets wrong
+    honest = verify_candidate(
+        op.variants["torch"].fn, op_name, shapes=shapes, dtypes=(dtype,), device="cpu",
+        seed=SEED, trials=1,
+    )  # fmt: skip
+    assert honest.passed

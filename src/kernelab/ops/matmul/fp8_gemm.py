@@ -224,6 +224,9 @@ def _edge() -> list[Shape]:
         ("odd M and N, per-tensor, [K, N]", 33, 70, 96, {"scaling": "tensor", "layout": "kn"}),
         ("M past one tile, per-row", 70, 40, 160, {"scaling": "row"}),
         ("empty M", 0, 16, 32, {"scaling": "row"}),
+        # a square weight in each layout (see gemm's edge shapes: b_layout must be honoured)
+        ("square weight [N, K], per-row", 9, 64, 64, {"scaling": "row", "layout": "nk"}),
+        ("square weight [K, N], per-tensor", 9, 64, 64, {"scaling": "tensor", "layout": "kn"}),
     ]
     return [
         Shape(f"{label} {m}x{n}x{k}", {"M": m, "N": n, "K": k}, p, batch_dim="M")

@@ -419,6 +419,10 @@ def _edge() -> list[Shape]:
         ("non-contiguous a", 5, 48, 80, {"a_pad": 7, "layout": "nk", "bias": True}),
         ("long K, small M (split-K)", 3, 40, 520, {"layout": "nk", "residual": True}),
         ("empty M", 0, 32, 64, {}),
+        # a square weight in each layout: a kernel guessing the layout from b's shape (rather
+        # than honouring b_layout) computes a @ b where a @ bᵀ was asked, or the reverse
+        ("square weight [N, K]", 9, 48, 48, {"layout": "nk"}),
+        ("square weight [K, N]", 9, 48, 48, {"layout": "kn"}),
     ]
     return [
         Shape(f"{label} {m}x{n}x{k}", {"M": m, "N": n, "K": k}, params, batch_dim="M")
