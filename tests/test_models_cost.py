@@ -129,8 +129,12 @@ def test_config_json_is_parsed(tmp_path):
     [
         ("llama-9000", "expected a preset"),
         ({"hidden_size": 64}, "num_hidden_layers"),
+        ({**mc.load_config("tiny-llama").__dict__, "num_local_experts": 2,
+          "num_experts_per_tok": 4}, "num_experts_per_tok"),
         ({**mc.load_config("tiny-llama").__dict__, "num_local_experts": 8,
-          "num_experts_per_tok": 2}, "not yet costed"),
+          "num_experts_per_tok": 2, "kv_lora_rank": 512}, "latent attention"),
+        ({**mc.load_config("tiny-llama").__dict__, "num_local_experts": 8,
+          "num_experts_per_tok": 2, "scoring_func": "noaux"}, "scoring_func"),
         ({**mc.load_config("tiny-llama").__dict__, "num_key_value_heads": 3}, "multiple"),
         ({**mc.load_config("tiny-llama").__dict__, "hidden_act": "relu2"}, "hidden_act"),
     ],
@@ -217,3 +221,60 @@ def test_any_device_row_and_the_package_export():
     gate_up = _ops(c.decode)["gate_up"]
     assert gate_up.floor_s == pytest.approx(gate_up.bytes / 1.6e12)
     assert c.device == "TPU-like" and c.fit["weights_fit"]
+
+
+# --- mixtures of experts -----------------------------------------------------------------------
+
+
+def _row(step, name):
+    return next(o for o in step.ops if o.name == name)
+
+
+@pytest.mark.parametrize(
+    "preset, billions", [("mixtral-8x7b", 46.7), ("qwen3-30b-a3b", 30.5)]
+)  # the total parameter counts their authors publish
+def test_an_moe_weighs_every_expert_and_decode_reads_the_ones_routed_to(preset, billions):
+    c = mc.cost(preset, "h200", mc.Workload(batch=1, context=4096))
+    assert c.weight_bytes / 2 / 1e9 == pytest.approx(billions, abs=0.05)
+    cfg = c.config
+    e, k, h = cfg.num_local_experts, cfg.num_experts_per_tok, cfg.hidden_size
+    i = cfg.moe_intermediate_size or cfg.intermediate_size
+    names = [o.name for o in c.decode.ops]
+    assert "gate_up" not in names and names[names.index("post_norm") + 1 :][:3] == [
+        "router", "topk", "experts"
+    ]  # fmt: skip
+    experts = _row(c.decode, "experts")
+    assert experts.op == "fused_moe" and experts.calls == cfg.num_hidden_layers
+    assert experts.weight_bytes == e * 3 * h * i * 2  # the footprint: every expert
+    # one token at decode: its k experts' weights, read once, and little else
+    assert k * 3 * h * i * 2 <= experts.bytes < 1.01 * k * 3 * h * i * 2
+    assert experts.flops == 6 * k * h * i  # gate, up and down of k experts, 2 FLOPs a MAC
+    assert experts.bound == "memory"
+    batch = mc.cost(preset, "h200", mc.Workload(batch=64, context=4096))
+    assert _row(batch.decode, "experts").bytes > experts.bytes  # more tokens reach more experts
+
+
+def test_dense_layers_of_an_moe_run_the_dense_mlp():
+    c = mc.cost("tiny-qwen3-moe", "h200")  # mlp_only_layers [1]: one of two layers is dense
+    assert c.config.moe_layers == 1
+    calls = {o.name: o.calls for o in c.decode.ops}
+    assert calls["gate_up"] == calls["down"] == 1 and calls["experts"] == calls["router"] == 1
+    assert calls["qkv"] == 2
+
+
+def test_moe_recipes_are_the_moe_ops_kernelab_has():
+    w4 = mc.cost("mixtral-8x7b", "h200", mc.Workload(recipe="w4a16"))
+    experts = _row(w4.decode, "experts")
+    bf16 = _row(mc.cost("mixtral-8x7b", "h200").decode, "experts")
+    assert experts.op == "fused_moe_w4a16" and experts.weight_bytes < 0.3 * bf16.weight_bytes
+    assert _row(w4.decode, "router").op == "gemm"  # routers stay in 16 bits
+    for recipe in ("fp8", "w8a16"):
+        with pytest.raises(mc.CostError, match=f"no {recipe} MoE op"):
+            mc.cost("mixtral-8x7b", "h200", mc.Workload(recipe=recipe))
+
+
+def test_set_turns_a_dense_config_into_an_moe():
+    base = mc.load_config("tiny-llama")
+    moe = base.with_values({"num_local_experts": "4", "num_experts_per_tok": "2"})
+    assert moe.moe_layers == base.num_hidden_layers
+    assert "experts" in [o.name for o in mc.cost(moe, "h200").decode.ops]

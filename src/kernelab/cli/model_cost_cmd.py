@@ -102,7 +102,11 @@ def _check_profile(configs, prefill, sets, as_json) -> None:
     from kernelab.models import model_cost as mc
 
     name = configs[0]
-    tiny = sorted(n for n, p in presets.PRESETS.items() if p.tiny)
+    # dense ones: transformers runs a mixture's experts as a loop over the experts hit, which
+    # the op-by-op comparison does not yet match to the fused_moe row
+    tiny = sorted(
+        n for n, p in presets.PRESETS.items() if p.tiny and not mc.load_config(n).moe_layers
+    )
     if len(configs) != 1 or sets or name not in tiny:
         raise ValueError(
             f"check-profile: builds the model on the CPU: one tiny preset ({', '.join(tiny)}), "

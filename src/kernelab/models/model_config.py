@@ -31,6 +31,16 @@ ACTIVATIONS = {
 WORKLOAD_KEYS = ("recipe", "kv", "batch", "context", "prefill")
 
 
+#: Integer fields --set may set to 0 (none).
+_MAY_BE_ZERO = (
+    "num_local_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "moe_layers",
+)
+
+
 class CostError(ValueError):
     """A config, a workload or a device model-cost cannot cost (the message says which)."""
 
@@ -57,6 +67,14 @@ class ModelConfig:
     o_bias: bool = False
     num_local_experts: int = 0
     num_experts_per_tok: int = 0
+    #: a mixture of experts: each expert's intermediate size (0: intermediate_size, as
+    #: Mixtral's), the shared expert's (0: none), how many layers route (the others run the
+    #: dense MLP of intermediate_size), the router's scoring and whether it renormalises
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    moe_layers: int = 0
+    moe_scoring: str = "softmax"
+    moe_renormalize: bool = True
 
     @classmethod
     def from_dict(cls, d: Mapping, name: str = "config") -> ModelConfig:
@@ -89,6 +107,8 @@ class ModelConfig:
         values["num_local_experts"] = _count(f"config {name}: num_local_experts", experts)
         per_tok = d.get("num_experts_per_tok") or 0
         values["num_experts_per_tok"] = _count(f"config {name}: num_experts_per_tok", per_tok)
+        if experts or per_tok:
+            values.update(_moe_values(d, name, values["num_hidden_layers"]))
         config = cls(**values)
         config.check()
         return config
@@ -98,6 +118,17 @@ class ModelConfig:
             raise CostError(
                 f"config {self.name}: num_attention_heads ({self.num_attention_heads}) must be "
                 f"a multiple of num_key_value_heads ({self.num_key_value_heads})"
+            )
+        e, k = self.num_local_experts, self.num_experts_per_tok
+        if bool(e) != bool(k) or k > e:
+            raise CostError(
+                f"config {self.name}: a mixture of experts needs 1 <= num_experts_per_tok "
+                f"({k}) <= num_local_experts ({e})"
+            )
+        if self.moe_layers > self.num_hidden_layers:
+            raise CostError(
+                f"config {self.name}: moe_layers ({self.moe_layers}) exceeds "
+                f"num_hidden_layers ({self.num_hidden_layers})"
             )
         if self.hidden_act not in ACTIVATIONS:
             raise CostError(
@@ -122,14 +153,61 @@ class ModelConfig:
                 out[key] = text.lower() in ("true", "1")
             elif kind is int:
                 out[key] = _count(f"set: {key}", _int_text(key, text))
-                if out[key] == 0 and key not in ("num_local_experts", "num_experts_per_tok"):
+                if out[key] == 0 and key not in _MAY_BE_ZERO:
                     raise CostError(f"set: {key} expects a positive integer, got {text!r}")
             else:
                 out[key] = text
+        if out.get("num_local_experts") and "moe_layers" not in out and not self.moe_layers:
+            out["moe_layers"] = self.num_hidden_layers  # experts named: every layer routes
         label = ", ".join(f"{k}={v}" for k, v in changes.items())
         config = replace(self, **out, name=f"{self.name} ({label})")
         config.check()
         return config
+
+
+def _moe_values(d: Mapping, name: str, layers: int) -> dict:
+    """The mixture-of-experts fields of a config.json: Mixtral's (every layer routes, experts
+    of intermediate_size), Qwen2-MoE's and Qwen3-MoE's (moe_intermediate_size, a shared
+    expert, decoder_sparse_step, mlp_only_layers) and DeepSeek's names (first_k_dense_replace,
+    n_shared_experts, scoring_func)."""
+    if d.get("kv_lora_rank") or d.get("q_lora_rank"):
+        raise CostError(
+            f"config {name}: multi-head latent attention (kv_lora_rank, as DeepSeek-V2/V3) is "
+            "not costed: its attention is not the grouped-query attention model-cost counts"
+        )
+    moe_i = _count(f"config {name}: moe_intermediate_size", d.get("moe_intermediate_size") or 0)
+    shared = d.get("shared_expert_intermediate_size") or 0
+    if not shared and d.get("n_shared_experts"):
+        shared = _count(f"config {name}: n_shared_experts", d["n_shared_experts"]) * moe_i
+    step = d.get("decoder_sparse_step") or 1
+    step = _positive_int(f"config {name}: decoder_sparse_step", step)
+    dense_only = d.get("mlp_only_layers") or []
+    if not isinstance(dense_only, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in dense_only
+    ):
+        raise CostError(f"config {name}: mlp_only_layers: expected a list of layer indices")
+    first_dense = _count(
+        f"config {name}: first_k_dense_replace", d.get("first_k_dense_replace") or 0
+    )
+    routed = sum(
+        1 for i in range(layers) if i >= first_dense and i not in dense_only and (i + 1) % step == 0
+    )
+    scoring = str(d.get("scoring_func") or "softmax")
+    if scoring not in ("softmax", "sigmoid"):
+        raise CostError(
+            f"config {name}: scoring_func: expected softmax or sigmoid, got {scoring!r}"
+        )
+    renorm = d.get("norm_topk_prob")
+    return {
+        "moe_intermediate_size": moe_i,
+        "shared_expert_intermediate_size": _count(
+            f"config {name}: shared_expert_intermediate_size", shared
+        ),
+        "moe_layers": routed,
+        "moe_scoring": scoring,
+        # Mixtral renormalises its top-k (its config has no such key); Qwen-MoE says
+        "moe_renormalize": True if renorm is None else bool(renorm),
+    }
 
 
 def _int_text(key: str, text: str) -> int:

@@ -26,8 +26,16 @@ token). Prefill attends with ``attention_prefill`` over the new tokens; decode w
 ``paged_attention`` over the cache. The fp8 recipe quantizes the GEMM inputs: the norms become
 ``rmsnorm_fp8_quant`` and the other GEMM inputs pass through ``fp8_quant``. The lm head and
 sampling see only the last token of each sequence. Sliding windows are not modelled (every
-key is read). Mixture-of-experts configs are refused with a clear error until kernelab has an
-MoE op (``_block_of``): a dense FLOP count for them would be wrong by the expert count.
+key is read). In a mixture of experts the routed layers replace the dense MLP with
+
+    router GEMM → moe_topk → fused_moe (align, gate_up, silu_and_mul, down, weighted sum,
+    and the shared expert if the model has one)
+
+(``fused_moe_w4a16`` under the w4a16 recipe; kernelab has no fp8 or int8 MoE op, so those
+recipes are refused for an MoE config), costed by those ops' own models: an expert's weights
+are read once if any token routes to it, so decode at a small batch reads only the experts hit.
+The memory footprint counts every expert. Multi-head latent attention (DeepSeek-V2/V3) is
+refused: it is not the grouped-query attention modelled here.
 """
 
 from __future__ import annotations
@@ -55,7 +63,11 @@ RECIPES = ("bf16", "fp8", "w4a16", "w8a16")
 KV_DTYPES = ("bf16", "fp8")
 _GEMM_OP = {"bf16": "gemm", "fp8": "fp8_gemm", "w4a16": "w4a16_gemm", "w8a16": "w8a16_gemm"}
 #: Inputs of the ops that are weights (read from memory at every call, stored once).
-_WEIGHT_ARGS = ("b", "qweight", "scales", "zeros", "scale_b", "weight", "bias")
+_WEIGHT_ARGS = ("b", "qweight", "scales", "zeros", "scale_b", "weight", "bias", "w1", "w2",
+                "shared_w1", "shared_w2", "w1_qweight", "w1_scales", "w1_zeros", "w2_qweight",
+                "w2_scales", "w2_zeros")  # fmt: skip
+#: The MoE op of each GEMM recipe (None: kernelab has none).
+_MOE_OP = {"bf16": "fused_moe", "w4a16": "fused_moe_w4a16", "fp8": None, "w8a16": None}
 #: The ops of a step that run once per model, not once per layer.
 MODEL_OPS = ("embedding", "final_norm", "lm_head", "sampling")
 #: A KV-cache block, in tokens (vLLM's default).
@@ -289,17 +301,67 @@ def _simple(name, op_name, dims, params, ceilings, calls, host=None) -> OpCost:
     return _row(name, op_name, calls, cost, ceilings, ACT_DTYPE, inputs, shape)
 
 
-def _block_of(config: ModelConfig) -> str:
-    """Which decoder block costs this config. An MoE slots in here: its router and expert
-    GEMMs (through kernelab's MoE op's cost) replace the dense MLP rows."""
-    if config.num_local_experts or config.num_experts_per_tok:
+def _block_of(config: ModelConfig, recipe: str = "bf16") -> str:
+    """Which decoder block costs this config: "dense", or "moe" (its routed layers run the
+    router, moe_topk and the recipe's MoE op in place of the dense MLP)."""
+    if not config.num_local_experts or not config.moe_layers:
+        return "dense"
+    if _MOE_OP[recipe] is None:
         raise CostError(
-            f"config {config.name}: a mixture of experts (num_local_experts="
-            f"{config.num_local_experts}, num_experts_per_tok={config.num_experts_per_tok}) is "
-            "not yet costed: kernelab has no MoE op; a dense count would be wrong by the "
-            "expert count"
+            f"config {config.name}: recipe {recipe}: kernelab has no {recipe} MoE op (the "
+            "experts run on fused_moe in bf16 or fused_moe_w4a16); use recipe bf16 or w4a16"
         )
-    return "dense"
+    if config.shared_expert_intermediate_size and recipe == "w4a16":
+        raise CostError(
+            f"config {config.name}: recipe w4a16: fused_moe_w4a16 has no shared expert; use "
+            "recipe bf16"
+        )
+    return "moe"
+
+
+def _mlp_rows(config: ModelConfig, w: Workload, tokens: int, ceilings, layers: int) -> list:
+    """The dense MLP of ``layers`` layers: gate_up GEMM, the activation, down GEMM (fp8:
+    the down GEMM's input quantized)."""
+    c, fp8 = config, w.recipe == "fp8"
+    act = ACTIVATIONS[c.hidden_act]
+    params = {"approximate": "tanh"} if act == "gelu_and_mul" else {}
+    i, h = c.intermediate_size, c.hidden_size
+    rows = [
+        _gemm("gate_up", tokens, 2 * i, h, w.recipe, ceilings, layers),
+        _simple("act_mul", act, {"rows": tokens, "d": c.intermediate_size}, params, ceilings,
+                layers),
+    ]  # fmt: skip
+    if fp8:
+        rows.append(
+            _simple("down_quant", "fp8_quant", {"rows": tokens, "cols": c.intermediate_size},
+                    {"per_token": True}, ceilings, layers)
+        )  # fmt: skip
+    rows.append(_gemm("down", tokens, c.hidden_size, c.intermediate_size, w.recipe, ceilings,
+                      layers))  # fmt: skip
+    return rows
+
+
+def _moe_rows(config: ModelConfig, w: Workload, tokens: int, ceilings, layers: int) -> list:
+    """The routed MLP of ``layers`` layers: router GEMM (bf16: routers are not quantized),
+    top-k, and the experts through the recipe's MoE op."""
+    c = config
+    e, k, h = c.num_local_experts, c.num_experts_per_tok, c.hidden_size
+    rows = [
+        _gemm("router", tokens, e, h, "bf16", ceilings, layers),
+        _simple("topk", "moe_topk", {"tokens": tokens, "experts": e},
+                {"top_k": k, "scoring": c.moe_scoring, "renormalize": c.moe_renormalize},
+                ceilings, layers),
+    ]  # fmt: skip
+    dims = {"tokens": tokens, "experts": e, "topk": k, "hidden": h,
+            "intermediate": c.moe_intermediate_size or c.intermediate_size}  # fmt: skip
+    params: dict = {}
+    if c.shared_expert_intermediate_size:
+        dims["shared_intermediate"] = c.shared_expert_intermediate_size
+        params["shared"] = True
+    if w.recipe == "w4a16":
+        params["group_size"] = 128
+    rows.append(_simple("experts", _MOE_OP[w.recipe], dims, params, ceilings, layers))
+    return rows
 
 
 def _step(config: ModelConfig, w: Workload, phase: str, ceilings) -> Step:
@@ -390,24 +452,11 @@ def _step(config: ModelConfig, w: Workload, phase: str, ceilings) -> Step:
         )
     ops.append(_gemm("o_proj", tokens, h, hq * d, w.recipe, ceilings, L, c.o_bias))
     ops.append(_norm("post_norm", tokens, h, fp8, ceilings, L))
-    ops.append(_gemm("gate_up", tokens, 2 * c.intermediate_size, h, w.recipe, ceilings, L))
-    act = ACTIVATIONS[c.hidden_act]
-    params = {"approximate": "tanh"} if act == "gelu_and_mul" else {}
-    ops.append(
-        _simple("act_mul", act, {"rows": tokens, "d": c.intermediate_size}, params, ceilings, L)
-    )
-    if fp8:
-        ops.append(
-            _simple(
-                "down_quant",
-                "fp8_quant",
-                {"rows": tokens, "cols": c.intermediate_size},
-                {"per_token": True},
-                ceilings,
-                L,
-            )
-        )
-    ops.append(_gemm("down", tokens, h, c.intermediate_size, w.recipe, ceilings, L))
+    routed = c.moe_layers if _block_of(c, w.recipe) == "moe" else 0
+    if L - routed:
+        ops.extend(_mlp_rows(c, w, tokens, ceilings, L - routed))
+    if routed:
+        ops.extend(_moe_rows(c, w, tokens, ceilings, routed))
     # The model's own ops: final norm, lm head (bf16, last tokens only), sampling.
     ops.append(_norm("final_norm", tokens, h, False, ceilings, 1))
     ops.append(_gemm("lm_head", seqs, c.vocab_size, h, "bf16", ceilings, 1))
@@ -418,12 +467,12 @@ def _step(config: ModelConfig, w: Workload, phase: str, ceilings) -> Step:
 def _weights(config: ModelConfig, decode: Step, element_size: int) -> float:
     """Bytes of the weights: every layer op's weights once per layer, the embedding table and
     the lm head (once if tied), the final norm."""
-    per_layer = sum(o.weight_bytes for o in decode.ops if o.name not in MODEL_OPS)
+    per_layer = sum(o.calls * o.weight_bytes for o in decode.ops if o.name not in MODEL_OPS)
     table = config.vocab_size * config.hidden_size * element_size
     head = next(o.weight_bytes for o in decode.ops if o.name == "lm_head")
     final = next(o.weight_bytes for o in decode.ops if o.name == "final_norm")
     return (
-        per_layer * config.num_hidden_layers
+        per_layer  # each layer op's weights times the layers it runs in
         + table
         + (0 if config.tie_word_embeddings else head)
         + final
@@ -444,7 +493,7 @@ def cost(config, device="h200", workload: Workload | None = None) -> ModelCost:
     config = load_config(config)
     workload = workload or Workload()
     spec = device_spec(device)
-    _block_of(config)
+    _block_of(config, workload.recipe)
     ceilings = datasheet(spec)
     prefill = _step(config, workload, "prefill", ceilings)
     decode = _step(config, workload, "decode", ceilings)

@@ -75,6 +75,40 @@ PRESETS: dict[str, Preset] = {
         Preset("qwen2.5-7b", "qwen2", 3584, 28, 28, 4, 18944, 152064, rope_theta=1e6),
         # huggingface.co/mistralai/Mistral-7B-v0.3/blob/main/config.json (vocabulary 32768)
         Preset("mistral-7b", "mistral", 4096, 32, 32, 8, 14336, 32768, rope_theta=1e6),
+        # huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json
+        Preset(
+            "mixtral-8x7b",
+            "mixtral",
+            4096,
+            32,
+            32,
+            8,
+            14336,
+            32000,
+            rope_theta=1e6,
+            extra=(("num_local_experts", 8), ("num_experts_per_tok", 2)),
+        ),
+        # huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json
+        Preset(
+            "qwen3-30b-a3b",
+            "qwen3_moe",
+            2048,
+            48,
+            32,
+            4,
+            6144,
+            151936,
+            head_dim=128,
+            rope_theta=1e6,
+            extra=(
+                ("num_experts", 128),
+                ("num_experts_per_tok", 8),
+                ("moe_intermediate_size", 768),
+                ("norm_topk_prob", True),
+                ("decoder_sparse_step", 1),
+                ("mlp_only_layers", []),
+            ),
+        ),
         # Tiny versions: the same block structure, small enough for a CPU and the interpreter
         # (K = 64 and 192: int4 groups of 64).
         Preset("tiny-llama", "llama", 64, 2, 4, 2, 192, 256, tiny=True),
