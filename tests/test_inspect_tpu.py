@@ -329,3 +329,31 @@ def test_calls_differing_only_in_an_index_map_are_lowered_apart():
     jobs.append(Job(TpuSpec(straight), t, "c"))  # the very same call: lowered once
     a, b, c = analyze_jobs(jobs, progress=lambda done, total: seen.append(total))
     assert seen[-1] == 2 and a.facts is c.facts and a.facts is not b.facts
+
+
+def test_no_worker_is_forked_after_a_tpu_lowering(monkeypatch):
+    """TPU lowerings run in this process and start jax's threads; GPU compilations (and their
+    aligned counterfactuals) run in forked workers, so they all go first, whatever the order
+    of the jobs."""
+    from kernelab import ops
+    from kernelab.inspect import runner
+    from kernelab.inspect.ops import plan
+    from kernelab.inspect.report import analyze_jobs
+
+    calls = []
+    real = runner.run
+
+    def recorded(pairs, *args, **kwargs):
+        calls.append({"tpu" if t.is_tpu else "gpu" for _, t in pairs})
+        return real(pairs, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "run", recorded)
+    p = plan([ops.get("rmsnorm")], parse_targets("tpu_v5e,sm_90,gfx942"))
+    jobs = sorted(p.jobs, key=lambda j: not j.target.is_tpu)  # TPU jobs listed first
+    reports = analyze_jobs(jobs)
+    assert len(reports) == len(jobs) and all(r.facts for r in reports)
+    assert [r.target for r in reports] == [j.target.name for j in jobs]  # in the jobs' order
+    kinds = [k for k in calls if k]
+    assert {"tpu"} in kinds and {"gpu"} in kinds
+    first_tpu = kinds.index({"tpu"})
+    assert all(k == {"tpu"} for k in kinds[first_tpu:]), kinds

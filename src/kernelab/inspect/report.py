@@ -89,6 +89,24 @@ def _target(t: str | Target) -> Target:
     return TARGETS[t]
 
 
+class _Progress:
+    """One (done, total) count over consecutive runner runs (each counts from 0)."""
+
+    def __init__(self, progress: Callable[[int, int], None] | None):
+        self._progress = progress
+        self._before = 0
+        self._last = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        self._last = total
+        if self._progress:
+            self._progress(self._before + done, self._before + total)
+
+    def next(self) -> None:
+        self._before += self._last
+        self._last = 0
+
+
 def analyze_jobs(
     jobs: Sequence[Job],
     workers: int | None = None,
@@ -99,13 +117,22 @@ def analyze_jobs(
     """Compile (or read from the cache) every job, then the aligned counterfactuals needed
     (unless ``counterfactuals`` is False: the vectorisation findings then cannot say whether
     alignment is what kept an access narrow)."""
-    first = runner.run([(j.spec, j.target) for j in jobs], workers, use_cache, progress)
+    # GPU compilations first, their counterfactuals next (both in forked workers), the TPU
+    # lowerings last: they run in this process and start jax's threads, after which a fork
+    # is unsafe (a child may inherit a lock a jax thread holds)
+    gpu = [i for i, j in enumerate(jobs) if not j.target.is_tpu]
+    tpu_jobs = [i for i, j in enumerate(jobs) if j.target.is_tpu]
+    step = _Progress(progress)
+    first: list = [None] * len(jobs)
+    out = runner.run([(jobs[i].spec, jobs[i].target) for i in gpu], workers, use_cache, step)
+    for i, r in zip(gpu, out, strict=True):
+        first[i] = r
     need = [
         i
         for i, (j, r) in enumerate(zip(jobs, first, strict=True))
         if counterfactuals
+        and not j.target.is_tpu  # (not lowered yet)
         and "facts" in r
-        and not j.target.is_tpu
         and narrow_accesses(r["facts"])
         and j.spec.missing_alignment()
     ]
@@ -113,6 +140,10 @@ def analyze_jobs(
         [(jobs[i].spec.all_aligned(), jobs[i].target) for i in need], workers, use_cache
     )
     aligned_of = {i: a.get("facts") for i, a in zip(need, aligned, strict=True)}
+    step.next()
+    out = runner.run([(jobs[i].spec, jobs[i].target) for i in tpu_jobs], workers, use_cache, step)
+    for i, r in zip(tpu_jobs, out, strict=True):
+        first[i] = r
     reports = []
     for i, (job, res) in enumerate(zip(jobs, first, strict=True)):
         rep = KernelReport(
