@@ -38,6 +38,18 @@ def _is_python(pid: int) -> bool:
         return False
 
 
+#: Run the rest of the command line with SIGINT and SIGTERM as an interactive shell gives them
+#: (default, unblocked), then exec it in place (same pid). A runner started in the background
+#: of a non-interactive shell (``cmd &``) has SIGINT ignored, and an ignored signal is
+#: inherited: the command under test would then rightly ignore the Ctrl-C it is sent.
+_AS_FROM_A_SHELL = (
+    "import os, signal, sys; "
+    "[signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM)]; "
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM}); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
 def signal_when_workers_run(
     args: list[str], env: dict, sig: int, workers: int = 2, timeout: float = 180.0
 ) -> tuple[set[int], subprocess.Popen]:
@@ -46,7 +58,7 @@ def signal_when_workers_run(
     has ended."""
     env = {**os.environ, "PYTHONPATH": SRC, **env}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kernelab", *args],
+        [sys.executable, "-c", _AS_FROM_A_SHELL, "-m", "kernelab", *args],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -18,7 +18,7 @@ def db_path(tmp_path, monkeypatch):
 
 
 def test_bench_interrupted_mid_case_says_nothing_was_stored(db_path, monkeypatch):
-    def interrupted(ops, device, cfg, candidate=None, db=None, progress=None):
+    def interrupted(ops, device, cfg, candidate=None, db=None, progress=None, remeasure=True):
         progress("bench rmsnorm decode 1x4096 bfloat16 (3/10)")
         raise KeyboardInterrupt
 

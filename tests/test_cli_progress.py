@@ -21,7 +21,7 @@ def test_progress_key_is_the_stage_and_op():
 
 
 def test_bench_piped_prints_one_line_per_op(monkeypatch):
-    def fake(ops, device, cfg, candidate=None, db=None, progress=None):
+    def fake(ops, device, cfg, candidate=None, db=None, progress=None, remeasure=True):
         for op in ("rmsnorm", "softmax"):
             for i in range(3):
                 progress(f"bench {op} shape{i} float32 ({i + 1}/3)")
