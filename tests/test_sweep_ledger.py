@@ -128,11 +128,11 @@ def test_eight_concurrent_sweeps_into_one_postgresql_ledger(pg, tmp_path):  # no
     _eight_sweeps(pg.url(pg.createdb(f"t_{uuid.uuid4().hex[:12]}")), tmp_path)
 
 
-def test_the_report_reads_a_sweeps_bench_runs_and_only_those(tmp_path):
+def test_the_report_reads_a_sweeps_bench_verify_and_inspect_runs_and_only_those(tmp_path):
     from click.testing import CliRunner
 
     from kernelab.cli import app
-    from tests.report_fixtures import provenance, synthetic_cases
+    from tests.report_fixtures import provenance, synthetic_cases, verify_cases
 
     path = tmp_path / "l.sqlite"
     row = {"kind": "bench", "op": "rmsnorm", "variant": "torch", "shape_key": "representative",
@@ -141,6 +141,10 @@ def test_the_report_reads_a_sweeps_bench_runs_and_only_those(tmp_path):
         lsweeps.start_sweep(db, "abcdef123456", {"kind": "bench"}, {})
         mine = lsweeps.record_task(db, "abcdef123456", {**row, "key": "b1"}, "bench",
                                    synthetic_cases(1), provenance())  # fmt: skip
+        checked = lsweeps.record_task(db, "abcdef123456", {**row, "kind": "verify", "key": "v1"},
+                                      "verify", verify_cases(), provenance())  # fmt: skip
+        lsweeps.record_task(db, "abcdef123456", {**row, "kind": "floors", "key": "f0"}, "floors",
+                            [], provenance())  # fmt: skip
         other = db.record_run("bench", synthetic_cases(2), provenance(), label="not-the-sweep")
         lsweeps.start_sweep(db, "fedcba654321", {"kind": "floors"}, {})
         lsweeps.record_task(db, "fedcba654321", {**row, "kind": "floors", "key": "f1"}, "floors",
@@ -150,8 +154,11 @@ def test_the_report_reads_a_sweeps_bench_runs_and_only_those(tmp_path):
     res = cli.invoke(app, ["report", "--sweep", "abcdef", "--ledger", str(path), "-o", str(out)])
     assert res.exit_code == 0, res.output
     text = out.read_text()
-    assert mine in text and other not in text
+    assert mine in text and checked in text and other not in text
+    assert '<section class="run verify">' in text and "floors run" not in text
     res = cli.invoke(app, ["report", "--sweep", "fedcba654321", "--ledger", str(path)])
-    assert res.exit_code == 2 and "stored no bench runs" in " ".join(res.output.split())
+    assert res.exit_code == 2 and "stored no bench, verify or inspect runs" in " ".join(
+        res.output.split()
+    )
     res = cli.invoke(app, ["report", other, "--sweep", "abcdef", "--ledger", str(path)])
     assert res.exit_code == 2 and "not both" in res.output

@@ -22,13 +22,17 @@ def register(app: click.Group) -> None:
         help="Variant that per-shape speedups within a run are measured against.",
     )
     @kind_option
-    @click.option("--sweep", "sweep_id", help="The bench runs a sweep stored (its id).")
+    @click.option(
+        "--sweep", "sweep_id", help="The bench, verify and inspect runs a sweep stored (its id)."
+    )
     @click.option("--title", default="kernelab report", help="Page title.")
     @ledger_option
     @user_errors
     def report_command(runs, out, baseline, baseline_variant, kind, sweep_id, title, ledger_url):
-        """Write an HTML report (roofline, latency and speedup charts, provenance) that opens
-        offline: no scripts, no network.
+        """Write an HTML report that opens offline (no scripts, no network): for bench runs a
+        numbered roofline, latency, raw-sample and speedup charts; for verify runs pass/fail per
+        op × variant and the failing cases; for inspect runs registers, spills, shared memory,
+        occupancy and findings per op and target; provenance for each.
 
         RUNS are the runs to show: ids (or unique prefixes), labels, 'latest' (default).
         """
@@ -45,17 +49,22 @@ def register(app: click.Group) -> None:
         kept(f"report {path}")
 
 
+#: Kinds of sweep runs the report draws (tune and floors runs have tables of their own in
+#: ``kernelab history --sweep``).
+_DRAWN = ("bench", "verify", "inspect")
+
+
 def _sweep_runs(db, sweep_id: str, runs: list[str]) -> list[str]:
-    """The bench runs of a sweep, in task order (the report charts timings)."""
+    """The bench, verify and inspect runs of a sweep, in task order."""
     from kernelab.ledger.sweeps import get_sweep
 
     if runs:
         raise ValueError("--sweep: give either RUNS or --sweep, not both")
     sw = get_sweep(db, sweep_id)
-    found = [t["run_id"] for t in sw["tasks"] if t["status"] == "done" and t["kind"] == "bench"]
+    found = [t["run_id"] for t in sw["tasks"] if t["status"] == "done" and t["kind"] in _DRAWN]
     if not found:
         raise ValueError(
-            f"--sweep: sweep {sw['id']} stored no bench runs (a report charts timings; see "
+            f"--sweep: sweep {sw['id']} stored no bench, verify or inspect runs (see "
             f"`kernelab history --sweep {sw['id']}`)"
         )
     return found

@@ -1,4 +1,4 @@
-"""The report's charts: roofline, per-shape latency, and speedups, as inline SVG."""
+"""The report's charts: roofline, per-shape latency, raw samples and speedups, as inline SVG."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kernelab.report import fmt
-from kernelab.report.svg import CEILING, Canvas, Scale, si
+from kernelab.report.svg import CEILING, Canvas, Placer, Scale, si, text_box
 
 Colors = Callable[[str], str]
 
@@ -51,24 +51,38 @@ def tip(case: dict, extra: str = "") -> str:
     return "\n".join(parts)
 
 
-def roofline(cases: list[dict], ceilings: dict, colors: Colors, title: str) -> str:
-    """Arithmetic intensity (FLOP/byte) against achieved FLOP/s, under the device's roofs.
-
-    ``ceilings``: ``{"bandwidth": bytes/s or None, "bandwidth_source": str,
-    "flops": {dtype: FLOP/s}, "flops_source": {dtype: str}}``.
-    """
+def roofline_points(cases: list[dict]) -> list[tuple[int, float, float, dict]]:
+    """The cases a roofline can place (FLOPs, bytes and a time all known), numbered from 1
+    in case order: ``(number, FLOP/byte, FLOP/s, case)``. The chart draws the numbers beside
+    the points; the report lists them in a legend table under it."""
     pts = []
     for c in cases:
         m = c["metrics"]
         flops, nbytes, t = _pos(m.get("flops")), _pos(m.get("bytes")), median_of(c)
         if flops and nbytes and t:
-            pts.append((flops / nbytes, flops / t, c))
+            pts.append((len(pts) + 1, flops / nbytes, flops / t, c))
+    return pts
+
+
+#: Size of the numbers beside roofline points, and the radius of the points.
+_LABEL_SIZE, _POINT_R = 10, 5
+
+
+def roofline(cases: list[dict], ceilings: dict, colors: Colors, title: str) -> str:
+    """Arithmetic intensity (FLOP/byte) against achieved FLOP/s, under the device's roofs;
+    each point numbered as in :func:`roofline_points`, the number placed where it covers no
+    other number, point or roof label (joined to its point by a thin line when set apart).
+
+    ``ceilings``: ``{"bandwidth": bytes/s or None, "bandwidth_source": str,
+    "flops": {dtype: FLOP/s}, "flops_source": {dtype: str}}``.
+    """
+    pts = roofline_points(cases)
     bw = _pos(ceilings.get("bandwidth"))
     dtypes = sorted({c["dtype"] for c in cases})
     peaks = {d: p for d in dtypes if (p := _pos((ceilings.get("flops") or {}).get(d)))}
     cv = Canvas(760, 420, title, margin=(56, 30, 50, 80))
-    xs_vals = [p[0] for p in pts] + [p / bw for p in peaks.values() if bw]
-    ys_vals = [p[1] for p in pts] + list(peaks.values())
+    xs_vals = [p[1] for p in pts] + [p / bw for p in peaks.values() if bw]
+    ys_vals = [p[2] for p in pts] + list(peaks.values())
     if not pts:
         cv.axes(Scale(0.1, 100, cv.x0, cv.x1), Scale(1e9, 1e12, cv.y0, cv.y1), "", "")
         cv.text(cv.x0 + 20, cv.y1 + 40, "no case has both FLOPs and bytes to place", 13)
@@ -76,6 +90,7 @@ def roofline(cases: list[dict], ceilings: dict, colors: Colors, title: str) -> s
     xs = Scale.fit(xs_vals, cv.x0, cv.x1, pad=0.15)
     ys = Scale.fit(ys_vals, cv.y0, cv.y1, pad=0.15)
     cv.axes(xs, ys, "arithmetic intensity (FLOP/byte)", "achieved FLOP/s")
+    placer = Placer((cv.x0, cv.y1, cv.x1, cv.y0))
     top = max(peaks.values()) if peaks else None
     if bw:
         x_end = top / bw if top else xs.vmax
@@ -91,13 +106,10 @@ def roofline(cases: list[dict], ceilings: dict, colors: Colors, title: str) -> s
             2,
             tip=f"memory roof {bw / 1e9:.4g} GB/s ({src})",
         )
-        cv.text(
-            xs(x_start) + 6,
-            ys(x_start * bw) - 8,
-            f"memory {bw / 1e9:.4g} GB/s · {src}",
-            11,
-            color=CEILING,
-        )
+        label = f"memory {bw / 1e9:.4g} GB/s · {src}"
+        at = (xs(x_start) + 6, ys(x_start * bw) - 8)
+        cv.text(*at, label, 11, color=CEILING)
+        placer.reserve(text_box(*at, label, 11))
     for d, peak in peaks.items():
         x_from = max(xs.vmin, peak / bw) if bw else xs.vmin
         src = (ceilings.get("flops_source") or {}).get(d, "?")
@@ -111,16 +123,29 @@ def roofline(cases: list[dict], ceilings: dict, colors: Colors, title: str) -> s
             dash="6 3",
             tip=f"{d} compute roof {si(peak, 'FLOP/s')} ({src})",
         )
-        cv.text(cv.x1 - 4, ys(peak) - 6, f"{d} {si(peak, 'FLOP/s')} · {src}", 11, "end", CEILING)
+        label = f"{d} {si(peak, 'FLOP/s')} · {src}"
+        cv.text(cv.x1 - 4, ys(peak) - 6, label, 11, "end", CEILING)
+        placer.reserve(text_box(cv.x1 - 4, ys(peak) - 6, label, 11, "end"))
     if not bw and not peaks:
         cv.text(cv.x0 + 10, cv.y1 + 36, "no ceilings recorded for this run", 12, color="#a00")
-    for ai, perf, c in pts:
+    r = _POINT_R
+    for _, ai, perf, _ in pts:
+        x, y = xs(ai), ys(perf)
+        placer.reserve((x - r, y - r, x + r, y + r))
+    for n, ai, perf, c in pts:
         pct = c["metrics"].get("pct_roofline")
-        extra = f"{ai:.3g} FLOP/byte, {si(perf, 'FLOP/s')}" + (
+        extra = f"#{n}: {ai:.3g} FLOP/byte, {si(perf, 'FLOP/s')}" + (
             f", {pct:.1f}% of roofline" if isinstance(pct, int | float) else ""
         )
-        cv.circle(xs(ai), ys(perf), 5, colors(c["variant"]), tip(c, extra), hollow=invalid(c))
-    cv.legend([(v, colors(v)) for v in sorted({c["variant"] for _, _, c in pts})])
+        x, y = xs(ai), ys(perf)
+        cv.circle(x, y, r, colors(c["variant"]), tip(c, extra), hollow=invalid(c))
+        cx, cy, dist = placer.place(x, y, str(n), _LABEL_SIZE)
+        if dist > Placer.RADII[1]:  # set apart: a leader from the point's edge to the number
+            k = (dist - _LABEL_SIZE * 0.6) / dist
+            ux, uy = (cx - x) / dist, (cy - y) / dist
+            cv.line(x + ux * r, y + uy * r, x + (cx - x) * k, y + (cy - y) * k, "#888", 0.8)
+        cv.text(cx, cy + 0.35 * _LABEL_SIZE, str(n), _LABEL_SIZE, "middle", cls="pt")
+    cv.legend([(v, colors(v)) for v in sorted({c["variant"] for _, _, _, c in pts})])
     return cv.render("chart roofline")
 
 
@@ -176,6 +201,57 @@ def latency(cases: list[dict], colors: Colors, title: str) -> str:
             cv.line(x + bar / 2, ys(q3), x + bar / 2, ys(q1), "#111", 1.2)
     cv.legend([(s, colors(s)) for s in series])
     return cv.render("chart latency")
+
+
+#: Most dots drawn per case in the samples chart; beyond it, evenly spaced order statistics
+#: (the minimum and maximum always among them), so the shape of the distribution is kept.
+MAX_DOTS = 200
+#: Horizontal offsets of the dots within a column: the golden-ratio sequence spreads any
+#: number of points evenly and deterministically (the same page for the same run).
+_GOLDEN = (math.sqrt(5) - 1) / 2
+
+
+def shown_samples(samples: list[float]) -> list[float]:
+    """The sorted samples a chart draws: all of them, or ``MAX_DOTS`` evenly spaced ranks."""
+    vals = sorted(v for v in samples if _pos(v))
+    if len(vals) <= MAX_DOTS:
+        return vals
+    ranks = np.linspace(0, len(vals) - 1, MAX_DOTS).round().astype(int)
+    return [vals[i] for i in ranks]
+
+
+def samples(cases: list[dict], colors: Colors, title: str) -> str:
+    """Every raw sample of each case as a dot (a strip plot), over a box from the first to the
+    third quartile with the median as a dark line; one column per variant within each shape.
+    Invalid cases are drawn pale."""
+    cats = _categories(cases)
+    series = sorted({c["variant"] for c in cases})
+    vals = [v for c in cases for v in c.get("samples") or () if _pos(v)]
+    cv, ys, band, bar = _bars_frame(cats, series, title, "time per sample (log)", vals)
+    index = {k: i for i, (k, _) in enumerate(cats)}
+    for c in cases:
+        drawn = shown_samples(c.get("samples") or [])
+        if not drawn:
+            continue
+        i, j = index[(c["shape_key"], c["dtype"], c["mode"])], series.index(c["variant"])
+        x = cv.x0 + band * i + (band - bar * len(series)) / 2 + bar * j
+        color, pale = colors(c["variant"]), invalid(c)
+        all_vals = [v for v in c["samples"] if _pos(v)]
+        q1, med, q3 = (float(v) for v in np.quantile(all_vals, [0.25, 0.5, 0.75]))
+        shown = "" if len(drawn) == len(all_vals) else f" ({len(drawn)} drawn)"
+        extra = (
+            f"{len(all_vals)} samples{shown}: min {fmt.seconds(drawn[0])}, "
+            f"q1 {fmt.seconds(q1)}, median {fmt.seconds(med)}, q3 {fmt.seconds(q3)}, "
+            f"max {fmt.seconds(drawn[-1])}"
+        )
+        cv.rect(x + 1, ys(q3), bar - 2, ys(q1) - ys(q3), color, tip(c, extra), 0.1 if pale else 0.2)
+        cv.line(x + 1, ys(med), x + bar - 1, ys(med), "#111", 1.6)
+        inner = max(bar - 6, 1.0)
+        for k, v in enumerate(drawn):
+            dx = 3 + inner * ((k * _GOLDEN) % 1.0)
+            cv.circle(x + dx, ys(v), 1.6, color, opacity=0.2 if pale else 0.6)
+    cv.legend([(s, colors(s)) for s in series])
+    return cv.render("chart samples")
 
 
 def speedup(rows: list[dict], colors: Colors, title: str, ylabel: str) -> str:

@@ -25,6 +25,23 @@ def number(value, digits: int = 3) -> str:
     return str(value)
 
 
+def count(value) -> str:
+    """A whole number as digits (2048, not 2.05e+03); "-" for missing."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "-"
+    return str(int(value)) if math.isfinite(value) and value == int(value) else number(value)
+
+
+def nbytes(value) -> str:
+    """0 B, 512 B, 48 KiB, 1.5 MiB; "-" for missing."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{int(value)} B"
+
+
 def ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}×"
 

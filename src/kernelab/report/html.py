@@ -12,12 +12,14 @@ from pathlib import Path
 
 import orjson
 
-from kernelab.report import charts, fmt
-from kernelab.report.svg import PALETTE, esc
+from kernelab.report import charts, fmt, sections
+from kernelab.report.svg import PALETTE, esc, si
 
 #: Names of measured ceilings in the ledger (written by ``kernelab ceilings``).
 _COPY = "copy_bytes_per_s"
 _MATMUL = "matmul_flops_"
+#: Kinds of runs drawn by :mod:`kernelab.report.sections` (no times, no colours per variant).
+_UNTIMED = ("verify", "inspect")
 _SPEC_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8"}
 
 _CSS = """
@@ -98,6 +100,17 @@ def _run_title(run: dict) -> str:
     return f"{run['kind']} run {run['id']}{label}"
 
 
+def _outcome(run: dict) -> str:
+    """A few words on what a run found, whatever its kind."""
+    if run["kind"] == "verify":
+        return sections.verify_outcome(run)
+    if run["kind"] == "inspect":
+        return sections.inspect_outcome(run)
+    timed = sum(charts.median_of(c) is not None for c in run["cases"])
+    bad = sum(charts.invalid(c) for c in run["cases"])
+    return f"{timed} timed" + (f", {bad} invalid" if bad else "")
+
+
 def _summary_table(runs: list[dict], baseline: dict | None) -> str:
     rows = []
     for r in ([baseline] if baseline else []) + runs:
@@ -118,13 +131,14 @@ def _summary_table(runs: list[dict], baseline: dict | None) -> str:
                     r.get("device") or "-",
                     commit,
                     len(r["cases"]),
+                    _outcome(r),
                 )
             )
             + "</tr>"
         )
     head = "".join(
         f"<th>{h}</th>"
-        for h in ("", "id", "label", "kind", "created (UTC)", "device", "commit", "cases")
+        for h in ("", "id", "label", "kind", "created (UTC)", "device", "commit", "cases", "result")
     )
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
 
@@ -207,8 +221,10 @@ def _run_speedups(baseline: dict, run: dict) -> list[dict]:
 
 
 def _op_charts(name, cases, colors, baseline_variant, baseline, speedups) -> list[str]:
-    """Latency and speedup charts of one op's cases (one dtype)."""
+    """Latency, raw-sample and speedup charts of one op's cases (one dtype)."""
     out = [charts.latency(cases, colors, f"{name}: latency per shape")]
+    if any(c.get("samples") for c in cases):
+        out.append(charts.samples(cases, colors, f"{name}: raw samples per shape"))
     vs = _variant_speedups(cases, baseline_variant)
     if vs:
         title = f"{name}: speedup over {baseline_variant}"
@@ -283,6 +299,68 @@ def render_study(study: dict, title: str = "kernelab crossover") -> str:
     )
 
 
+def _roofline_legend(points, colors) -> str:
+    """The numbers on a roofline's points, one row each: what case the number stands for."""
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("#", "op", "variant", "shape", "dtype", "mode", "FLOP/byte", "FLOP/s",
+                  "% roofline")
+    )  # fmt: skip
+    rows = []
+    for n, ai, perf, c in points:
+        cells = [
+            (c["op"], ""),
+            (c["variant"], ""),
+            (c.get("shape_label") or c["shape_key"], ""),
+            (c["dtype"], ""),
+            (c["mode"], ""),
+            (fmt.number(ai) if ai < 1000 else si(ai), "n"),
+            (si(perf, "FLOP/s"), "n"),
+            (fmt.percent(_number(c["metrics"].get("pct_roofline"))), "n"),
+        ]
+        rows.append(
+            f'<tr class="pt"><td class="n" style="border-left:6px solid {colors(c["variant"])}">'
+            f"{n}</td>"
+            + "".join(
+                f'<td class="{k}">{esc(v)}</td>' if k else f"<td>{esc(v)}</td>" for v, k in cells
+            )
+            + "</tr>"
+        )
+    return f'<table class="legend"><tr>{head}</tr>{"".join(rows)}</table>'
+
+
+def _bench_body(run, ceil, colors, baseline_variant, baseline) -> str:
+    """A bench run: the roofline with its legend, then per op its charts and cases."""
+    points = charts.roofline_points(run["cases"])
+    out = ['<div class="charts">']
+    out.append(charts.roofline(run["cases"], ceil, colors, f"roofline · {run['id']}"))
+    out.append("</div>")
+    if points:
+        out.append(_roofline_legend(points, colors))
+    unplaced = len(run["cases"]) - len(points)
+    if points and unplaced:
+        out.append(
+            f'<p class="muted">{unplaced} case(s) not on the roofline: FLOPs, bytes or a time '
+            "missing</p>"
+        )
+    sweep = _sweep_of(run)
+    if sweep is not None:
+        out.append(_study_section(sweep))
+    speedups = _run_speedups(baseline, run) if baseline is not None else []
+    for op in dict.fromkeys(c["op"] for c in run["cases"]):
+        cases = [c for c in run["cases"] if c["op"] == op]
+        out.append(f"<h3>{esc(op)}</h3>")
+        dtypes = list(dict.fromkeys(c["dtype"] for c in cases))
+        for dtype in dtypes:
+            group = [c for c in cases if c["dtype"] == dtype]
+            name = f"{op} · {dtype}" if len(dtypes) > 1 else op
+            out.append('<div class="charts">')
+            out.extend(_op_charts(name, group, colors, baseline_variant, baseline, speedups))
+            out.append("</div>")
+        out.append(_case_table(cases))
+    return "\n".join(out)
+
+
 def render(
     runs: list[dict],
     baseline: dict | None = None,
@@ -292,12 +370,16 @@ def render(
 ) -> str:
     """The report page for ``runs`` (as :meth:`Ledger.get_run` returns them).
 
+    Each run gets a section by its kind: "verify" runs their pass/fail tables and failing
+    cases, "inspect" runs their registers, spills, shared memory, occupancy and findings per
+    op and target, and any other kind (bench) its roofline and timing charts.
     ``baseline``: a run to draw per-case speedups against; ``stored_ceilings``: the ledger's
     measured ceilings by device key, used when a run did not record its own.
     """
     if not runs:
         raise ValueError("runs: expected at least one run to report")
-    colors = _Colors(_variant_order(runs + ([baseline] if baseline else []), baseline_variant))
+    timed = [r for r in runs + ([baseline] if baseline else []) if r["kind"] not in _UNTIMED]
+    colors = _Colors(_variant_order(timed, baseline_variant))
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     out = [
         "<!doctype html>",
@@ -306,31 +388,27 @@ def render(
         "style-src 'unsafe-inline'\">",
         f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{esc(title)}</h1>",
-        f'<p class="muted">generated {esc(now)} · times are medians of raw samples; '
-        "hollow points and pale bars are times flagged invalid</p>",
+        f'<p class="muted">generated {esc(now)}'
+        + (
+            " · times are medians of raw samples; hollow points and pale bars are times "
+            "flagged invalid"
+            if any(r["kind"] not in _UNTIMED for r in runs)
+            else ""
+        )
+        + "</p>",
         _summary_table(runs, baseline),
     ]
     for run in runs:
-        ceil = ceilings_of(run, (stored_ceilings or {}).get(run.get("device_key") or ""))
-        out.append(f"<section><h2>{esc(_run_title(run))} · {esc(run.get('device') or '')}</h2>")
-        out.append('<div class="charts">')
-        out.append(charts.roofline(run["cases"], ceil, colors, f"roofline · {run['id']}"))
-        out.append("</div>")
-        sweep = _sweep_of(run)
-        if sweep is not None:
-            out.append(_study_section(sweep))
-        speedups = _run_speedups(baseline, run) if baseline is not None else []
-        for op in dict.fromkeys(c["op"] for c in run["cases"]):
-            cases = [c for c in run["cases"] if c["op"] == op]
-            out.append(f"<h3>{esc(op)}</h3>")
-            dtypes = list(dict.fromkeys(c["dtype"] for c in cases))
-            for dtype in dtypes:
-                group = [c for c in cases if c["dtype"] == dtype]
-                name = f"{op} · {dtype}" if len(dtypes) > 1 else op
-                out.append('<div class="charts">')
-                out.extend(_op_charts(name, group, colors, baseline_variant, baseline, speedups))
-                out.append("</div>")
-            out.append(_case_table(cases))
+        kind = run["kind"]
+        out.append(f'<section class="run {esc(kind)}">')
+        out.append(f"<h2>{esc(_run_title(run))} · {esc(run.get('device') or '')}</h2>")
+        if kind == "verify":
+            out.append(sections.verify(run))
+        elif kind == "inspect":
+            out.append(sections.inspect(run))
+        else:
+            ceil = ceilings_of(run, (stored_ceilings or {}).get(run.get("device_key") or ""))
+            out.append(_bench_body(run, ceil, colors, baseline_variant, baseline))
         prov = orjson.dumps(run.get("provenance") or {}, option=orjson.OPT_INDENT_2, default=str)
         out.append(f"<h3>provenance</h3><pre>{esc(prov.decode())}</pre></section>")
     if baseline is not None:

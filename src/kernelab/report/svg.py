@@ -8,6 +8,7 @@ be placed inside an HTML page (no XML namespace needed, nothing fetched).
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from html import escape
 
 #: Colours of series, in order; the report's tests look for the first ones in screenshots.
@@ -121,11 +122,14 @@ class Canvas:
     def add(self, markup: str) -> None:
         self.parts.append(markup)
 
-    def text(self, x, y, s, size=12, anchor="start", color="#222", rotate=None, weight=None):
+    def text(
+        self, x, y, s, size=12, anchor="start", color="#222", rotate=None, weight=None, cls=None
+    ):
         tr = f' transform="rotate({rotate} {num(x)} {num(y)})"' if rotate else ""
         w = f' font-weight="{weight}"' if weight else ""
+        c = f' class="{esc(cls)}"' if cls else ""
         self.add(
-            f'<text x="{num(x)}" y="{num(y)}" font-size="{size}" text-anchor="{anchor}" '
+            f'<text{c} x="{num(x)}" y="{num(y)}" font-size="{size}" text-anchor="{anchor}" '
             f'fill="{color}"{w}{tr}>{esc(s)}</text>'
         )
 
@@ -145,10 +149,11 @@ class Canvas:
             f'height="{num(max(h, 0.5))}" fill="{color}"{o}>{body}</rect>'
         )
 
-    def circle(self, x, y, r, color, tip=None, hollow=False):
+    def circle(self, x, y, r, color, tip=None, hollow=False, opacity=None):
         body = f"<title>{esc(tip)}</title>" if tip else ""
         fill = f'fill="white" stroke="{color}" stroke-width="2"' if hollow else f'fill="{color}"'
-        self.add(f'<circle cx="{num(x)}" cy="{num(y)}" r="{num(r)}" {fill}>{body}</circle>')
+        o = f' fill-opacity="{opacity}"' if opacity is not None else ""
+        self.add(f'<circle cx="{num(x)}" cy="{num(y)}" r="{num(r)}" {fill}{o}>{body}</circle>')
 
     def axes(self, xs: Scale | None, ys: Scale, xlabel: str, ylabel: str, xunit="", yunit=""):
         """Frame, grid, ticks and axis titles (``xs=None``: categorical x, no x ticks)."""
@@ -184,3 +189,70 @@ class Canvas:
             + "".join(self.parts)
             + "</svg>"
         )
+
+
+Box = tuple[float, float, float, float]  # left, top, right, bottom in pixels
+
+
+def text_box(x: float, y: float, s: str, size: float, anchor: str = "start") -> Box:
+    """The box a text drawn at baseline ``(x, y)`` roughly covers (glyphs ~0.6 em wide)."""
+    w = 0.6 * size * len(str(s))
+    left = x - {"start": 0.0, "middle": w / 2, "end": w}[anchor]
+    return (left, y - 0.8 * size, left + w, y + 0.25 * size)
+
+
+def _overlap(a: Box, b: Box) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+class Placer:
+    """Finds spots for short labels beside points so that no label covers another label, a
+    point, or any box reserved before: the first free spot on rings of growing radius around
+    the point, starting up and to the right. Reserved boxes are kept in a coarse grid, so
+    placing n labels costs about n × spots tried, not n²."""
+
+    RADII = (10, 16, 24, 34, 46, 60, 76, 94, 114, 136)
+    ANGLES = tuple(-math.pi / 4 + k * math.pi / 8 for k in range(16))
+    GAP = 1.0  # pixels kept free around every label
+
+    def __init__(self, bounds: Box, cell: float = 40.0):
+        self.bounds, self.cell = bounds, cell
+        self._grid: dict[tuple[int, int], list[Box]] = defaultdict(list)
+
+    def _cells(self, box: Box):
+        c = self.cell
+        for i in range(math.floor(box[0] / c), math.floor(box[2] / c) + 1):
+            for j in range(math.floor(box[1] / c), math.floor(box[3] / c) + 1):
+                yield i, j
+
+    def reserve(self, box: Box) -> None:
+        for cell in self._cells(box):
+            self._grid[cell].append(box)
+
+    def free(self, box: Box) -> bool:
+        b = self.bounds
+        if box[0] < b[0] or box[1] < b[1] or box[2] > b[2] or box[3] > b[3]:
+            return False
+        g = self.GAP
+        padded = (box[0] - g, box[1] - g, box[2] + g, box[3] + g)
+        return not any(_overlap(padded, o) for c in self._cells(padded) for o in self._grid[c])
+
+    def place(self, x: float, y: float, label: str, size: float) -> tuple[float, float, float]:
+        """A centre ``(cx, cy)`` for ``label`` near ``(x, y)`` and its distance from the point,
+        reserved from now on. When every spot tried is taken, the one farthest from the point
+        that stays inside the bounds (labels may then overlap: the chart is saturated)."""
+        w, h = 0.6 * size * len(label), 1.05 * size
+        last = None
+        for r in self.RADII:
+            for a in self.ANGLES:
+                cx, cy = x + r * math.cos(a), y + r * math.sin(a)
+                box = (cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2)
+                if self.free(box):
+                    self.reserve(box)
+                    return cx, cy, r
+                b = self.bounds
+                if b[0] <= box[0] and box[2] <= b[2] and b[1] <= box[1] and box[3] <= b[3]:
+                    last = (cx, cy, r, box)
+        cx, cy, r, box = last or (x, y, 0.0, (x - w / 2, y - h / 2, x + w / 2, y + h / 2))
+        self.reserve(box)
+        return cx, cy, r
