@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 from rich.cells import cell_len
 from rich.console import Console
+from rich.text import Text
 
 from kernelab import ledger
 from kernelab.bench.roofline import COPY, MATMUL
@@ -421,3 +422,23 @@ def test_a_sheet_never_cuts_an_identifier_wider_than_its_share():
     text = render(sheet, 80)
     check(text, 80, ("x" * 70, "then moved below its row"))
     assert "dropped first" not in text and "left out at 80 columns: a" in text
+
+
+def test_a_spill_column_keeps_the_names_that_fit_and_moves_the_rest_below():
+    long = "cutlass_" + "x" * 90
+    sheet = Sheet("t", [Col("kernel", give="spill", step=1), Col("time", right=True)])
+    for name in ("gemm_a", "gemm_b", long):
+        sheet.row(name, "1.0 us")
+    text = render(sheet, 60)
+    lines = text.splitlines()
+    assert any(line.startswith("gemm_a") and line.endswith("1.0 us") for line in lines)
+    check(text, 60, ("gemm_a", "gemm_b"))
+    assert long in "".join(text.split())  # continues on the next lines, every character kept
+    assert "kernel:" in text and "left out" not in text
+
+
+def test_a_word_wider_than_the_line_continues_on_the_next():
+    from kernelab.cli._table import pack
+
+    lines = pack([Text("short"), Text("y" * 25)], 10)
+    assert [line.plain for line in lines] == ["short", "y" * 10, "y" * 10, "y" * 5]
