@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 from rich.cells import cell_len
 from rich.console import Console
+from rich.text import Text
 
 from kernelab import ledger
 from kernelab.bench.roofline import COPY, MATMUL
@@ -421,3 +422,90 @@ def test_a_sheet_never_cuts_an_identifier_wider_than_its_share():
     text = render(sheet, 80)
     check(text, 80, ("x" * 70, "then moved below its row"))
     assert "dropped first" not in text and "left out at 80 columns: a" in text
+
+
+def test_a_spill_column_keeps_the_names_that_fit_and_moves_the_rest_below():
+    long = "cutlass_" + "x" * 90
+    sheet = Sheet("t", [Col("kernel", give="spill", step=1), Col("time", right=True)])
+    for name in ("gemm_a", "gemm_b", long):
+        sheet.row(name, "1.0 us")
+    text = render(sheet, 60)
+    lines = text.splitlines()
+    assert any(line.startswith("gemm_a") and line.endswith("1.0 us") for line in lines)
+    check(text, 60, ("gemm_a", "gemm_b"))
+    assert long in "".join(text.split())  # continues on the next lines, every character kept
+    assert "kernel:" in text and "left out" not in text
+
+
+def test_a_word_wider_than_the_line_continues_on_the_next():
+    from kernelab.cli._table import pack
+
+    lines = pack([Text("short"), Text("y" * 25)], 10)
+    assert [line.plain for line in lines] == ["short", "y" * 10, "y" * 10, "y" * 5]
+
+
+def check_names(text: str, width: int, names) -> None:
+    """:func:`check` for trace names: one that fits a line (less the indent of a line under a
+    row) is whole on one line; a longer one (a mangled kernel name of a thousand characters)
+    continues on the next lines, every character kept."""
+    fits = {n for n in names if cell_len(n) <= width - 8}
+    check(text, width, fits)
+    flat = "".join(text.split())
+    for name in set(names) - fits:
+        assert "".join(name.split()) in flat, f"{name!r} not whole in:\n{text}"
+
+
+def trace_command(args, width):
+    result = runner.invoke(app, ["trace", *args], env={"COLUMNS": str(width)})
+    assert result.exit_code == 0, result.output
+    data = json.loads(runner.invoke(app, ["trace", *args, "--json"]).output)
+    return result.output, data
+
+
+TRACES = ("a100_alexnet", "mi250_minitoy", "a100_nccl", "a100_diff_control")
+DIFF_PAIR = ("a100_diff_control.json.gz", "v100_diff_test.json.gz")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("name", TRACES)
+def test_trace_summary_of_real_traces(shared_dir, name, width):
+    from kernelab.trace.render import CPU_ROWS
+
+    path = str(shared_dir / "traces" / f"{name}.json.gz")
+    text, s = trace_command(["summary", path], width)
+    gpu = s["gpu"]
+    names = [k["name"] for k in gpu["top_kernels"]]
+    names += [k["op"] for k in gpu["top_kernels"] if k["op"]]
+    names += [k["category"] for k in gpu["top_kernels"]]
+    names += [o["op"] for o in gpu["roofline"]["ops"]]
+    names += [op for c in gpu["fusion"]["candidates"] for op in c["ops"]]
+    names += [k["name"] for k in gpu["occupancy"]["kernels"] if k.get("occupancy") is not None]
+    names += [o["name"] for o in s["cpu"]["ops"][:CPU_ROWS]]
+    names += [str(b["device"]) for b in gpu["breakdown"]]
+    check_names(text, width, names)
+    assert "left out" not in text  # nothing dropped: long names move below their row
+    if width >= 160:  # the device table keeps every column in its place
+        assert "host idle:" not in text
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_trace_diff_of_real_traces(shared_dir, width):
+    a, b = (str(shared_dir / "traces" / n) for n in DIFF_PAIR)
+    text, d = trace_command(["diff", a, b], width)
+    names = [k["name"] for k in d["kernels"]] + [c["category"] for c in d["categories"]]
+    check_names(text, width, names)
+    assert "-66.811 ms" in text  # a negative change in its unit, not "-66811.0 us"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_trace_summary_of_a_folder_of_ranks(tmp_path, width):
+    from tests.kineto_builder import TraceBuilder
+
+    for rank in range(2):
+        b = TraceBuilder(rank=rank)
+        b.launch("gemm_a", 0, 5, 10, 40 + 10 * rank)
+        b.launch("nccl_allreduce_kernel", 60, 5, 70, 20)
+        b.write(tmp_path / f"rank{rank}_of_a_job_with_a_rather_long_file_name.json")
+    text, r = trace_command(["summary", str(tmp_path)], width)
+    check_names(text, width, [row["file"] for row in r["ranks"]])
+    assert "left out" not in text

@@ -5,13 +5,19 @@ the table is too wide, and in which order (``step``, lowest first):
 
 - ``drop``: left out (a line under the table names what was left out);
 - ``below``: moved, whole, to a line of its own under each row (``header: value``);
-- ``wrap``: free text, wrapped at spaces within a narrower column.
+- ``wrap``: free text, wrapped at spaces within a narrower column;
+- ``spill``: keeps its column at the width left over (at least :data:`SPILL_MIN`, and wide
+  enough for most rows), and a value wider than that moves, whole, to a line under its own
+  row (a table of kernel names shows the short ones in their column and the few long ones
+  below); with less room left over, the column moves below every row as ``below`` does.
 
 Columns that give no way are never narrowed; if the table is still too wide, the rightmost
-columns move below their rows. No value is ever cut: words are never split, and
-identifiers (run ids, ops, variants, shape labels) either keep their column, move below their
-row, or head a group of rows (:meth:`Sheet.group`), so each appears whole on one line. Cells
-are plain text (never rich markup) unless given as :class:`rich.text.Text`.
+columns move below their rows. No value is ever cut: words are never split, and identifiers
+(run ids, ops, variants, shape labels, kernel names) either keep their column, move below
+their row, or head a group of rows (:meth:`Sheet.group`), so each appears whole on one line.
+The one exception is a word wider than a whole line (a mangled kernel name of a thousand
+characters): it continues on the next lines, every character kept. Cells are plain text
+(never rich markup) unless given as :class:`rich.text.Text`.
 """
 
 from __future__ import annotations
@@ -24,19 +30,20 @@ from rich.text import Text
 GAP = 2  #: spaces between columns
 INDENT = 2  #: rows under a group header
 _EMPTY = ("", "-", "—")
+SPILL_MIN = 24  #: the narrowest a ``spill`` column stays in the table
 
 
 @dataclass(frozen=True)
 class Col:
     header: str
     right: bool = False
-    give: str | None = None  # "drop", "below" or "wrap"; None: always shown as it is
+    give: str | None = None  # "drop", "below", "wrap" or "spill"; None: always shown as it is
     step: int = 0  # columns give way in increasing step
     hide_empty: bool = False  # left out when no row has a value
 
     def __post_init__(self):
-        if self.give not in (None, "drop", "below", "wrap"):
-            raise ValueError(f"give: expected drop, below, wrap or None, got {self.give!r}")
+        if self.give not in (None, "drop", "below", "wrap", "spill"):
+            raise ValueError(f"give: expected drop, below, wrap, spill or None, got {self.give!r}")
 
 
 def _text(value, style: str | None = None) -> Text:
@@ -53,19 +60,43 @@ def _words(t: Text) -> list[Text]:
     return [w for w in t.split(" ") if w.plain]
 
 
+def _chop(t: Text, width: int) -> list[Text]:
+    """``t`` in pieces of at most ``width`` cells, every character kept (a kernel name of
+    a thousand characters continues on the next lines rather than running past the edge)."""
+    width = max(width, 2)  # a wide character needs two cells
+    offsets, used = [], 0
+    for k, ch in enumerate(t.plain):
+        w = cell_len(ch)
+        if used + w > width:
+            offsets.append(k)
+            used = 0
+        used += w
+    return list(t.divide(offsets)) if offsets else [t]
+
+
 def pack(parts: list[Text], width: int, sep: str = "  ") -> list[Text]:
     """Parts on lines of at most ``width`` cells, broken only between parts; a part wider than
-    ``width`` is broken between its words (a word wider than the line keeps its own line)."""
+    ``width`` is broken between its words, and a word wider than the line continues on the
+    next (its first piece starts a line of its own)."""
     pieces: list[tuple[Text, str]] = []
     for part in parts:
         if _width(part) <= width:
             pieces.append((part, sep))
-        else:
-            pieces.extend((w, " " if k else sep) for k, w in enumerate(_words(part)))
+            continue
+        for k, word in enumerate(_words(part)):
+            if _width(word) <= width:
+                pieces.append((word, " " if k else sep))
+                continue
+            for n, chunk in enumerate(_chop(word, width)):
+                pieces.append((chunk, None if n else " " if k else sep))
     lines: list[Text] = []
     line: Text | None = None
     for piece, joiner in pieces:
-        if line is not None and cell_len(line.plain) + len(joiner) + _width(piece) <= width:
+        if (
+            line is not None
+            and joiner is not None
+            and cell_len(line.plain) + len(joiner) + _width(piece) <= width
+        ):
             line.append(joiner)
             line.append_text(piece)
         else:
@@ -111,7 +142,8 @@ class Sheet:
         return INDENT if any(h for h, _ in self.blocks) else 0
 
     def layout(self, width: int) -> tuple[list[int], dict[int, int], list[int], list[int]]:
-        """(shown column indices, their widths, columns moved below, columns dropped)."""
+        """(shown column indices, their widths, columns moved below, columns dropped). A
+        column both shown and below (``spill``) moves below only the rows too wide for it."""
         rows = self.rows
         shown = [
             i
@@ -139,10 +171,19 @@ class Sheet:
                 )
                 widths[i] = max(longest, widths[i] - excess)
                 continue
+            left = widths[i] - excess
+            if give == "spill" and left >= max(SPILL_MIN, cell_len(self.cols[i].header)):
+                fit = [_width(r[i]) for r in rows if _width(r[i]) <= left]
+                if 2 * len(fit) >= len(rows):  # most rows keep their value in the column
+                    widths[i] = max([cell_len(self.cols[i].header), *fit])
+                    below.append(i)
+                    continue
             shown.remove(i)
-            (below if give == "below" else dropped).append(i)
+            (dropped if give == "drop" else below).append(i)
         while total() > width and len(shown) > 1:  # the last resort: the rightmost go below
-            below.append(shown.pop())
+            i = shown.pop()
+            if i not in below:
+                below.append(i)
         return shown, widths, sorted(below), sorted(dropped)
 
     def fits(self, width: int) -> bool:
@@ -165,6 +206,7 @@ class Sheet:
         out.append(Text(header.plain.rstrip(), style="bold"))
         rule = indent + sum(widths[i] for i in shown) + GAP * max(len(shown) - 1, 0)
         out.append(Text("─" * rule, style="dim"))
+        in_table = {i: widths[i] for i in shown}
         for b, (head, rows) in enumerate(self.blocks):
             if head:
                 out.extend(pack(head, width))
@@ -175,7 +217,8 @@ class Sheet:
                 out.extend(self._row(cells, shown, widths, indent if head else 0))
                 pad = (indent if head else 0) + 4
                 out.extend(
-                    Text(" " * pad) + line for line in self._below(cells, below, width - pad)
+                    Text(" " * pad) + line
+                    for line in self._below(cells, below, width - pad, in_table)
                 )
         if dropped:
             names = ", ".join(self.cols[i].header for i in dropped)
@@ -183,14 +226,18 @@ class Sheet:
             out.extend(pack([Text(note, style="dim")], width))
         return out
 
-    def _below(self, cells: list[Text], below: list[int], width: int) -> list[Text]:
+    def _kept(self, i: int, value: Text, widths: dict) -> bool:
+        """Whether a ``spill`` column's value stays in its column (it fits there)."""
+        return i in widths and self.cols[i].give == "spill" and _width(value) <= widths[i]
+
+    def _below(self, cells: list[Text], below: list[int], width: int, widths: dict) -> list[Text]:
         """The ``header: value`` lines under a row. A value too wide to follow its header
         starts a line of its own (so an identifier that fits a line is never broken)."""
         out: list[Text] = []
         together: list[Text] = []
         for i in below:
             value = cells[i]
-            if value.plain.strip() in _EMPTY:
+            if value.plain.strip() in _EMPTY or self._kept(i, value, widths):
                 continue
             header = Text(f"{self.cols[i].header}:", style="dim")
             part = Text.assemble(header, " ", value)
@@ -215,6 +262,9 @@ class Sheet:
         wrapped = {}
         for i in shown:
             lines: list[Text] = []
+            if self.cols[i].give == "spill" and _width(cells[i]) > widths[i]:
+                wrapped[i] = [Text("")]  # moved below this row
+                continue
             for part in cells[i].split("\n") or [Text("")]:
                 if _width(part) > widths[i]:
                     lines.extend(pack(_words(part) or [part], widths[i], " "))

@@ -1,6 +1,9 @@
-"""Rich tables for people. Every name from a trace is untrusted text: control characters
-are shown as escapes (a kernel name must not move the cursor or recolour the terminal) and
-markup is escaped (``rich.markup.escape``), never interpreted."""
+"""Tables for people, laid out for 80 columns first (:class:`kernelab.cli._table.Sheet`): no
+kernel, op or device name and no number is ever cut; long names move below their row and
+secondary columns give way on narrow terminals. Every name from a trace is untrusted text:
+control characters are shown as escapes (a kernel name must not move the cursor or recolour
+the terminal); table cells are plain text and prose has its markup escaped
+(``rich.markup.escape``), never interpreted."""
 
 from __future__ import annotations
 
@@ -8,7 +11,8 @@ import re
 
 from rich.console import Console
 from rich.markup import escape as _markup_escape
-from rich.table import Table
+
+from kernelab.cli._table import Col, Sheet
 
 #: C0 controls (tab and newline included: a name is one line), DEL and C1 controls.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -36,20 +40,23 @@ def _more_devices(rest: list[dict]) -> str:
     return f" (+{len(rest)} more: {kinds})"
 
 
-def _short(text: str, width: int = 70) -> str:
-    text = str(text)
-    return escape(text if len(text) <= width else text[: width - 1] + "…")
-
-
-def _us(v) -> str:
+def _us(v, sign: bool = False) -> str:
+    """Microseconds in the unit that suits them; ``sign``: a leading + on a positive change."""
     if v is None:
         return "-"
     v = float(v)
+    lead = "-" if v < 0 else "+" if sign and v > 0 else ""
+    v = abs(v)
     if v >= 1e6:
-        return f"{v / 1e6:.3f} s"
+        return f"{lead}{v / 1e6:.3f} s"
     if v >= 1e3:
-        return f"{v / 1e3:.3f} ms"
-    return f"{v:.1f} us"
+        return f"{lead}{v / 1e3:.3f} ms"
+    return f"{lead}{v:.1f} us"
+
+
+def _share(us, share) -> str:
+    """``12.854 s 99.5%``: a time and its share of the span, in one cell."""
+    return f"{_us(us)} {_pct(share)}"
 
 
 def _pct(v) -> str:
@@ -84,28 +91,153 @@ def render_summary(console: Console, s: dict) -> None:
                 console.print(f"   [green]→ {escape(v['fix'])}[/]")
 
 
-def _gpu_tables(console: Console, gpu: dict) -> None:
-    t = Table(title="GPU time by device")
-    for col in ("device", "span", "compute", "memory", "communication", "idle", "host", "sync"):
-        t.add_column(col, justify="right")
-    t.add_column("other", justify="right")
+def device_sheet(gpu: dict) -> Sheet:
+    """Busy and idle time per device, each with its share of the span; at 80 columns the idle
+    causes (and communication) move under each device's row."""
+    sheet = Sheet(
+        "GPU time by device (share of the span)",
+        [
+            Col("device"),
+            Col("span", right=True),
+            Col("compute", right=True),
+            Col("memory", right=True),
+            Col("communication", right=True, give="below", step=2),
+            Col("idle", right=True),
+            Col("host idle", right=True, give="below", step=1),
+            Col("sync idle", right=True, give="below", step=1),
+            Col("other idle", right=True, give="below", step=1),
+        ],
+    )
     for b, idle in zip(gpu["breakdown"], gpu["idle"], strict=False):
         c = b["categories"]
         span = b["span_us"] or 1
-        t.add_row(
-            str(b["device"]),
+        sheet.row(
+            printable(b["device"]),
             _us(b["span_us"]),
             *(
-                f"{_us(c[k]['busy_us'])} ({_pct(c[k]['share_of_span'])})"
+                _share(c[k]["busy_us"], c[k]["share_of_span"])
                 for k in ("compute", "memory", "communication")
             ),
-            f"{_us(b['idle_us'])} ({_pct(b['idle_share'])})",
+            _share(b["idle_us"], b["idle_share"]),
             *(
-                f"{_us(idle['by_cause_us'][k])} ({_pct(idle['by_cause_us'][k] / span)})"
+                _share(idle["by_cause_us"][k], idle["by_cause_us"][k] / span)
                 for k in ("host", "sync", "other")
             ),
         )
-    console.print(t)
+    return sheet
+
+
+def top_kernels_sheet(gpu: dict) -> Sheet:
+    """The kernels with the most GPU time; a long kernel name (then op) moves under its row."""
+    sheet = Sheet(
+        "Top kernels (normalised names)",
+        [
+            Col("kernel", give="spill", step=1),
+            Col("count", right=True),
+            Col("total", right=True),
+            Col("mean", right=True),
+            Col("share", right=True),
+            Col("category"),
+            Col("op", give="below", step=2),
+        ],
+    )
+    for k in gpu["top_kernels"]:
+        sheet.row(
+            printable(k["name"]),
+            str(k["count"]),
+            _us(k["total_us"]),
+            _us(k["mean_us"]),
+            _pct(k["share"]),
+            printable(k["category"]),
+            printable(k["op"] or "-"),
+        )
+    return sheet
+
+
+def roofline_sheet(roof: dict) -> Sheet:
+    """Achieved throughput of the ops with recorded shapes; the shapes move under the row."""
+    sheet = Sheet(
+        "Roofline (ops with recorded shapes)",
+        [
+            Col("op", give="spill", step=2),
+            Col("shapes", give="below", step=1),
+            Col("calls", right=True),
+            Col("GPU time", right=True),
+            Col("TFLOP/s", right=True),
+            Col("GB/s", right=True),
+            Col("bound", hide_empty=True),
+            Col("% roof", right=True, hide_empty=True),
+        ],
+    )
+    for o in roof["ops"]:
+        sheet.row(
+            printable(o["op"]),
+            printable(o["input_dims"]),
+            str(o["calls"]),
+            _us(o["gpu_time_us"]),
+            f"{o['achieved_tflops']:.2f}",
+            f"{o['achieved_gbps']:.1f}",
+            printable(o.get("bound", "-")),
+            _pct(o.get("roofline_share")),
+        )
+    return sheet
+
+
+def fusion_sheet(fusion: list[dict]) -> Sheet:
+    """Runs of memory-bound kernels that could be one; the chain of ops moves under the row
+    (broken between ops, never inside one)."""
+    sheet = Sheet(
+        "Fusion candidates (consecutive memory-bound kernels, one stream)",
+        [
+            Col("ops", give="spill", step=1),
+            Col("runs", right=True),
+            Col("time", right=True),
+            Col("launches saved", right=True),
+            Col("bytes saved", right=True, hide_empty=True),
+            Col("kernelab op", hide_empty=True, give="below", step=2),
+        ],
+    )
+    for c in fusion:
+        sheet.row(
+            " → ".join(printable(op) for op in c["ops"]),
+            str(c["occurrences"]),
+            _us(c["kernel_time_us"]),
+            str(c["launches_saved"]),
+            "-" if c["bytes_saved"] is None else f"{c['bytes_saved'] / 1e6:.2f} MB",
+            printable(c["kernelab_op"] or c["fused_form"] or "-"),
+        )
+    return sheet
+
+
+def occupancy_sheet(rows: list[dict]) -> Sheet:
+    """Theoretical occupancy per kernel; a long kernel name moves under its row."""
+    sheet = Sheet(
+        "Theoretical occupancy (real shared-memory carveouts)",
+        [
+            Col("kernel", give="spill", step=1),
+            Col("block", right=True),
+            Col("regs", right=True),
+            Col("smem", right=True),
+            Col("occupancy", right=True),
+            Col("limiter"),
+            Col("time", right=True),
+        ],
+    )
+    for k in rows:
+        sheet.row(
+            printable(k["name"]),
+            str(k["block"]),
+            str(k["registers"]),
+            str(k["shared_bytes"]),
+            _pct(k["occupancy"]),
+            printable(k["limiter"]),
+            _us(k["time_us"]),
+        )
+    return sheet
+
+
+def _gpu_tables(console: Console, gpu: dict) -> None:
+    device_sheet(gpu).print(console)
     la = gpu["launch"]
     console.print(
         f"launches: {la['measured']} measured of {la['kernels']} kernels; latency p50 "
@@ -121,71 +253,19 @@ def _gpu_tables(console: Console, gpu: dict) -> None:
             f"{_pct(comm['overlap_share'])} overlapped by compute, "
             f"{_us(comm['exposed_us'])} exposed"
         )
-    t = Table(title="Top kernels (normalised names)")
-    for col in ("kernel", "category", "op", "count", "total", "mean", "share"):
-        t.add_column(col, justify="right" if col in ("count", "total", "mean", "share") else "left")
-    for k in gpu["top_kernels"]:
-        t.add_row(
-            _short(k["name"]),
-            k["category"],
-            _short(k["op"] or "-", 30),
-            str(k["count"]),
-            _us(k["total_us"]),
-            _us(k["mean_us"]),
-            _pct(k["share"]),
-        )
-    console.print(t)
+    top_kernels_sheet(gpu).print(console)
     roof = gpu["roofline"]
     if roof["ops"]:
-        t = Table(title="Roofline (ops with recorded shapes)")
-        for col in ("op", "shapes", "calls", "GPU time", "TFLOP/s", "GB/s", "bound", "% roof"):
-            t.add_column(col)
-        for o in roof["ops"]:
-            t.add_row(
-                _short(o["op"], 30),
-                _short(o["input_dims"], 40),
-                str(o["calls"]),
-                _us(o["gpu_time_us"]),
-                f"{o['achieved_tflops']:.2f}",
-                f"{o['achieved_gbps']:.1f}",
-                o.get("bound", "-"),
-                _pct(o.get("roofline_share")),
-            )
-        console.print(t)
+        roofline_sheet(roof).print(console)
     if roof.get("note"):
         console.print(f"roofline: {escape(roof['note'])}")
     fusion = gpu["fusion"]["candidates"]
     if fusion:
-        t = Table(title="Fusion candidates (consecutive memory-bound kernels, one stream)")
-        for col in ("ops", "runs", "time", "launches saved", "bytes saved", "kernelab op"):
-            t.add_column(col)
-        for c in fusion:
-            t.add_row(
-                _short(" → ".join(c["ops"]), 80),
-                str(c["occurrences"]),
-                _us(c["kernel_time_us"]),
-                str(c["launches_saved"]),
-                "-" if c["bytes_saved"] is None else f"{c['bytes_saved'] / 1e6:.2f} MB",
-                escape(c["kernelab_op"] or c["fused_form"] or "-"),
-            )
-        console.print(t)
+        fusion_sheet(fusion).print(console)
     occ = gpu["occupancy"]
     rows = [k for k in occ["kernels"] if k.get("occupancy") is not None]
     if rows:
-        t = Table(title="Theoretical occupancy (real shared-memory carveouts)")
-        for col in ("kernel", "block", "regs", "smem", "occupancy", "limiter", "time"):
-            t.add_column(col)
-        for k in rows:
-            t.add_row(
-                _short(k["name"], 50),
-                str(k["block"]),
-                str(k["registers"]),
-                str(k["shared_bytes"]),
-                _pct(k["occupancy"]),
-                escape(k["limiter"]),
-                _us(k["time_us"]),
-            )
-        console.print(t)
+        occupancy_sheet(rows).print(console)
     elif occ.get("note"):
         console.print(f"occupancy: {escape(occ['note'])}")
 
@@ -225,12 +305,17 @@ def _memory(console: Console, m: dict) -> None:
     )
     console.print(f"allocated over time: {sparkline([p[1] for p in m['timeline']])}")
     if m["live_at_peak_by_op"]:
-        t = Table(title="Live at the peak, by the op that allocated")
-        for col in ("op", "allocations", "bytes"):
-            t.add_column(col, justify="left" if col == "op" else "right")
+        sheet = Sheet(
+            "Live at the peak, by the op that allocated",
+            [
+                Col("op", give="spill", step=1),
+                Col("allocations", right=True),
+                Col("bytes", right=True),
+            ],
+        )
         for r in m["live_at_peak_by_op"]:
-            t.add_row(_short(r["op"], 50), str(r["allocations"]), _mb(r["bytes"]))
-        console.print(t)
+            sheet.row(printable(r["op"]), str(r["allocations"]), _mb(r["bytes"]))
+        sheet.print(console)
     nf = m["never_freed"]
     if nf["allocations"]:
         ops = ", ".join(f"{r['op']} {_mb(r['bytes'])}" for r in nf["by_op"][:3])
@@ -240,21 +325,32 @@ def _memory(console: Console, m: dict) -> None:
         )
 
 
+#: Rows of the CPU-op table (the JSON lists ``--top`` of them).
+CPU_ROWS = 10
+
+
 def _cpu_table(console: Console, cpu: dict) -> None:
     if not cpu["ops"]:
         return
-    t = Table(title="CPU ops by self time")
-    for col in ("op", "count", "total", "self", "share"):
-        t.add_column(col)
-    for o in cpu["ops"][:10]:
-        t.add_row(
-            _short(o["name"], 50),
+    sheet = Sheet(
+        "CPU ops by self time",
+        [
+            Col("op", give="spill", step=1),
+            Col("count", right=True),
+            Col("total", right=True),
+            Col("self", right=True),
+            Col("share", right=True),
+        ],
+    )
+    for o in cpu["ops"][:CPU_ROWS]:
+        sheet.row(
+            printable(o["name"]),
             str(o["count"]),
             _us(o["total_us"]),
             _us(o["self_us"]),
             _pct(o["self_share"]),
         )
-    console.print(t)
+    sheet.print(console)
     if cpu.get("overhead_share") is not None:
         console.print(
             f"framework overhead (step time outside any op): {_pct(cpu['overhead_share'])} of "
@@ -266,43 +362,86 @@ def render_diff(console: Console, d: dict) -> None:
     console.print(f"[bold]kernelab trace diff[/] {escape(d['a'])} → {escape(d['b'])}")
     for w in d.get("warnings", []):
         console.print(f"[yellow]warning:[/] {escape(w)}")
-    t = Table(title="Per category (kernel time)")
-    for col in ("category", "A", "B", "Δ", "Δ count"):
-        t.add_column(col)
+    categories_sheet(d).print(console)
+    kernel_groups_sheet(d).print(console)
+
+
+def categories_sheet(d: dict) -> Sheet:
+    sheet = Sheet(
+        "Per category (kernel time)",
+        [
+            Col("category"),
+            Col("A", right=True),
+            Col("B", right=True),
+            Col("Δ", right=True),
+            Col("Δ count", right=True),
+        ],
+    )
     for c in d["categories"]:
-        t.add_row(
-            c["category"],
+        sheet.row(
+            printable(c["category"]),
             _us(c["a_us"]),
             _us(c["b_us"]),
-            _us(c["delta_us"]),
+            _us(c["delta_us"], sign=True),
             f"{c['delta_count']:+d}",
         )
-    console.print(t)
-    t = Table(title="Kernel groups ranked by |Δ time|")
-    for col in ("kernel", "A", "B", "Δ", "A count", "B count"):
-        t.add_column(col)
+    return sheet
+
+
+def kernel_groups_sheet(d: dict) -> Sheet:
+    """Kernel groups by the size of their change; a long kernel name moves under its row."""
+    sheet = Sheet(
+        "Kernel groups ranked by |Δ time|",
+        [
+            Col("kernel", give="spill", step=1),
+            Col("A", right=True),
+            Col("B", right=True),
+            Col("Δ", right=True),
+            Col("A count", right=True),
+            Col("B count", right=True),
+        ],
+    )
     for k in d["kernels"]:
-        t.add_row(
-            _short(k["name"]),
+        sheet.row(
+            printable(k["name"]),
             _us(k["a_us"]),
             _us(k["b_us"]),
-            _us(k["delta_us"]),
+            _us(k["delta_us"], sign=True),
             str(k["a_count"]),
             str(k["b_count"]),
         )
-    console.print(t)
+    return sheet
 
 
 def render_ranks(console: Console, r: dict) -> None:
     console.print(f"[bold]kernelab trace summary[/] {escape(r['folder'])}: {len(r['ranks'])} ranks")
-    t = Table(title="Per rank")
-    cols = ("rank", "file", "span", "compute", "communication", "idle", "comm share")
-    for col in (*cols, "overlapped", "exposed"):
-        t.add_column(col)
+    ranks_sheet(r).print(console)
+    for s in r["stragglers"]:
+        console.print(f"[yellow]straggler:[/] {escape(s['reason'])}")
+    for v in r.get("verdicts", []):
+        console.print(f" • {escape(v)}")
+
+
+def ranks_sheet(r: dict) -> Sheet:
+    """One row per rank; at 80 columns the file name and the overlap figures move under it."""
+    sheet = Sheet(
+        "Per rank",
+        [
+            Col("rank", right=True),
+            Col("file", give="below", step=1),
+            Col("span", right=True),
+            Col("compute", right=True),
+            Col("communication", right=True),
+            Col("idle", right=True),
+            Col("comm share", right=True),
+            Col("overlapped", right=True, give="below", step=3),
+            Col("exposed", right=True, give="below", step=2),
+        ],
+    )
     for row in r["ranks"]:
-        t.add_row(
-            str(row["rank"]),
-            _short(row["file"], 40),
+        sheet.row(
+            printable(row["rank"]),
+            printable(row["file"]),
             _us(row["span_us"]),
             _us(row["compute_us"]),
             _us(row["communication_us"]),
@@ -311,8 +450,4 @@ def render_ranks(console: Console, r: dict) -> None:
             _pct(row.get("comm_overlap_share")),
             _us(row.get("exposed_communication_us")),
         )
-    console.print(t)
-    for s in r["stragglers"]:
-        console.print(f"[yellow]straggler:[/] {escape(s['reason'])}")
-    for v in r.get("verdicts", []):
-        console.print(f" • {escape(v)}")
+    return sheet
