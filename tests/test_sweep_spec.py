@@ -235,3 +235,61 @@ def test_a_gpu_task_on_a_worker_without_that_gpu_fails_with_the_reason():
     assert task.gpu
     with pytest.raises(RuntimeError, match="task asked for a H200 GPU; this worker has"):
         work.execute(task)
+
+
+# --- explicit sizes ------------------------------------------------------------------------------
+
+
+def test_sizes_make_the_shapes_of_inspect_tune_floors_and_bench_tasks():
+    from kernelab.sweep import work
+
+    base = {"ops": ["rmsnorm"], "sizes": ["rows=4096,cols=8192", {"rows": 3, "cols": 96}]}
+    spec = sweep.validate({**base, "kind": "inspect", "targets": ["sm_90"]})
+    assert spec.sizes == ((("rows", 4096), ("cols", 8192)), (("rows", 3), ("cols", 96)))
+    assert sweep.validate(spec.as_dict()) == spec  # round trip, as the ledger stores it
+    tasks, _ = sweep.expand(spec)
+    # one shape per size and per distinct option set of the representative shapes
+    dims = {tuple(sorted(json.loads(t.params)["sizes"].items())) for t in tasks}
+    assert dims == {(("cols", 8192), ("rows", 4096)), (("cols", 96), ("rows", 3))}
+    assert all("rows=" in t.shape_key for t in tasks)
+    from kernelab import ops
+
+    shape = work._shape(ops.get("rmsnorm"), tasks[0])  # the worker finds the shape again
+    assert shape.dims == json.loads(tasks[0].params)["sizes"] and shape.key == tasks[0].shape_key
+    floors = sweep.validate({**base, "kind": "floors", "targets": ["H200"]})
+    ftasks, _ = sweep.expand(floors)  # one per dtype
+    out = work.execute(next(t for t in ftasks if t.dtype == "bfloat16"))
+    assert {c["shape_label"].split()[0] for c in out["cases"]} == {
+        "rows=4096,cols=8192", "rows=3,cols=96"
+    }  # fmt: skip
+    big = [c for c in out["cases"] if c["shape_label"].startswith("rows=4096")]
+    assert all(c["metrics"]["bytes"] >= 2 * 4096 * 8192 * 2 for c in big)  # in and out, bf16
+    bench = sweep.validate({**base, "kind": "bench", "targets": ["cpu"]})
+    (btask,) = [t for t in sweep.expand(bench)[0] if t.dtype == "float32"]
+    assert json.loads(btask.params)["sizes"] == [
+        {"rows": 4096, "cols": 8192},
+        {"rows": 3, "cols": 96},
+    ]
+
+
+@pytest.mark.parametrize(
+    "raw, match",
+    [
+        ({"sizes": ["rows=4096"]}, r"spec\.sizes\[0\]: rmsnorm takes sizes \['cols', 'rows'\]"),
+        ({"sizes": ["rows=0,cols=8"]}, r"spec\.sizes\[0\]: expected sizes as name=positive"),
+        ({"sizes": [{"rows": 2, "cols": "8"}]}, r"spec\.sizes\[0\]\.cols: expected a positive"),
+        ({"sizes": []}, r"spec\.sizes: expected a non-empty list"),
+        ({"sizes": ["rows=2,cols=8"], "shapes": ["decode"]}, r"spec\.sizes: give sizes"),
+    ],
+)
+def test_bad_sizes_name_the_entry(raw, match):
+    with pytest.raises(sweep.SpecError, match=match):
+        sweep.validate({"kind": "floors", "ops": ["rmsnorm"], "targets": ["H200"], **raw})
+
+
+def test_the_shape_flag_with_sizes_becomes_the_specs_sizes(tmp_path):
+    args = ["sweep", "floors", "--ops", "rmsnorm", "--target", "H200"]
+    res = CliRunner().invoke(app, [*args, "--shape", "rows=64,cols=4096", "--dry-run", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["spec"]["sizes"] == [{"rows": 64, "cols": 4096}], data["spec"]

@@ -131,12 +131,16 @@ def bench(
     return result
 
 
-def floors(spec, ops, shape_set: str = "representative", dtypes=None) -> list[dict]:
-    """Datasheet speed-of-light floor of every shape of ``ops`` on the device ``spec``."""
+def floors(spec, ops, shape_set: str = "representative", dtypes=None, dims=None) -> list[dict]:
+    """Datasheet speed-of-light floor of every shape of ``ops`` on the device ``spec``;
+    ``dims``: explicit sizes instead of the set's shapes (each a dict naming every dim)."""
+    from kernelab.bench.runner import explicit_shapes
+
     ceil = roofline.datasheet(spec)
     rows = []
     for op in ops:
-        for shape in op.shapes(shape_set):
+        shapes = explicit_shapes(op, list(dims), shape_set) if dims else op.shapes(shape_set)
+        for shape in shapes:
             for dt in dtypes or op.dtypes:
                 if dt not in op.dtypes:
                     continue

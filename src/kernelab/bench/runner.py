@@ -173,8 +173,9 @@ def explicit_shapes(op, dims_list, shape_set: str = "representative") -> list[Sh
                 for k, v in t.params.items()
                 if isinstance(v, bool | int | float | str) and v is not False
             ]
-            label = " ".join([dims_label(dims), *options])
-            shapes.append(Shape(label, dict(dims), dict(t.params), t.batch_dim, dict(t.reduce_to)))
+            ordered = {k: dims[k] for k in t.dims}  # the op's own order: one key per size
+            label = " ".join([dims_label(ordered), *options])
+            shapes.append(Shape(label, ordered, dict(t.params), t.batch_dim, dict(t.reduce_to)))
     return shapes
 
 

@@ -50,6 +50,11 @@ def spec_from(kind, spec_file, flags: dict) -> dict:
         value = flags.get(name)
         if value is None or value == ():
             continue
+        if name == "shapes" and any("=" in v for v in value):  # sizes, as bench's --shape
+            if not all("=" in v for v in value):
+                raise SpecError("spec.sizes: give sizes (name=value) or label filters, not both")
+            raw["sizes"] = list(value)  # one size set per --shape (commas separate its dims)
+            continue
         if name == "seeds":
             try:
                 value = [int(s) for s in _names(value)]

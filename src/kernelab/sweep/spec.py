@@ -11,7 +11,10 @@ Keys (all optional except ``kind``):
 ``ops``         op names (default: every registered op)
 ``variants``    verify, bench: variant names (default: every variant that runs on the target)
 ``shape_sets``  named shape sets (default: ["representative"])
-``shapes``      inspect, bench, tune: keep shapes whose label contains one of these
+``shapes``      inspect, bench, tune, floors: keep shapes whose label contains one of these
+``sizes``       inspect, bench, tune, floors: explicit sizes instead, each "rows=4096,cols=8192"
+                or a table {rows = 4096, cols = 8192} naming every dim of the op (its options,
+                a norm's residual say, come from the shape set's shapes); not with ``shapes``
 ``dtypes``      dtype names (default: every dtype the op takes)
 ``configs``     inspect, tune: "default", "space" (every config of the tuning space), or a
                 list of tables of config fields, each selecting the space's configs whose
@@ -55,6 +58,7 @@ _KEYS = (
     "variants",
     "shape_sets",
     "shapes",
+    "sizes",
     "dtypes",
     "configs",
     "targets",
@@ -68,12 +72,48 @@ _KEYS = (
 _ONLY = {
     "variants": ("verify", "bench"),
     "shapes": ("inspect", "bench", "tune", "floors"),
+    "sizes": ("inspect", "bench", "tune", "floors"),
     "configs": ("inspect", "tune"),
     "seeds": ("verify",),
     "trials": ("verify",),
     "max_rows": ("bench",),
     "mode": ("bench",),
 }
+
+
+def _sizes(raw, ops, shape_sets) -> tuple:
+    """``spec.sizes``: a list of "name=value,..." strings or tables of positive integers, each
+    naming every dim of every op of the sweep."""
+    from kernelab.bench.runner import explicit_shapes, parse_dims
+
+    if not isinstance(raw, list) or not raw:
+        raise SpecError(f"spec.sizes: expected a non-empty list, got {raw!r:.80}")
+    out = []
+    for i, item in enumerate(raw):
+        where = f"spec.sizes[{i}]"
+        if isinstance(item, str):
+            try:
+                dims = parse_dims(item, where)
+            except ValueError as exc:
+                raise SpecError(str(exc)) from None
+        elif isinstance(item, Mapping) and item:
+            dims = {}
+            for k, v in item.items():
+                if not isinstance(k, str) or not k.isidentifier():
+                    raise SpecError(f"{where}: expected dim names, got {k!r}")
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise SpecError(f"{where}.{k}: expected a positive integer, got {v!r}")
+                dims[k] = v
+        else:
+            raise SpecError(f"{where}: expected 'name=value,...' or a table, got {item!r:.80}")
+        for op in ops:
+            for shape_set in shape_sets:
+                try:
+                    explicit_shapes(op, [dims], shape_set)
+                except ValueError as exc:
+                    raise SpecError(f"{where}: {str(exc).removeprefix('--shape: ')}") from None
+        out.append(tuple(dims.items()))
+    return tuple(out)
 
 
 class SpecError(ValueError):
@@ -89,6 +129,8 @@ class SweepSpec:
     variants: tuple[str, ...] | None = None
     shape_sets: tuple[str, ...] = ("representative",)
     shapes: tuple[str, ...] | None = None
+    #: explicit sizes, each a tuple of (dim, value) pairs
+    sizes: tuple[tuple[tuple[str, int], ...], ...] | None = None
     dtypes: tuple[str, ...] | None = None
     configs: str | tuple[tuple[tuple[str, object], ...], ...] = "default"
     targets: tuple[str, ...] = ()
@@ -104,6 +146,8 @@ class SweepSpec:
         out = asdict(self)
         if not isinstance(self.configs, str):
             out["configs"] = [dict(c) for c in self.configs]
+        if self.sizes is not None:
+            out["sizes"] = [dict(d) for d in self.sizes]
         return {
             k: list(v) if isinstance(v, tuple) else v
             for k, v in out.items()
@@ -201,6 +245,10 @@ def validate(raw: Mapping) -> SweepSpec:
                     raise SpecError(f"spec.shape_sets[{i}]: {exc}") from None
     if raw.get("shapes") is not None:
         out["shapes"] = _names("shapes", raw["shapes"])
+    if raw.get("sizes") is not None:
+        if raw.get("shapes") is not None:
+            raise SpecError("spec.sizes: give sizes or label filters (spec.shapes), not both")
+        out["sizes"] = _sizes(raw["sizes"], selected, out.get("shape_sets", ("representative",)))
     if raw.get("dtypes") is not None:
         names = _names("dtypes", raw["dtypes"])
         dts = []

@@ -153,11 +153,29 @@ def _dtypes(op, names) -> list:
     return [d for d in op.dtypes if dtype_name(d) in names] or list(op.dtypes[:1])
 
 
-def _shapes(op, shape_set, wanted):
+def _shapes(op, shape_set, wanted, sizes=None):
+    """The shapes of a sweep: the set's (filtered by label), or the explicit ``sizes``."""
+    if sizes:
+        from kernelab.bench.runner import explicit_shapes
+
+        return explicit_shapes(op, [dict(d) for d in sizes], shape_set)
     shapes = op.shapes(shape_set)
     if wanted:
         shapes = [s for s in shapes if any(w in s.label for w in wanted)]
     return shapes
+
+
+def _selection(spec) -> tuple[str, dict]:
+    """How a floors or bench task names the shapes it covers (its shape key's suffix), and
+    the parameters that select them again in the worker."""
+    if spec.sizes:
+        from kernelab.bench.runner import dims_label
+
+        labels = [dims_label(dict(d)) for d in spec.sizes]
+        return f"[{'|'.join(labels)}]", {"sizes": [dict(d) for d in spec.sizes]}
+    return (f"[{'|'.join(spec.shapes)}]" if spec.shapes else ""), {
+        "shapes": list(spec.shapes or ())
+    }
 
 
 def _configs(op, shape, dtype, configs, skipped: list[str]) -> list:
@@ -210,8 +228,9 @@ def expand(spec: SweepSpec) -> tuple[list[Task], list[str]]:
             for dtype in _dtypes(op, spec.dtypes):
                 dt = dtype_name(dtype)
                 for shape_set in spec.shape_sets:
-                    for shape in _shapes(op, shape_set, spec.shapes):
+                    for shape in _shapes(op, shape_set, spec.shapes, spec.sizes):
                         targets = _compile_targets(op, shape, dtype, spec.targets)
+                        sized = _json({"sizes": dict(shape.dims)}) if spec.sizes else "{}"
                         if spec.kind == "tune":
                             n = len(op.tuning_space(shape, dtype))
                             for t in targets:
@@ -225,7 +244,7 @@ def expand(spec: SweepSpec) -> tuple[list[Task], list[str]]:
                                         dt,
                                         "space",
                                         t,
-                                        "{}",
+                                        sized,
                                         n,
                                     )
                                 )
@@ -242,7 +261,7 @@ def expand(spec: SweepSpec) -> tuple[list[Task], list[str]]:
                                         dt,
                                         config_text(config),
                                         t,
-                                        "{}",
+                                        sized,
                                     )
                                 )
             continue
@@ -262,10 +281,11 @@ def expand(spec: SweepSpec) -> tuple[list[Task], list[str]]:
         for dtype in _dtypes(op, spec.dtypes):
             dt = dtype_name(dtype)
             for shape_set in spec.shape_sets:
-                n_shapes = len(_shapes(op, shape_set, spec.shapes))
+                n_shapes = len(_shapes(op, shape_set, spec.shapes, spec.sizes))
+                suffix, selection = _selection(spec)
                 if spec.kind == "floors":
-                    shape_key = shape_set + (f"[{'|'.join(spec.shapes)}]" if spec.shapes else "")
-                    params = _json({"shapes": list(spec.shapes or ())})
+                    shape_key = shape_set + suffix
+                    params = _json(selection)
                     for t in spec.targets:
                         tasks.append(
                             _make(
@@ -283,14 +303,8 @@ def expand(spec: SweepSpec) -> tuple[list[Task], list[str]]:
                         )
                     continue
                 if spec.kind == "bench":
-                    shape_key = shape_set + (f"[{'|'.join(spec.shapes)}]" if spec.shapes else "")
-                    params = _json(
-                        {
-                            "mode": spec.mode,
-                            "max_rows": spec.max_rows,
-                            "shapes": list(spec.shapes or ()),
-                        }
-                    )
+                    shape_key = shape_set + suffix
+                    params = _json({"mode": spec.mode, "max_rows": spec.max_rows, **selection})
                     for t in spec.targets:
                         tasks.append(
                             _make(

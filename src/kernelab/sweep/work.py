@@ -33,7 +33,14 @@ def _provenance(device: str, task: Task, **extra) -> dict:
 
 
 def _shape(op, task: Task):
-    for s in op.shapes(task.shape_set):
+    sizes = orjson.loads(task.params).get("sizes")
+    if sizes:  # explicit sizes: the shapes they make with the set's options
+        from kernelab.bench.runner import explicit_shapes
+
+        shapes = explicit_shapes(op, [sizes], task.shape_set)
+    else:
+        shapes = op.shapes(task.shape_set)
+    for s in shapes:
         if s.key == task.shape_key:
             return s
     raise LookupError(f"{task.op}: no shape {task.shape_key!r} in set {task.shape_set!r}")
@@ -213,6 +220,7 @@ def _bench(task: Task) -> dict:
         mode=params.get("mode") or "auto",
         max_rows=params.get("max_rows"),
         shapes=tuple(params.get("shapes") or ()) or None,
+        dims=tuple(params["sizes"]) if params.get("sizes") else None,
     )
     from kernelab import ops as registry
 
@@ -265,8 +273,9 @@ def _floors(task: Task) -> dict:
     params = orjson.loads(task.params)
     wanted = params.get("shapes") or ()
     rows = floors(
-        lookup(task.target), [registry.get(task.op)], task.shape_set, [_dtype(task.dtype)]
-    )
+        lookup(task.target), [registry.get(task.op)], task.shape_set, [_dtype(task.dtype)],
+        dims=params.get("sizes"),
+    )  # fmt: skip
     rows = [r for r in rows if not wanted or any(w in r["shape_label"] for w in wanted)]
     cases = [
         {
