@@ -384,3 +384,29 @@ def test_chromium_renders_a_page_with_every_kind_of_run(db, tmp_path):
     assert len(drawn) > 150 and len(flagged) > 20
     # the verify and inspect tables come after the bench charts, as the runs were given
     assert np.median(flagged) > np.median(drawn)
+
+
+def test_speedups_over_a_baseline_are_marked_with_compares_verdict(db, tmp_path):
+    from kernelab.ledger.compare import compare_runs
+
+    before = synthetic_cases(1)
+    after = synthetic_cases(2, scale=0.8)  # 20 % faster everywhere...
+    for c in after:
+        if c["variant"] == "torch" and c["shape_key"] == "r1c4096":  # ...but one case, 30 % slower
+            c["samples"] = [t * 1.3 / 0.8 for t in c["samples"]]
+            c["metrics"]["median_s"] *= 1.3 / 0.8
+    db.record_run("bench", before, provenance(), label="before")
+    db.record_run("bench", after, provenance(), label="after")
+    page = report_html.write(db, ["after"], tmp_path / "r.html", baseline="before").read_text()
+    verdicts = [r.verdict for r in compare_runs(db.get_run("before"), db.get_run("after")).cases]
+    assert verdicts.count("slower") == 1 and len(set(verdicts)) > 1
+    start = page.index(f"speedup over run {db.get_run('before')['id']}")
+    marked = page[start:]
+    for v in set(verdicts):  # one mark per bar of that verdict, in the charts over the run
+        assert marked.count(f'class="verdict {v}"') == verdicts.count(v), v
+    keys = re.findall(r'class="verdict-key"[^>]*>([^<]*)<', marked)  # one per chart
+    assert keys and all(k.startswith("compare: ") for k in keys)
+    assert any("▼ slower" in k for k in keys)
+    assert all(any(v in k for k in keys) for v in set(verdicts))
+    over_torch = page[page.index("speedup over torch") : start]
+    assert 'class="verdict ' not in over_torch  # variants of one run: no compare verdict

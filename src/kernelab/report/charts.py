@@ -254,6 +254,16 @@ def samples(cases: list[dict], colors: Colors, title: str) -> str:
     return cv.render("chart samples")
 
 
+#: How a speedup bar shows compare's verdict on it (symbol, colour).
+VERDICT_MARKS = {
+    "faster": ("▲", "#2b8a3e"),
+    "slower": ("▼", "#c92a2a"),
+    "ambiguous": ("≈", "#666"),
+    "unreliable": ("?", "#e67700"),
+    "invalid": ("✕", "#c92a2a"),
+}
+
+
 def speedup(rows: list[dict], colors: Colors, title: str, ylabel: str) -> str:
     """Bars from the 1× line: ``rows`` of {case, speedup, lo, hi (optional)}; > 1 is faster."""
     cases = [r["case"] for r in rows]
@@ -282,7 +292,17 @@ def speedup(rows: list[dict], colors: Colors, title: str, ylabel: str) -> str:
         )
         if _pos(r.get("lo")) and _pos(r.get("hi")):
             cv.line(x + bar / 2, ys(r["lo"]), x + bar / 2, ys(r["hi"]), "#111", 1.2)
+        mark = VERDICT_MARKS.get(r.get("verdict") or "")
+        if mark:  # compare's verdict, past the bar's end (and its interval's)
+            ends = [ys(v) for v in (r.get("lo"), r.get("hi")) if _pos(v)] + [y]
+            up = s >= 1.0
+            at = (min(ends) - 4) if up else (max(ends) + 12)
+            cv.text(x + bar / 2, at, mark[0], 11, "middle", mark[1], cls=f"verdict {r['verdict']}")
     cv.legend([(s, colors(s)) for s in series])
+    if any(r.get("verdict") for r in rows):
+        shown = [v for v in VERDICT_MARKS if any(r.get("verdict") == v for r in rows)]
+        key = "   ".join(f"{VERDICT_MARKS[v][0]} {v}" for v in shown)
+        cv.text(cv.x1, cv.height - 8, f"compare: {key}", 11, "end", "#555", cls="verdict-key")
     return cv.render("chart speedup")
 
 
