@@ -410,3 +410,20 @@ def test_speedups_over_a_baseline_are_marked_with_compares_verdict(db, tmp_path)
     assert all(any(v in k for k in keys) for v in set(verdicts))
     over_torch = page[page.index("speedup over torch") : start]
     assert 'class="verdict ' not in over_torch  # variants of one run: no compare verdict
+
+
+def test_runs_of_the_same_cases_get_a_trend_across_them(db, tmp_path):
+    ids = [
+        db.record_run("bench", synthetic_cases(i, scale=s), provenance(), label=f"r{i}")
+        for i, s in enumerate((1.0, 0.9, 0.8))
+    ]
+    page = report_html.write(db, list(reversed(ids)), tmp_path / "r.html").read_text()
+    trend = page[page.index('<section class="trend">') : page.index("</section>")]
+    charts_ = trend.split("<svg")[1:]
+    assert len(charts_) == 2  # rmsnorm and gemm, one dtype each
+    n_cases = len(synthetic_cases(0))
+    assert trend.count("<circle") == 3 * n_cases  # every case in every run
+    labels = re.findall(r'class="run-id"[^>]*>([0-9a-f]+)<', charts_[0])
+    assert labels == ids  # oldest first, whatever order the runs were named in
+    one = report_html.write(db, [ids[0]], tmp_path / "one.html").read_text()
+    assert 'class="trend"' not in one

@@ -348,3 +348,30 @@ def crossover(study: dict, title: str) -> str:
     how = "measured" if study.get("how") == "measured" else "floors"
     cv.legend([(f"speedup ({how})", "#1f6fd1"), ("floor ratio (dashed)", CEILING)])
     return cv.render("chart crossover")
+
+
+def trend(series: list[tuple[dict, list[tuple[int, dict]]]], runs: list[str], colors: Colors,
+          title: str) -> str:  # fmt: skip
+    """Median time of each case across runs (oldest first, x = the run), one line per case
+    in its variant's colour; ``series``: (a case, [(run index, that run's case)]). A point
+    flagged invalid is hollow; the run ids label the x axis."""
+    cv = Canvas(640, 360, title, margin=(56, 24, 80, 80))
+    vals = [median_of(c) for _, pts in series for _, c in pts]
+    ys = Scale.fit([v for v in vals if v], cv.y0, cv.y1, pad=0.12)
+    cv.axes(None, ys, "", "median time (lower is better)", "", "s")
+    n = max(len(runs) - 1, 1)
+
+    def x_of(i: int) -> float:
+        return cv.x0 + (cv.x1 - cv.x0) * (0.5 if len(runs) == 1 else i / n)
+
+    for i, run_id in enumerate(runs):
+        cv.text(x_of(i), cv.y0 + 16, run_id, 10, "middle", "#444", cls="run-id")
+    for case, pts in series:
+        color = colors(case["variant"])
+        drawn = [(x_of(i), ys(t), c) for i, c in pts if (t := median_of(c))]
+        for (x1, y1, _), (x2, y2, _) in itertools.pairwise(drawn):
+            cv.line(x1, y1, x2, y2, color, 1.5)
+        for x, y, c in drawn:
+            cv.circle(x, y, 3.5, color, tip(c), hollow=invalid(c))
+    cv.legend([(v, colors(v)) for v in dict.fromkeys(c["variant"] for c, _ in series)])
+    return cv.render("chart trend")

@@ -329,6 +329,34 @@ def _roofline_legend(points, colors) -> str:
     return f'<table class="legend"><tr>{head}</tr>{"".join(rows)}</table>'
 
 
+def _trend_section(runs: list[dict], colors) -> str:
+    """With two or more timed runs: each case's median across them (oldest first), a chart
+    per op and dtype, the cases measured in at least two of the runs."""
+    if len(runs) < 2:
+        return ""
+    from kernelab.ledger.compare import case_key
+
+    ordered = sorted(runs, key=lambda r: (r.get("created") or "", r.get("seq") or 0))
+    by_key: dict[tuple, list[tuple[int, dict]]] = {}
+    for i, run in enumerate(ordered):
+        for c in run["cases"]:
+            by_key.setdefault(case_key(c), []).append((i, c))
+    lasting = [(pts[-1][1], pts) for pts in by_key.values() if len(pts) >= 2]
+    if not lasting:
+        return ""
+    ids = [r["id"] for r in ordered]
+    out = ['<section class="trend"><h2>across runs</h2>',
+           f'<p class="muted">each case measured in two runs or more, oldest run first: '
+           f"{esc(' → '.join(ids))}</p>", '<div class="charts">']  # fmt: skip
+    groups: dict[tuple, list] = {}
+    for case, pts in lasting:
+        groups.setdefault((case["op"], case["dtype"]), []).append((case, pts))
+    for (op, dtype), series in groups.items():
+        out.append(charts.trend(series, ids, colors, f"{op} · {dtype}: median across runs"))
+    out.append("</div></section>")
+    return "\n".join(out)
+
+
 def _bench_body(run, ceil, colors, baseline_variant, baseline) -> str:
     """A bench run: the roofline with its legend, then per op its charts and cases."""
     points = charts.roofline_points(run["cases"])
@@ -397,6 +425,7 @@ def render(
         )
         + "</p>",
         _summary_table(runs, baseline),
+        _trend_section([r for r in runs if r["kind"] not in _UNTIMED], colors),
     ]
     for run in runs:
         kind = run["kind"]
