@@ -427,3 +427,23 @@ def test_runs_of_the_same_cases_get_a_trend_across_them(db, tmp_path):
     assert labels == ids  # oldest first, whatever order the runs were named in
     one = report_html.write(db, [ids[0]], tmp_path / "one.html").read_text()
     assert 'class="trend"' not in one
+
+
+def test_roof_labels_of_equal_peaks_do_not_overlap():
+    from kernelab.report.svg import _overlap, text_box
+
+    cases = synthetic_cases(1)
+    for c in cases[:4]:
+        c["dtype"] = "float16"  # two dtypes, one peak: fp16 and bf16 on an H200
+    ceil = {"bandwidth": 4.8e12, "bandwidth_source": "datasheet",
+            "flops": {"bfloat16": 989e12, "float16": 989e12},
+            "flops_source": {"bfloat16": "datasheet", "float16": "datasheet"}}  # fmt: skip
+    svg = charts.roofline(cases, ceil, report_html._Colors(["kernelab", "torch"]), "r")
+    labels = re.findall(
+        r'<text class="roof-label" x="([-\d.]+)" y="([-\d.]+)" font-size="11" '
+        r'text-anchor="(\w+)"[^>]*>([^<]*)<',
+        svg,
+    )
+    assert len(labels) == 3, svg[:400]  # memory, bfloat16, float16
+    boxes = [text_box(float(x), float(y), html.unescape(t), 11, a) for x, y, a, t in labels]
+    assert not any(_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])

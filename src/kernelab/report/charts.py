@@ -108,7 +108,7 @@ def roofline(cases: list[dict], ceilings: dict, colors: Colors, title: str) -> s
         )
         label = f"memory {bw / 1e9:.4g} GB/s · {src}"
         at = (xs(x_start) + 6, ys(x_start * bw) - 8)
-        cv.text(*at, label, 11, color=CEILING)
+        cv.text(*at, label, 11, color=CEILING, cls="roof-label")
         placer.reserve(text_box(*at, label, 11))
     for d, peak in peaks.items():
         x_from = max(xs.vmin, peak / bw) if bw else xs.vmin
@@ -124,8 +124,13 @@ def roofline(cases: list[dict], ceilings: dict, colors: Colors, title: str) -> s
             tip=f"{d} compute roof {si(peak, 'FLOP/s')} ({src})",
         )
         label = f"{d} {si(peak, 'FLOP/s')} · {src}"
-        cv.text(cv.x1 - 4, ys(peak) - 6, label, 11, "end", CEILING)
-        placer.reserve(text_box(cv.x1 - 4, ys(peak) - 6, label, 11, "end"))
+        # above its roof, or below it, or further out, where no other roof's label is
+        # (two dtypes often share a peak: fp16 and bf16 on every NVIDIA part)
+        spots = [(dy, text_box(cv.x1 - 4, ys(peak) + dy, label, 11, "end"))
+                 for dy in (-6, 15, -20, 29, -34, 43)]  # fmt: skip
+        dy, box = next(((d, b) for d, b in spots if placer.free(b)), spots[0])
+        cv.text(cv.x1 - 4, ys(peak) + dy, label, 11, "end", CEILING, cls="roof-label")
+        placer.reserve(box)
     if not bw and not peaks:
         cv.text(cv.x0 + 10, cv.y1 + 36, "no ceilings recorded for this run", 12, color="#a00")
     r = _POINT_R
