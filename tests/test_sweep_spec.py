@@ -293,3 +293,28 @@ def test_the_shape_flag_with_sizes_becomes_the_specs_sizes(tmp_path):
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["spec"]["sizes"] == [{"rows": 64, "cols": 4096}], data["spec"]
+
+
+def test_tune_on_a_gpu_type_asks_for_that_gpu_and_is_refused_without_it(tmp_path):
+    from kernelab.sweep import work
+
+    spec = sweep.validate({"kind": "tune", "ops": ["rmsnorm"], "dtypes": ["bf16"],
+                           "targets": ["sm_90", "H100"]})  # fmt: skip
+    tasks, _ = sweep.expand(spec)
+    by = {}
+    for t in tasks:
+        by.setdefault(t.target, []).append(t)
+    assert set(by) == {"sm_90", "H100"} and len(by["sm_90"]) == len(by["H100"])
+    assert not any(t.gpu for t in by["sm_90"]) and all(t.gpu for t in by["H100"])
+    assert ray_options(by["H100"][0])["resources"] == {"gpu:H100": 1}
+    assert ray_options(by["H100"][0])["num_gpus"] == 1
+    assert "num_gpus" not in ray_options(by["sm_90"][0])  # ranked statically on a CPU
+    with pytest.raises(RuntimeError, match="task asked for a H100 GPU; this worker has"):
+        work.execute(by["H100"][0])
+    db = tmp_path / "l.sqlite"
+    local = runner.invoke(app, ["sweep", "tune", "--ops", "rmsnorm", "--target", "H100",
+                                "--ledger", str(db)])  # fmt: skip
+    assert local.exit_code == 2 and "need --engine ray" in local.output, local.output
+    assert not db.exists()
+    with pytest.raises(sweep.SpecError, match=r"spec\.targets\[0\]: unknown target 'cpu'"):
+        sweep.validate({"kind": "tune", "ops": ["rmsnorm"], "targets": ["cpu"]})

@@ -72,7 +72,7 @@ def register(app: click.Group) -> None:
         info = detect(device)
         measure = store = None
         if info.type == "cuda":
-            measure = _gpu_measure(info)
+            measure = tune.gpu_measure()
             save = tune.store_winner(selected, _ledger())
 
             def store(result, device_key):
@@ -182,25 +182,3 @@ def _ledger():
     except ImportError:
         return None
     return ledger.open()
-
-
-def _gpu_measure(info):
-    """Device-event timing of the Triton variant with one config (GPU only)."""
-    import torch
-
-    def measure(op, shape, dtype, config, effort):
-        inputs = op.inputs(shape, dtype, "cuda", seed=0)
-        fn = op.variants["kernelab"].fn
-        for _ in range(3):
-            fn(**inputs, config=config)
-        torch.cuda.synchronize()
-        reps = 10 * effort
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn(**inputs, config=config)
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3 / reps
-
-    return measure

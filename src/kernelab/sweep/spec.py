@@ -19,7 +19,8 @@ Keys (all optional except ``kind``):
 ``configs``     inspect, tune: "default", "space" (every config of the tuning space), or a
                 list of tables of config fields, each selecting the space's configs whose
                 fields equal the given values (``[{BLOCK_M = 64, num_warps = 4}]``)
-``targets``     inspect, tune: compile targets (sm_80, sm_90, sm_100, gfx942, ...);
+``targets``     inspect, tune: compile targets (sm_80, sm_90, sm_100, gfx942, ...), tune also
+                GPU types (H100, ...: the space searched by timing on one GPU of that type);
                 verify, bench: device types ("cpu", or a GPU type: H100, H200, A100, B200,
                 MI300X), each GPU task requesting one GPU of that type; floors: GPU types
 ``seeds``       verify: input seeds, one task per seed (default: [0])
@@ -266,6 +267,8 @@ def validate(raw: Mapping) -> SweepSpec:
         out["configs"] = _configs(raw["configs"])
     compile_targets = kind in ("inspect", "tune")
     allowed = list(TARGETS) if compile_targets else ["cpu", *GPU_TYPES]
+    if kind == "tune":  # ranked statically for a compile target, or timed on a GPU type
+        allowed += list(GPU_TYPES)
     if kind == "floors":
         allowed = list(GPU_TYPES)
     if raw.get("targets") is None:

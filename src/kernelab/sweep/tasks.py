@@ -65,7 +65,7 @@ class Task:
     @property
     def gpu(self) -> bool:
         """Whether the task runs on a GPU (floors of a GPU type are computed on a CPU)."""
-        return self.kind in ("verify", "bench") and self.target in GPU_TYPES
+        return self.kind in ("verify", "bench", "tune") and self.target in GPU_TYPES
 
     def row(self) -> dict:
         """The ``sweep_tasks`` fields of this task."""
@@ -230,6 +230,8 @@ def expand(spec: SweepSpec) -> tuple[list[Task], list[str]]:
                 for shape_set in spec.shape_sets:
                     for shape in _shapes(op, shape_set, spec.shapes, spec.sizes):
                         targets = _compile_targets(op, shape, dtype, spec.targets)
+                        if spec.kind == "tune":  # GPU types: timed there (Triton variants)
+                            targets += [t for t in spec.targets if t in GPU_TYPES]
                         sized = _json({"sizes": dict(shape.dims)}) if spec.sizes else "{}"
                         if spec.kind == "tune":
                             n = len(op.tuning_space(shape, dtype))

@@ -244,7 +244,13 @@ def _tune(task: Task) -> dict:
     op = registry.get(task.op)
     dtype = _dtype(task.dtype)
     shape = _shape(op, task)
-    (result,) = tune(op, [shape], dtype, "cpu", target=task.target)
+    device = _device(task)  # a GPU task checks it got the GPU type it asked for
+    if task.gpu:  # searched by timing on this GPU, pruned for its own architecture
+        from kernelab.tune import gpu_measure
+
+        (result,) = tune(op, [shape], dtype, device, measure=gpu_measure())
+    else:  # ranked statically for a compile target
+        (result,) = tune(op, [shape], dtype, "cpu", target=task.target)
     d = result.as_dict()
     case = {
         "op": task.op,
@@ -260,7 +266,7 @@ def _tune(task: Task) -> dict:
     return {
         "kind": "tune",
         "cases": [case],
-        "provenance": _provenance("cpu", task),
+        "provenance": _provenance(device, task),
         "summary": f"{d['survivors']}/{d['space']} configs left after pruning",
     }
 

@@ -16,13 +16,14 @@
 """
 
 from kernelab.tune.search import Trial, exhaustive, search, successive_halving
-from kernelab.tune.tuner import TuneResult, export, store_winner, tune
+from kernelab.tune.tuner import TuneResult, export, gpu_measure, store_winner, tune
 
 __all__ = [
     "Trial",
     "TuneResult",
     "exhaustive",
     "export",
+    "gpu_measure",
     "search",
     "store_winner",
     "successive_halving",

@@ -129,6 +129,28 @@ def verify_config(op: Op, shape: Shape, dtype, config, device, seed: int = 0) ->
     return ref.check(op.variants["kernelab"].fn(**cand, config=config), cand) is None
 
 
+def gpu_measure() -> Measure:
+    """Device-event timing of the Triton variant with one config on the current CUDA device:
+    three warm-up calls, then ``10 × effort`` calls between two events (GPU only)."""
+
+    def measure(op, shape, dtype, config, effort):
+        inputs = op.inputs(shape, dtype, "cuda", seed=0)
+        fn = op.variants["kernelab"].fn
+        for _ in range(3):
+            fn(**inputs, config=config)
+        torch.cuda.synchronize()
+        reps = 10 * effort
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn(**inputs, config=config)
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1e3 / reps
+
+    return measure
+
+
 def tune(
     op: Op,
     shapes: Sequence[Shape],
