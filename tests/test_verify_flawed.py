@@ -104,3 +104,59 @@ def test_a_gemm_guessing_the_weight_layout_from_its_shape_is_caught(op_name):
         seed=SEED, trials=1,
     )  # fmt: skip
     assert honest.passed
+
+
+# --- a flaw the common distributions cannot show: a one-pass variance ---------------------------
+
+
+def _one_pass_layernorm(x, weight, bias=None, eps=1e-5, residual=None, out=None):
+    """LayerNorm with var = E[h²] − E[h]² in float32: exact algebra, catastrophic cancellation
+    under a common offset."""
+    h = x if residual is None else (x + residual)
+    if residual is not None:
+        residual.copy_(h)
+    f = h.float()
+    mean = f.mean(-1, keepdim=True)
+    var = (f * f).mean(-1, keepdim=True) - mean * mean
+    y = (f - mean) * torch.rsqrt(var.clamp_min(0) + eps) * weight.float()
+    y = (y + bias.float() if bias is not None else y).to(x.dtype)
+    return y if out is None else out.copy_(y)
+
+
+def test_a_one_pass_variance_is_caught_on_many_shapes_with_every_seed():
+    from kernelab.ops import LAYERNORM
+
+    assert "offset" in LAYERNORM.contract.distributions
+    for seed in (0, 1, 2):
+        report = verify_candidate(
+            _one_pass_layernorm, "layernorm", dtypes=(torch.float32,), device="cpu", seed=seed
+        )
+        failing = {c.shape for c in report.cases if not c.passed}
+        assert len(failing) >= 8, (seed, failing)  # of 26 float32 cases
+        offset = [c for c in report.cases if "offset" in [t["dist"] for t in c.trials]]
+        assert sum(not c.passed for c in offset) >= 8  # where the offset shows it
+
+
+def test_layernorm_is_at_least_as_accurate_as_eager_torch_under_an_offset(monkeypatch):
+    """Both paths of the kernel (through the interpreter) sum about each row's first value: a
+    common offset of 1000σ costs them nothing, where a mean summed about zero lost ~2× eager
+    torch's error on long rows."""
+    from kernelab.numerics import error
+    from kernelab.ops import LAYERNORM
+
+    monkeypatch.setenv("KERNELAB_INTERPRET", "1")
+    shapes = [
+        Shape("one pass 5x1021", {"rows": 5, "cols": 1021}, {"bias": True}, batch_dim="rows"),
+        Shape("looped 3x17384 +res", {"rows": 3, "cols": 17384}, {"residual": True},
+              batch_dim="rows"),
+    ]  # fmt: skip
+    for shape in shapes:
+        for seed in (0, 1, 2):
+            inputs = LAYERNORM.inputs(shape, torch.float32, "cpu", seed=seed, dist="offset")
+            (ref,), _ = LAYERNORM.run_reference(inputs)
+            errs = {}
+            for v in ("kernelab", "torch"):
+                args = {k: t.clone() if isinstance(t, torch.Tensor) else t
+                        for k, t in inputs.items()}  # fmt: skip
+                errs[v] = error(LAYERNORM.variants[v].fn(**args), ref).rel_l2
+            assert errs["kernelab"] <= errs["torch"], (shape.label, seed, errs)

@@ -104,16 +104,23 @@ def test_prefill_launch_compiles_to_wide_accesses_without_spills_for_sm90():
     [
         # the mean not subtracted (one-pass path): E[h²] used as the variance
         (
-            "hc = tl.where(mask, h - mean[:, None], 0.0)\n        rstd",
-            "hc = h\n        rstd",
+            "hc = tl.where(mask, hs - (tl.sum(hs, axis=1) / n_cols)[:, None], 0.0)",
+            "hc = h",
             None,
         ),
+        # the looped mean summed about zero and used as if about the first value
+        ("acc += tl.where(mask, h - shift[:, None], 0.0)", "acc += h", LayerNormConfig(1, 128, 1)),
         # the bias subtracted instead of added (one-pass path)
         ("y += tl.load(B + cols", "y -= tl.load(B + cols", None),
         # the looped variance taken about zero instead of the mean
         ("acc += hc * hc", "acc += h * h", LayerNormConfig(1, 128, 1)),
     ],
-    ids=["mean-not-subtracted", "bias-sign", "looped-variance-about-zero"],
+    ids=[
+        "mean-not-subtracted",
+        "looped-mean-not-shifted",
+        "bias-sign",
+        "looped-variance-about-zero",
+    ],
 )
 def test_planted_defects_are_caught(monkeypatch, tmp_path, old, new, config):
     mutant = mutate(ln_module._layernorm_kernel, old, new, tmp_path)

@@ -51,6 +51,8 @@ class Contract:
     call (the cache slots of this step, say). verify compares the masked elements against the
     reference (relative L2 and the NaN/Inf pattern) and requires every other element to be
     bitwise unchanged. An in-place argument without a region is compared whole.
+
+    ``distributions`` adds input distributions for this op's trials.
     """
 
     k: float = 2.0
@@ -63,8 +65,19 @@ class Contract:
     #: infinite in use, and an infinite scale is not a case an op must reproduce.
     special_inputs: tuple[str, ...] | None = None
     regions: Mapping[str, Callable[[dict], torch.Tensor]] = field(default_factory=dict)
+    #: Input distributions verify draws from for this op beside every op's
+    #: (``kernelab.ops._runtime.inputs.EXTRA_DISTRIBUTIONS``): "offset" for an op that
+    #: subtracts a mean, where a one-pass variance cancels catastrophically.
+    distributions: tuple[str, ...] = ()
 
     def __post_init__(self):
+        from kernelab.ops._runtime.inputs import EXTRA_DISTRIBUTIONS
+
+        unknown = [d for d in self.distributions if d not in EXTRA_DISTRIBUTIONS]
+        if unknown:
+            raise ValueError(
+                f"distributions: expected names from {EXTRA_DISTRIBUTIONS}, got {unknown}"
+            )
         stray = [name for name in self.regions if name not in self.inplace]
         if stray:
             raise ValueError(

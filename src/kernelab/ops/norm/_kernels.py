@@ -42,7 +42,8 @@ def _norm_kernel(
     Bytes, SINGLE_PASS (the row fits in BLOCK_N): reads x (and residual) once and weight (and
     bias) once per program; writes out (and residual, and one scale per row) once. Longer rows
     loop over blocks and re-read the row: once more for RMSNorm, twice for LayerNorm (the
-    variance about the mean, not E[h²] − mean², which cancels), once more for QUANT.
+    variance about the mean, not E[h²] − mean², which cancels; the mean itself summed about
+    the row's first value), once more for QUANT.
     With a residual, the sum is rounded to the residual's dtype before it is normalised, so the
     output is exactly the norm of the residual as stored.
     """
@@ -63,9 +64,10 @@ def _norm_kernel(
             h = s.to(tl.float32)
         if IS_RMS:
             hc = h
-        else:
-            mean = tl.sum(h, axis=1) / n_cols
-            hc = tl.where(mask, h - mean[:, None], 0.0)
+        else:  # about the row's first value h₀ first: exact, and a common offset is gone
+            h0 = tl.sum(tl.where(cols[None, :] < 1, h, 0.0), axis=1)
+            hs = tl.where(mask, h - h0[:, None], 0.0)
+            hc = tl.where(mask, hs - (tl.sum(hs, axis=1) / n_cols)[:, None], 0.0)
         rstd = tl.rsqrt(tl.sum(hc * hc, axis=1) / n_cols + eps)
         w = tl.load(W + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         y = hc * rstd[:, None] * w[None, :]
@@ -93,8 +95,17 @@ def _norm_kernel(
         else:
             tl.store(o_rows + cols[None, :], y.to(Out.dtype.element_ty), mask=mask)
     else:
-        # Pass 1: the residual sum, and Σh² (RMSNorm) or Σh (LayerNorm).
+        # Pass 1: the residual sum, and Σh² (RMSNorm) or Σ(h − h₀) (LayerNorm: shifted by the
+        # row's first value, so a large common offset does not cost the sum its precision).
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        shift = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if not IS_RMS:
+            first = row_ok[:, None] & (cols[None, :] < 1)
+            h0 = tl.load(x_rows + cols[None, :], mask=first, other=0.0).to(tl.float32)
+            if HAS_RESIDUAL:
+                r0 = tl.load(r_rows + cols[None, :], mask=first, other=0.0).to(tl.float32)
+                h0 = (h0 + r0).to(Res.dtype.element_ty).to(tl.float32)
+            shift = tl.sum(h0, axis=1)  # h₀ of each row (the other lanes hold 0)
         for start in range(0, n_cols, BLOCK_N):
             c = start + cols
             mask = row_ok[:, None] & (c[None, :] < n_cols)
@@ -107,19 +118,19 @@ def _norm_kernel(
             if IS_RMS:
                 acc += h * h
             else:
-                acc += h
+                acc += tl.where(mask, h - shift[:, None], 0.0)
         h_rows = r_rows if HAS_RESIDUAL else x_rows
         if IS_RMS:
             mean = tl.zeros([BLOCK_M], dtype=tl.float32)
             rstd = tl.rsqrt(tl.sum(acc, axis=1) / n_cols + eps)
         else:
-            mean = tl.sum(acc, axis=1) / n_cols
+            mean = tl.sum(acc, axis=1) / n_cols  # of h − h₀
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             for start in range(0, n_cols, BLOCK_N):
                 c = start + cols
                 mask = row_ok[:, None] & (c[None, :] < n_cols)
                 h = tl.load(h_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
-                hc = tl.where(mask, h - mean[:, None], 0.0)
+                hc = tl.where(mask, (h - shift[:, None]) - mean[:, None], 0.0)
                 acc += hc * hc
             rstd = tl.rsqrt(tl.sum(acc, axis=1) / n_cols + eps)
         scale = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
@@ -144,7 +155,7 @@ def _norm_kernel(
             mask = row_ok[:, None] & (c[None, :] < n_cols)
             h = tl.load(h_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
             w = tl.load(W + c, mask=c < n_cols, other=0.0).to(tl.float32)
-            y = (h - mean[:, None]) * rstd[:, None] * w[None, :]
+            y = ((h - shift[:, None]) - mean[:, None]) * rstd[:, None] * w[None, :]
             if HAS_BIAS:
                 y += tl.load(B + c, mask=c < n_cols, other=0.0).to(tl.float32)[None, :]
             if QUANT:

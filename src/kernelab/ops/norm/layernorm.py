@@ -118,7 +118,8 @@ LAYERNORM = register(
             "edge": lambda: _norm.edge(_OPTIONS),
         },
         cost=_cost,
-        contract=Contract(inplace=("residual",)),
+        # offset inputs: a variance must be taken about the mean (one pass cancels)
+        contract=Contract(inplace=("residual",), distributions=("offset",)),
         kernels=(_layernorm_kernel,),
         plan=_plan,
         tuning_space=lambda shape, dtype: LayerNormConfig.tuning_space(shape.dims["cols"]),
