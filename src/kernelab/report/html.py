@@ -143,6 +143,12 @@ def _summary_table(runs: list[dict], baseline: dict | None) -> str:
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
 
 
+def _identity(c: dict) -> list[tuple[str, str]]:
+    """The cells that name a case: op, variant, shape, dtype, mode."""
+    return [(c["op"], ""), (c["variant"], ""), (c.get("shape_label") or c["shape_key"], ""),
+            (c["dtype"], ""), (c["mode"], "")]  # fmt: skip
+
+
 def _case_table(cases: list[dict]) -> str:
     cols = (
         "op", "variant", "shape", "dtype", "mode", "median", "q1–q3", "n", "GB/s", "TFLOP/s",
@@ -153,11 +159,7 @@ def _case_table(cases: list[dict]) -> str:
         m = c["metrics"]
         q1, q3 = charts.quartiles_of(c)
         cells = [
-            (c["op"], ""),
-            (c["variant"], ""),
-            (c.get("shape_label") or c["shape_key"], ""),
-            (c["dtype"], ""),
-            (c["mode"], ""),
+            *_identity(c),
             (fmt.seconds(charts.median_of(c)), "n"),
             (f"{fmt.seconds(q1)} – {fmt.seconds(q3)}" if q1 and q3 else "-", "n"),
             (m.get("n", c.get("n_samples", "-")), "n"),
@@ -309,11 +311,7 @@ def _roofline_legend(points, colors) -> str:
     rows = []
     for n, ai, perf, c in points:
         cells = [
-            (c["op"], ""),
-            (c["variant"], ""),
-            (c.get("shape_label") or c["shape_key"], ""),
-            (c["dtype"], ""),
-            (c["mode"], ""),
+            *_identity(c),
             (fmt.number(ai) if ai < 1000 else si(ai), "n"),
             (si(perf, "FLOP/s"), "n"),
             (fmt.percent(_number(c["metrics"].get("pct_roofline"))), "n"),
