@@ -4,9 +4,10 @@ outputs, in-place arguments, integer inputs; seeds, tolerances, the report, the 
 import pytest
 import torch
 
+from kernelab.numerics import bits
 from kernelab.ops import Variant
 from kernelab.verify import CLASSES, audit, stage, verify, verify_candidate, verify_custom
-from kernelab.verify._buffers import PAD, bits, guard, output, poison, poison_value
+from kernelab.verify._buffers import PAD, guard, output, poison, poison_value
 from tests.flawed import toy_ops
 
 SEED = 7

@@ -31,6 +31,19 @@ class Error:
         }
 
 
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s elements reinterpreted as integers of the same width, for bitwise comparison
+    (NaN equal to the same NaN, -0.0 unequal to 0.0)."""
+    if t.dtype == torch.bool:
+        return t.view(torch.uint8)
+    if t.is_complex():
+        return torch.view_as_real(t).view(_BITS[t.element_size() // 2])
+    return t.view(_BITS[t.element_size()])
+
+
 def as_f64(t: torch.Tensor) -> torch.Tensor:
     """A float64 CPU copy of ``t`` (fp8 and integer tensors are converted by value)."""
     return t.detach().to(device="cpu").to(torch.float64)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernelab.numerics import error, special_mismatch
+from kernelab.numerics import bits, error, special_mismatch
 from kernelab.ops import as_tuple
 
 #: Host-clock time per call may exceed the timer's by this factor (plus dispatch) before the
@@ -153,9 +153,7 @@ def _within(kept, *tensors):
 
 def _changed(a: torch.Tensor, b: torch.Tensor) -> int:
     """How many elements of two same-dtype 1-D tensors differ bit for bit."""
-    width = a.element_size()
-    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[width]
-    return int((a.contiguous().view(ints) != b.contiguous().view(ints)).sum())
+    return int((bits(a.contiguous()) != bits(b.contiguous())).sum())
 
 
 def new_threads(before: set) -> list[threading.Thread]:

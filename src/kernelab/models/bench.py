@@ -42,15 +42,28 @@ def _timed(fn: Callable[[], object], device) -> float:
     return time.perf_counter() - t0
 
 
+def _until(rule: StopRule, draw: Callable[[], float]) -> list[float]:
+    """Samples of ``draw()`` until ``rule`` is met. The rule is asked at its minimum count,
+    then each time the samples grow by a tenth (summarising sorts them all: asking after
+    every one of thousands of millisecond samples would cost more than the samples), and
+    whenever the time is up."""
+    samples: list[float] = []
+    t0 = time.perf_counter()
+    check_at = rule.min_samples
+    while True:
+        samples.append(draw())
+        elapsed = time.perf_counter() - t0
+        if len(samples) >= check_at or elapsed >= rule.max_time:
+            if rule.done(summarize(samples), elapsed):
+                return samples
+            check_at = min(len(samples) + max(1, len(samples) // 10), rule.max_samples)
+
+
 def _sample(fn: Callable[[], object], device, rule: StopRule, warmup: int) -> list[float]:
     """Seconds of ``fn()`` per call, sampled until ``rule`` is met."""
     for _ in range(warmup):
         fn()
-    samples: list[float] = []
-    t0 = time.perf_counter()
-    while not rule.done(summarize(samples) if samples else None, time.perf_counter() - t0):
-        samples.append(_timed(fn, device))
-    return samples
+    return _until(rule, lambda: _timed(fn, device))
 
 
 def _decode_samples(full, first, device, rule: StopRule) -> list[float]:
@@ -58,11 +71,7 @@ def _decode_samples(full, first, device, rule: StopRule) -> list[float]:
     the two run back to back in each pair (so both see the machine in the same state)."""
     full()
     first()
-    samples: list[float] = []
-    t0 = time.perf_counter()
-    while not rule.done(summarize(samples) if samples else None, time.perf_counter() - t0):
-        samples.append(max(_timed(full, device) - _timed(first, device), 1e-12))
-    return samples
+    return _until(rule, lambda: max(_timed(full, device) - _timed(first, device), 1e-12))
 
 
 def _spread(samples: list[float], rule: StopRule) -> dict:
@@ -111,12 +120,13 @@ def measure(
     steps = decode_tokens - 1
     tok_s = sorted(steps / d for d in decode)
     d = _spread(decode, rule)
+    decode_s = statistics.median(decode)
     return {
         "prefill_s": statistics.median(prefill),
         "prefill_samples": prefill,
         "prefill_spread": _spread(prefill, rule),
-        "decode_tokens_per_s": steps / statistics.median(decode),
-        "decode_step_s": statistics.median(decode) / steps,
+        "decode_tokens_per_s": steps / decode_s,
+        "decode_step_s": decode_s / steps,
         "decode_samples": decode,
         "decode_spread": {
             **d,

@@ -328,16 +328,14 @@ def _mlp_rows(config: ModelConfig, w: Workload, tokens: int, ceilings, layers: i
     i, h = c.intermediate_size, c.hidden_size
     rows = [
         _gemm("gate_up", tokens, 2 * i, h, w.recipe, ceilings, layers),
-        _simple("act_mul", act, {"rows": tokens, "d": c.intermediate_size}, params, ceilings,
-                layers),
-    ]  # fmt: skip
+        _simple("act_mul", act, {"rows": tokens, "d": i}, params, ceilings, layers),
+    ]
     if fp8:
         rows.append(
-            _simple("down_quant", "fp8_quant", {"rows": tokens, "cols": c.intermediate_size},
+            _simple("down_quant", "fp8_quant", {"rows": tokens, "cols": i},
                     {"per_token": True}, ceilings, layers)
         )  # fmt: skip
-    rows.append(_gemm("down", tokens, c.hidden_size, c.intermediate_size, w.recipe, ceilings,
-                      layers))  # fmt: skip
+    rows.append(_gemm("down", tokens, h, i, w.recipe, ceilings, layers))
     return rows
 
 
@@ -467,12 +465,12 @@ def _step(config: ModelConfig, w: Workload, phase: str, ceilings) -> Step:
 def _weights(config: ModelConfig, decode: Step, element_size: int) -> float:
     """Bytes of the weights: every layer op's weights once per layer, the embedding table and
     the lm head (once if tied), the final norm."""
-    per_layer = sum(o.calls * o.weight_bytes for o in decode.ops if o.name not in MODEL_OPS)
+    layers = sum(o.calls * o.weight_bytes for o in decode.ops if o.name not in MODEL_OPS)
     table = config.vocab_size * config.hidden_size * element_size
     head = next(o.weight_bytes for o in decode.ops if o.name == "lm_head")
     final = next(o.weight_bytes for o in decode.ops if o.name == "final_norm")
     return (
-        per_layer  # each layer op's weights times the layers it runs in
+        layers  # each layer op's weights times the layers it runs in
         + table
         + (0 if config.tie_word_embeddings else head)
         + final

@@ -216,6 +216,7 @@ def expand(spec: SweepSpec) -> tuple[list[Task], list[str]]:
 
     tasks: list[Task] = []
     skipped: list[str] = []
+    suffix, selection = _selection(spec)  # floors and bench: their shapes, named once
     for op in (registry.get(n) for n in spec.ops):
         if spec.kind in ("inspect", "tune"):
             if op.launches is None:
@@ -284,7 +285,6 @@ def expand(spec: SweepSpec) -> tuple[list[Task], list[str]]:
             dt = dtype_name(dtype)
             for shape_set in spec.shape_sets:
                 n_shapes = len(_shapes(op, shape_set, spec.shapes, spec.sizes))
-                suffix, selection = _selection(spec)
                 if spec.kind == "floors":
                     shape_key = shape_set + suffix
                     params = _json(selection)

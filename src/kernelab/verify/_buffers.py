@@ -13,19 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from kernelab.numerics import bits
+
 #: Canary elements on each side of every buffer.
 PAD = 1024
-
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s elements reinterpreted as integers of the same width, for bitwise comparison."""
-    if t.dtype == torch.bool:
-        return t.view(torch.uint8)
-    if t.is_complex():
-        return torch.view_as_real(t).view(_BITS[t.element_size() // 2])
-    return t.view(_BITS[t.element_size()])
 
 
 def poison_value(dtype: torch.dtype, which: int):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from kernelab.numerics import error, special_mismatch
-from kernelab.verify._buffers import Guarded, bits, first, poison_value
+from kernelab.numerics import bits, error, special_mismatch
+from kernelab.verify._buffers import Guarded, first, poison_value
 from kernelab.verify._types import Failure, Measure
 
 
