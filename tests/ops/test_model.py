@@ -143,3 +143,12 @@ def test_the_cost_of_meta_inputs_is_the_cost_of_real_ones(op):
         meta = op.cost(op.inputs(shape, dtype, "meta"))
         real = op.cost(op.inputs(shape, dtype, "cpu"))
         assert (meta.flops, meta.bytes) == (real.flops, real.bytes), shape.label
+
+
+def test_a_contract_names_only_distributions_inputs_can_draw():
+    assert Contract(distributions=("offset",)).distributions == ("offset",)
+    with pytest.raises(ValueError, match=r"distributions: expected names from \('offset',\)"):
+        Contract(distributions=("uniform",))
+    shape = ops.LAYERNORM.shapes("representative")[0].reduced(2)
+    x = ops.LAYERNORM.inputs(shape, torch.float32, dist="offset")["x"]
+    assert x.numel() > 1000 and abs(float(x.mean()) - 1000.0) < 0.5 and 0.5 < float(x.std()) < 2
