@@ -301,6 +301,29 @@ def _demo_dot_scaled_bf16(without):
     return not torch.equal(c, a.float().sum(dim=1, keepdim=True).expand(n, n))
 
 
+@triton.jit
+def _dot_scaled_e4m3_scales(C, A, B, S, N: tl.constexpr):
+    r = tl.arange(0, N)
+    a = tl.load(A + r[:, None] * 2 * N + tl.arange(0, 2 * N)[None, :])
+    b = tl.load(B + r[:, None] * N + r[None, :])  # [N, K/2]: K = 2N e2m1 values per row
+    s = tl.load(S + r[:, None] * (2 * N // 16) + tl.arange(0, 2 * N // 16)[None, :])
+    c = tl.dot_scaled(a, None, "bf16", b.T, s, "e2m1")
+    tl.store(C + r[:, None] * N + r[None, :], c)
+
+
+def _demo_dot_scaled_e4m3_scales(without):
+    if not hasattr(interpreter_module(), "_dot_scaled_scale_to_f32"):
+        pytest.skip(f"Triton {VERSION}'s interpreter has no tl.dot_scaled scale decoding")
+    n = 16
+    a = torch.ones(n, 2 * n, dtype=BF16)
+    b = torch.full((n, n), 0x22, dtype=torch.uint8)  # e2m1 code 2 (1.0) in both nibbles
+    # two 16-value blocks per row with e4m3 scales 1.0 and 0.375 (bytes 0x38, 0x2C)
+    s = torch.tensor([1.0, 0.375]).repeat(n, 1).to(torch.float8_e4m3fn)
+    c = torch.empty(n, n)
+    run(_dot_scaled_e4m3_scales, (1,), c, a, b, s, N=n, without=without)
+    return not torch.equal(c, torch.full((n, n), 16 * 1.375))
+
+
 def interpreter_module():
     import triton.runtime.interpreter as m
 
@@ -319,6 +342,7 @@ UPSTREAM = {
     "scalar-index": _demo_scalar_index,
     "amd-fp8-dtypes": _demo_amd_fp8_dtypes,
     "dot-scaled-bf16": _demo_dot_scaled_bf16,
+    "dot-scaled-e4m3-scales": _demo_dot_scaled_e4m3_scales,
 }
 
 

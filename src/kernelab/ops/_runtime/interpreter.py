@@ -254,6 +254,25 @@ FIXES: tuple[Fix, ...] = (
             ),
         ),
     ),
+    Fix(
+        "dot-scaled-e4m3-scales",
+        "tl.dot_scaled reads an e4m3 scale (nvfp4's, one per 16 values) as a ue8m0 exponent "
+        "byte: scale 1.0 (0x38) becomes 2^-71 (seen in 3.9; 3.6 and 3.7 interpret no "
+        "tl.dot_scaled)",
+        "e4m3 scales are decoded to their values, as the GPU's block-scaled MMA and its "
+        "emulation (an e4m3 to bf16 conversion) read them",
+        "3.9",
+        None,
+        f"{_TEST}[dot-scaled-e4m3-scales]",
+        (
+            Patch(
+                "",
+                "_dot_scaled_scale_to_f32",
+                ("scale_handle", "compute_type"),
+                fx.make_dot_scaled_scale,
+            ),
+        ),
+    ),
 )
 
 

@@ -155,6 +155,21 @@ def make_dot_scaled_operand(original, m):
     return to_float32
 
 
+def make_dot_scaled_scale(original, m):
+    """tl.dot_scaled's e4m3 scales (nvfp4: float8e4nv, one per 16 values) are decoded to their
+    float32 values, as the GPU reads them (the interpreter shifts every scale byte into a
+    float32 exponent, the ue8m0 reading); uint8 scales keep the interpreter's decoding. e4m3's
+    NaN byte decodes to NaN: the block reads as NaN."""
+    f32 = m.tl.float32
+
+    def scale_to_f32(scale_handle, compute_type):
+        if getattr(scale_handle.dtype, "name", None) == "fp8e4nv":
+            return convert_bits(scale_handle.data, scale_handle.dtype, f32).view(np.float32)
+        return original(scale_handle, compute_type)
+
+    return scale_to_f32
+
+
 # --- bfloat16 arithmetic -------------------------------------------------------------------------
 
 
