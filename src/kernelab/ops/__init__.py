@@ -44,6 +44,7 @@ from kernelab.ops.matmul.fp8_block_gemm import FP8_BLOCK_GEMM, fp8_block_gemm, f
 from kernelab.ops.matmul.fp8_gemm import FP8_GEMM, fp8_gemm, fp8_gemm_ref
 from kernelab.ops.matmul.gemm import GEMM, gemm, gemm_ref
 from kernelab.ops.matmul.mx_gemm import MX_GEMM, mx_gemm, mx_gemm_ref
+from kernelab.ops.matmul.nvfp4_gemm import NVFP4_GEMM, nvfp4_gemm, nvfp4_gemm_ref
 from kernelab.ops.matmul.w4a16 import W4A16_GEMM, w4a16_gemm, w4a16_ref
 from kernelab.ops.matmul.w8a16 import W8A16_GEMM, w8a16_gemm, w8a16_ref
 from kernelab.ops.moe.fused_moe import FUSED_MOE, fused_moe, fused_moe_ref

@@ -21,6 +21,9 @@ Kernels:
 - ``_mx_gemm_kernel``: mxfp4 / mxfp8 weights through ``tl.dot_scaled``, bf16 activations or
   activations quantized to the weight's format in the kernel (``mx_gemm``); its helper
   ``_mx_quantize``.
+- ``_nvfp4_gemm_kernel``: nvfp4 weights (e4m3 scales per 16 values, a per-tensor scale)
+  through ``tl.dot_scaled``, bf16 activations or activations quantized to nvfp4 in the kernel
+  (``nvfp4_gemm``); its helper ``_nvfp4_quantize``.
 """
 
 from __future__ import annotations
@@ -677,3 +680,111 @@ def _mx_gemm_kernel(
                 acc = tl.dot_scaled(a, None, "bf16", b.T, bs, "e4m3", acc)
     c_ptrs = C + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@kernel
+def _nvfp4_quantize(x, g, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A [BLOCK_M, BLOCK_K] tile to nvfp4 relative to the per-tensor scale ``g`` (float32), by
+    ``packing.quantize_nvfp4``'s rule in the same float32 operations: per 16 values the scale
+    s = e4m3(min(max|x| / (g · 6), 448)) (NaN for a block holding NaN or Inf), values
+    e2m1(x / (s · g)) rounded to nearest even, saturating, 0 where s · g is 0. Returns (values
+    uint8 [BLOCK_M, BLOCK_K / 2], low nibble first; scales float8e4nv [BLOCK_M, BLOCK_K / 16])."""
+    x3 = tl.reshape(x.to(tl.float32), (BLOCK_M, BLOCK_K // 16, 16))
+    amax = tl.max(tl.abs(x3), axis=2)
+    # NaN and Inf by their exponent field (an integer max: a float max on the GPU drops NaN)
+    special = tl.max((x3.to(tl.int32, bitcast=True) >> 23) & 0xFF, axis=2) == 255
+    t = tl.minimum(tl.div_rn(amax, g * 6.0), 448.0)
+    scale = tl.where(special, float("nan"), t).to(tl.float8e4nv)
+    sg = scale.to(tl.float32) * g
+    sg3 = tl.broadcast_to(sg[:, :, None], (BLOCK_M, BLOCK_K // 16, 16))
+    y = tl.where(sg3 > 0, tl.div_rn(x3, tl.where(sg3 > 0, sg3, 1.0)), 0.0)
+    y = tl.reshape(y, (BLOCK_M, BLOCK_K))
+    ay = tl.abs(y)
+    # e2m1 codes, ties to the even code (as ``_mx_quantize``); above 5 → 6 (saturating)
+    code = (ay > 0.25).to(tl.int32) + (ay >= 0.75).to(tl.int32) + (ay > 1.25).to(tl.int32)
+    code += (ay >= 1.75).to(tl.int32) + (ay > 2.5).to(tl.int32) + (ay >= 3.5).to(tl.int32)
+    code += (ay > 5.0).to(tl.int32)
+    code = code | ((y < 0).to(tl.int32) << 3)
+    lo, hi = tl.split(tl.reshape(code, (BLOCK_M, BLOCK_K // 2, 2)))
+    return (lo | (hi << 4)).to(tl.uint8), scale
+
+
+@kernel
+def _nvfp4_gemm_kernel(
+    C,
+    stride_cm,
+    stride_cn,
+    A,
+    stride_am,
+    stride_ak,
+    B,
+    stride_bn,
+    stride_bk,
+    BS,
+    stride_bsn,
+    stride_bsk,
+    BG,
+    AG,
+    M,
+    N,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    QUANTIZE_A: tl.constexpr,
+):
+    """One output tile per program in grouped order:
+
+        C = (A' · value(B)ᵀ) · BG [· AG],   value(B)[n, k] = e2m1(B[n, k]) · BS[n, k / 16]
+
+    with B uint8 [N, K/2] (two e2m1 per byte along K, low nibble first), BS its e4m3 scales
+    [N, K/16] and BG its per-tensor float32 scale; A' = A (bfloat16, weight-only) or, with
+    QUANTIZE_A, A quantized to nvfp4 relative to its per-tensor scale AG tile by tile
+    (``_nvfp4_quantize``), whose block-scaled values enter the MMA and AG the epilogue.
+    ``tl.dot_scaled`` with 16-value e4m3 scales multiplies: the block-scaled tensor-core MMA
+    (kind::mxf4nvf4, block16) on sm_100 with both operands nvfp4; elsewhere (and weight-only
+    everywhere) the operands are scaled in bf16 (exactly) and multiplied by an ordinary MMA.
+    K is a multiple of 16; a last K tile past K is masked to zero.
+
+    Bytes: the weight K·N/2 plus K·N/16 scale bytes, A (2·M·K), and 2·M·N for the output.
+    """
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = rm < M
+    n_ok = rn < N
+    rka = tl.arange(0, BLOCK_K)
+    rkb = tl.arange(0, BLOCK_K // 2)
+    rks = tl.arange(0, BLOCK_K // 16)
+    a_rows = A + rm[:, None].to(tl.int64) * stride_am
+    b_rows = B + rn[:, None].to(tl.int64) * stride_bn
+    s_rows = BS + rn[:, None].to(tl.int64) * stride_bsn
+    if QUANTIZE_A:
+        ga = tl.load(AG)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ka = k0 + rka
+        a = tl.load(
+            a_rows + ka[None, :] * stride_ak, mask=m_ok[:, None] & (ka[None, :] < K), other=0.0
+        )
+        kb = k0 // 2 + rkb
+        b = tl.load(
+            b_rows + kb[None, :] * stride_bk, mask=n_ok[:, None] & (kb[None, :] < K // 2), other=0
+        )
+        ks = k0 // 16 + rks
+        bs = tl.load(
+            s_rows + ks[None, :] * stride_bsk,
+            mask=n_ok[:, None] & (ks[None, :] < K // 16),
+            other=0.0,
+        )
+        if QUANTIZE_A:
+            aq, a_scale = _nvfp4_quantize(a, ga, BLOCK_M, BLOCK_K)
+            acc = tl.dot_scaled(aq, a_scale, "e2m1", b.T, bs, "e2m1", acc)
+        else:
+            acc = tl.dot_scaled(a, None, "bf16", b.T, bs, "e2m1", acc)
+    g = tl.load(BG)
+    if QUANTIZE_A:
+        g = g * ga
+    c_ptrs = C + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, (acc * g).to(C.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])

@@ -407,3 +407,68 @@ def dequantize_mx(values, scales, fmt: str, dtype=torch.float64) -> torch.Tensor
     factor = torch.exp2(scales.to(dtype) - 127)
     factor = torch.where(scales == MX_NAN_SCALE, torch.nan, factor)
     return v * factor.repeat_interleave(MX_BLOCK, dim=-1)
+
+
+# --- nvfp4 ----------------------------------------------------------------------------------
+#
+# NVIDIA's nvfp4: e2m1 values packed as mxfp4's (two per byte along K, element 2i in the low
+# nibble), one e4m3 scale per 16 consecutive values along K (float8_e4m3fn [rows, K/16]), and a
+# per-tensor float32 scale g: the value is e2m1 · scale · g. g puts the tensor's largest block
+# scale at e4m3's top, g = max|x| / (448 · 6) (``nvfp4_global_scale``).
+#
+# Quantization, each step a float32 operation rounded to nearest even, the same in the GEMM's
+# kernel for its on-the-fly activations: per block, s = e4m3(min(amax / (g · 6), 448)) (a block
+# holding NaN or Inf gets the NaN scale); then q = e2m1(x / (s · g)), saturating at ±6 (0 where
+# s · g is 0: a block of zeros, or one too small for any e4m3 scale).
+
+NV_BLOCK = 16
+#: e4m3's largest value (the largest block scale) times e2m1's (the largest value).
+NV_RANGE = 448.0 * 6.0
+
+
+def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
+    """float32 0-dim tensor max|x| / (448 · 6), or 1 where max|x| is 0 or not finite."""
+    _check.tensor("x", x, dtypes=(*_check.FLOATS, torch.float64))
+    amax = x.abs().amax().to(torch.float32) if x.numel() else x.new_zeros((), dtype=torch.float32)
+    g = amax / NV_RANGE
+    return torch.where((g > 0) & torch.isfinite(g), g, torch.ones_like(g))
+
+
+def check_global_scale(name: str, g) -> torch.Tensor:
+    """A one-element float tensor (float32 in use; float64 in the reference), as float32."""
+    if not isinstance(g, torch.Tensor) or not g.is_floating_point() or g.numel() != 1:
+        got = f"{g.dtype} {tuple(g.shape)}" if isinstance(g, torch.Tensor) else type(g).__name__
+        raise TypeError(f"{name}: expected a one-element float32 tensor, got {got}")
+    return g.to(torch.float32)
+
+
+def quantize_nvfp4(x: torch.Tensor, global_scale: torch.Tensor | None = None):
+    """(values uint8 [rows, K/2], scales float8_e4m3fn [rows, K/16], global_scale float32 0-dim)
+    of a float [rows, K], K a multiple of 16, by the rule above; ``global_scale`` defaults to
+    ``nvfp4_global_scale(x)`` (pass a calibrated one for activations)."""
+    _check.tensor("x", x, dtypes=(*_check.FLOATS, torch.float64), ndim=2)
+    rows, k = x.shape
+    if k % NV_BLOCK:
+        raise ValueError(f"x: K = {k} is not a multiple of the {NV_BLOCK}-value scale block")
+    if global_scale is None:
+        global_scale = nvfp4_global_scale(x)
+    g = check_global_scale("global_scale", global_scale).to(x.device).reshape(())
+    if not (bool(torch.isfinite(g)) and float(g) > 0):
+        raise ValueError(f"global_scale: expected a positive finite scale, got {float(g)}")
+    xb = x.to(torch.float32).reshape(rows, k // NV_BLOCK, NV_BLOCK)
+    amax = xb.abs().amax(dim=-1) if xb.numel() else xb.new_zeros(xb.shape[:-1])
+    t = (amax / (g * 6.0)).clamp(max=448.0)
+    t = torch.where(torch.isfinite(amax), t, torch.nan)
+    scales = t.to(torch.float8_e4m3fn)
+    sg = scales.to(torch.float32) * g
+    y = torch.where(sg[..., None] > 0, xb / sg[..., None], torch.zeros_like(xb))
+    values = pack_fp4(e2m1_codes(y).reshape(rows, k))
+    return values, scales, g.clone()
+
+
+def dequantize_nvfp4(values, scales, global_scale, dtype=torch.float64) -> torch.Tensor:
+    """e2m1 · scale · global_scale per 16-value block, [rows, K] in ``dtype`` (exact in
+    float64)."""
+    g = check_global_scale("global_scale", global_scale).to(values.device, dtype).reshape(())
+    v = e2m1_values(unpack_fp4(values), dtype)
+    return v * (scales.to(dtype) * g).repeat_interleave(NV_BLOCK, dim=-1)

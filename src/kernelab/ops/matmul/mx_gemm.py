@@ -14,8 +14,7 @@ weight's scale blocks are whole (an error otherwise; pad the weight's K with zer
 On sm_100, ``tl.dot_scaled`` is the block-scaled tensor-core MMA (tcgen05); on sm_90, sm_80
 and gfx942 Triton emulates it by upcasting the operands to bfloat16 and multiplying on the
 ordinary tensor cores (``kernelab inspect`` tells which it found). nvfp4 (e4m3 scales per 16
-values and a per-tensor scale) is not offered: Triton 3.9's interpreter reads every scale as
-ue8m0, so its CPU path could not check it.
+values and a per-tensor scale) is its own op, ``nvfp4_gemm``.
 
 The ladder: ``_mx_gemm_kernel`` → ``mx_gemm_triton`` → ``mx_gemm``; ``mx_gemm_ref`` (float64
 on the dequantized operands) and ``mx_gemm_torch`` (eager, float32) beside it.
