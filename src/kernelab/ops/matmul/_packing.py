@@ -342,7 +342,8 @@ E2M1_MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5
 
 def check_mx_format(fmt: str) -> None:
     if fmt not in MX_FORMATS:
-        raise ValueError(f"fmt: expected one of {MX_FORMATS}, got {fmt!r}")
+        hint = " (nvfp4 is quantize_nvfp4 and nvfp4_gemm)" if fmt == "nvfp4" else ""
+        raise ValueError(f"fmt: expected one of {MX_FORMATS}, got {fmt!r}{hint}")
 
 
 def e2m1_codes(y: torch.Tensor) -> torch.Tensor:

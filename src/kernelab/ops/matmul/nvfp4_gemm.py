@@ -24,6 +24,10 @@ which). sm_80 has no float8e4nv type: Triton rejects the kernel there. The per-t
 multiply the float32 accumulator once, in the epilogue. Triton's interpreter reads e4m3 scales
 as exponent bytes; kernelab's interpreter fix ``dot-scaled-e4m3-scales`` decodes them.
 
+A block of ``a`` holding NaN or Inf gets e4m3's NaN scale, and its rows read as NaN: so the
+interpreter and the emulated paths compute (a NaN scale converted to bf16); how sm_100's
+block-scaled MMA reads a NaN e4m3 scale has not been measured here.
+
 The ladder: ``_nvfp4_gemm_kernel`` → ``nvfp4_gemm_triton`` → ``nvfp4_gemm``; ``nvfp4_gemm_ref``
 (float64 on the dequantized operands) and ``nvfp4_gemm_torch`` (eager, float32) beside it.
 """
