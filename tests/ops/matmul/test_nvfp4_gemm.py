@@ -49,13 +49,14 @@ def test_representative_shapes_at_interpreter_size(dist):
         _check(inputs, nvfp4_gemm_triton)
 
 
+@pytest.mark.parametrize("dist", ["normal", "heavy", "huge", "tiny"])
 @pytest.mark.parametrize("quantize_a", [False, True])
-def test_kernel_output_equals_eager_to_the_bit_where_sums_are_exact(quantize_a):
+def test_kernel_output_equals_eager_to_the_bit_where_sums_are_exact(quantize_a, dist):
     # e2m1 values times e4m3 scales have at most 4 significant bits; a bf16 activation times
     # one has at most 12, and their float32 sums at these sizes are exact in any order: the
     # kernel's quantizer must match packing's to the bit, and the scales apply as eager's do.
     shape = Shape("t", {"M": 20, "N": 40, "K": 192}, {"quantize_a": quantize_a})
-    inputs = NVFP4_GEMM.inputs(shape, torch.bfloat16, "cpu", seed=3)
+    inputs = NVFP4_GEMM.inputs(shape, torch.bfloat16, "cpu", seed=3, dist=dist)
     out = nvfp4_gemm_triton(**_clone(inputs), config=SMALL)
     assert torch.equal(out, nvfp4_gemm_torch(**_clone(inputs)))
 
@@ -171,6 +172,13 @@ def test_quantize_nvfp4_nibble_order_scales_and_round_trip():
     # the global scale puts the largest block scale at e4m3's top
     assert gs.item() == pytest.approx(w.abs().max().item() / (448 * 6), rel=1e-6)
     assert scales.float().max().item() == 448
+    # each block's scale is the e4m3 value nearest to its max / (6 · g), ties to the even byte
+    grid = torch.arange(127, dtype=torch.uint8).view(E4M3).double()  # every finite e4m3 ≥ 0
+    t = (w.float().reshape(8, 16, 16).abs().amax(-1) / (gs * 6)).double()
+    d = (t[..., None] - grid).abs()
+    nearest = (d == d.min(-1, keepdim=True).values) & (torch.arange(127) % 2 == 0)
+    nearest = torch.where(nearest.any(-1), nearest.int().argmax(-1), d.argmin(-1))
+    assert torch.equal(scales.view(torch.uint8).long(), nearest)
     deq = packing.dequantize_nvfp4(values, scales, gs)
     step = (scales.double() * gs.double()).repeat_interleave(16, 1)
     # half of e2m1's spacing is at most a quarter of the value, or 0.25 below 1; a block max
