@@ -144,3 +144,47 @@ def test_block_sparse_floor_on_meta_counts_the_same_work_as_real_inputs():
     assert op.cost(meta) == op.cost(real)
     dense = op.cost({**real, "block_mask": None})
     assert op.cost(meta).flops < dense.flops  # the mask's skipped blocks are counted
+
+
+def _meta_cost(op_name: str, params: dict | None = None):
+    from kernelab.ops import get
+    from kernelab.ops._model import Shape
+
+    op = get(op_name)
+    shape = Shape("big", {"M": 4096, "N": 4096, "K": 4096}, params or {}, batch_dim="M")
+    return op.cost(op.inputs(shape, torch.bfloat16, "meta", seed=0))
+
+
+@pytest.mark.parametrize(
+    ("op_name", "params", "device", "peak"),
+    [
+        ("fp8_gemm", {}, "h200", 1979e12),
+        ("fp8_block_gemm", {}, "h200", 1979e12),
+        ("mx_gemm", {"fmt": "mxfp8", "quantize_a": True}, "b200", 4500e12),
+        ("mx_gemm", {"fmt": "mxfp4", "quantize_a": True}, "b200", 9000e12),
+        ("nvfp4_gemm", {"quantize_a": True}, "b200", 9000e12),
+        # no fp4 tensor cores on an H200: e2m1 converts exactly to e4m3, the fp8 rate bounds
+        ("nvfp4_gemm", {"quantize_a": True}, "h200", 1979e12),
+        # weight-only: the weights are upcast, the multiplies run in bfloat16
+        ("mx_gemm", {"fmt": "mxfp4"}, "b200", 2250e12),
+        ("nvfp4_gemm", {}, "b200", 2250e12),
+    ],
+)
+def test_low_precision_gemms_are_bounded_by_their_operands_format(op_name, params, device, peak):
+    """A bfloat16-output GEMM on e4m3 or e2m1 operands runs at that format's rate: its compute
+    floor is read there, so an honest time between the fp8 and the bf16 floor stays plausible."""
+    cost = _meta_cost(op_name, params)
+    c = roofline.datasheet(lookup(device))
+    got, _ = c.compute_peak(cost, torch.bfloat16)
+    assert got == pytest.approx(peak)
+    floor = roofline.roofline(cost, 1.0, c, torch.bfloat16)["floor_s"]
+    assert floor == pytest.approx(max(cost.flops / peak, cost.bytes / c.bandwidth))
+    # the time of a kernel at 90 % of its format's peak is no impossible time
+    honest = roofline.roofline(cost, cost.flops / (0.9 * peak), c, torch.bfloat16)
+    assert honest["below_floor"] is False
+
+
+def test_a_cost_without_compute_format_keeps_the_case_dtype():
+    c = roofline.datasheet(H200)
+    assert c.compute_peak(Cost(1e12, 1e9), torch.bfloat16) == (pytest.approx(989e12), "bfloat16")
+    assert c.compute_peak(Cost(1e12, 1e9, "float4_e2m1fn_x2"), "bfloat16")[1] == "float8_e4m3fn"

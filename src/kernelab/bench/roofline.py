@@ -43,6 +43,23 @@ class Ceilings:
             return self.flops[name], self.flops_source.get(name, "?")
         return None, "none"
 
+    def compute_peak(self, cost, dtype: torch.dtype | str) -> tuple[float | None, str]:
+        """The peak a cost's multiplies are bounded by, and the format it was read for.
+
+        The cost's own compute format where it has one (``Cost.compute``); where this device
+        has no tensor cores of that format, the formats it converts to exactly, fastest first
+        (e2m1 → e4m3), then the case's dtype. The floor is a bound no correct kernel can beat:
+        a peak taken too low would call an honest time impossible, so the fastest rate an
+        implementation could use is the one that counts.
+        """
+        case = dtype if isinstance(dtype, str) else dtype_name(dtype)
+        compute = getattr(cost, "compute", None)
+        for name in (*_UPCASTS.get(compute, (compute,)), case) if compute else (case,):
+            peak, _ = self.peak(name)
+            if peak:
+                return peak, name
+        return None, case
+
     def source(self, dtype: torch.dtype | str) -> str:
         _, fsrc = self.peak(dtype)
         return f"memory: {self.bandwidth_source}; compute: {fsrc}"
@@ -57,7 +74,17 @@ class Ceilings:
         }
 
 
-_SPEC_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8"}
+_SPEC_DTYPES = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "float32": "fp32",
+    "float8_e4m3fn": "fp8",
+    "float4_e2m1fn_x2": "fp4",
+}
+
+#: A compute format and those it converts to exactly, fastest first (every e2m1 value is an
+#: e4m3 value): where a device lacks the first, a kernel may run on the next.
+_UPCASTS = {"float4_e2m1fn_x2": ("float4_e2m1fn_x2", "float8_e4m3fn")}
 
 
 def datasheet(spec, device_key: str | None = None) -> Ceilings:
@@ -94,7 +121,7 @@ def roofline(cost, seconds: float, ceilings: Ceilings, dtype, *, in_cache: bool 
     ``in_cache``: the working set may sit in cache (hot mode, small data), so the memory term
     of the floor does not apply and only the compute term can make a time invalid.
     """
-    peak, _ = ceilings.peak(dtype)
+    peak, compute = ceilings.compute_peak(cost, dtype)
     bw = ceilings.bandwidth
     t_mem = cost.bytes / bw if bw else 0.0
     t_flop = cost.flops / peak if peak else 0.0
@@ -108,7 +135,7 @@ def roofline(cost, seconds: float, ceilings: Ceilings, dtype, *, in_cache: bool 
         "floor_s": floor,
         "bound": None if floor is None else ("compute" if t_flop > t_mem else "memory"),
         "pct_roofline": (100.0 * floor / seconds) if floor and seconds > 0 else None,
-        "ceiling_source": ceilings.source(dtype),
+        "ceiling_source": ceilings.source(compute),
         "below_floor": False,
     }
     if gate:

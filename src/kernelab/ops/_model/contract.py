@@ -22,10 +22,17 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 @dataclass(frozen=True)
 class Cost:
-    """Work an op must do: FLOPs, and the minimum bytes that must cross device memory."""
+    """Work an op must do: FLOPs, and the minimum bytes that must cross device memory.
+
+    ``compute`` names the format the multiplies run in when it is not the case's dtype (the
+    e4m3 operands of a GEMM with bfloat16 output: ``"float8_e4m3fn"``; e2m1 operands:
+    ``"float4_e2m1fn_x2"``), so that the compute floor comes from that format's peak. A
+    weight-only kernel upcasts its weights and multiplies in the activations' dtype: None.
+    """
 
     flops: float
     bytes: float
+    compute: str | None = None
 
     def floor_seconds(self, peak_flops: float | None, bandwidth: float) -> float:
         """Speed-of-light time: the larger of compute time and memory time."""

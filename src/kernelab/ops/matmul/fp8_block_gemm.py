@@ -259,7 +259,8 @@ def _cost(inputs: dict) -> Cost:
     m, k = a.shape
     n = b.shape[0]
     scales = inputs["scale_a"].numel() + inputs["scale_b"].numel()
-    return Cost(flops=2 * m * n * k, bytes=a.numel() + b.numel() + 4 * scales + 2 * m * n)
+    nbytes = a.numel() + b.numel() + 4 * scales + 2 * m * n
+    return Cost(flops=2 * m * n * k, bytes=nbytes, compute="float8_e4m3fn")
 
 
 FP8_BLOCK_GEMM = register(

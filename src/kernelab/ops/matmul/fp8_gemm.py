@@ -264,7 +264,7 @@ def _cost(inputs: dict) -> Cost:
                                                       inputs["scale_b"].numel())  # fmt: skip
     if inputs.get("bias") is not None:
         nbytes += 2 * n
-    return Cost(flops=2 * m * n * k, bytes=nbytes)
+    return Cost(flops=2 * m * n * k, bytes=nbytes, compute="float8_e4m3fn")
 
 
 FP8_GEMM = register(

@@ -253,7 +253,11 @@ def _cost(inputs: dict) -> Cost:
     m, k = a.shape
     n = b.shape[0]
     nbytes = 2 * m * k + b.numel() * b.element_size() + s.numel() + 2 * m * n
-    return Cost(flops=2 * m * n * k, bytes=nbytes)
+    # weight-only: the weights are upcast and multiplied in bfloat16
+    compute = None
+    if inputs.get("quantize_a"):
+        compute = "float4_e2m1fn_x2" if inputs["fmt"] == "mxfp4" else "float8_e4m3fn"
+    return Cost(flops=2 * m * n * k, bytes=nbytes, compute=compute)
 
 
 MX_GEMM = register(

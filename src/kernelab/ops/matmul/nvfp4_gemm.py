@@ -292,7 +292,9 @@ def _cost(inputs: dict) -> Cost:
     nbytes = 2 * m * k + b.numel() + s.numel() + 4 + 2 * m * n
     if inputs.get("a_global") is not None:
         nbytes += 4
-    return Cost(flops=2 * m * n * k, bytes=nbytes)
+    # weight-only: the weights are upcast and multiplied in bfloat16
+    compute = "float4_e2m1fn_x2" if inputs.get("quantize_a") else None
+    return Cost(flops=2 * m * n * k, bytes=nbytes, compute=compute)
 
 
 NVFP4_GEMM = register(
