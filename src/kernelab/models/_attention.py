@@ -9,17 +9,37 @@ sliding_window=, softcap=, **kwargs)`` with query ``[B, Hq, Sq, D]`` and key/val
   update of the paged cache): key/value are only this step's tokens; they are written into the
   cache's pages with ``kv_cache_write`` and ``paged_attention`` reads the pages through block
   tables built from transformers' read indices (index arithmetic, no K/V gathered).
-- **continuous batching, gathered** (the cache update was transformers' own, e.g. a sliding
-  allocator): key/value are each sequence's keys packed along tokens (``cu_seq_lens_k``):
-  ``attention_prefill`` over them.
+- **continuous batching, gathered** (the cache update was transformers' own: Gemma-2's and
+  Mistral's sliding-window layers): key/value are each sequence's keys packed along tokens
+  (``cu_seq_lens_k``): ``attention_prefill`` over them. transformers 5.24 keeps a sliding
+  layer's cache as a ring buffer (``SlidingAttentionCacheAllocator``: the token at position p
+  in slot p mod W of at most ceil(W / page_size) pages, no block table:
+  ``supports_block_table`` is False) and reads before it writes, because a chunk of q queries
+  needs up to W − 1 + q keys and its own writes overwrite the oldest of them. So the keys are
+  neither in order nor all present once the chunk is written: paged reading in place cannot
+  serve a chunk, and the gather it does is what is used. Its cost is bounded by the window:
+  min(past, W − 1) + q keys per sequence and sliding layer (W = 4096 on Gemma-2), where a full
+  layer's gather grows with the whole context.
 - **dense caches** (no cache, ``DynamicCache``, ``StaticCache``): the number of valid keys of
   each sequence comes from the mask (sdpa's mask rules, see ``_dense_lengths``); a fresh prefill
   runs ``attention_prefill``, anything with a past runs ``paged_attention`` on the cache tensor
   as it is laid out, viewed as pages (``_as_pages``: strides only, no copy).
 
+Gemma-2: its attention calls pass ``scaling`` (query_pre_attn_scalar^-0.5, not the head
+size's), ``softcap`` (attn_logit_softcapping) and, on its sliding layers, ``sliding_window``
+W; the kernels take them as ``softmax_scale``, ``softcap`` and ``window_left = W − 1``
+(transformers' window W: key j is visible from query i when i − W < j ≤ i, so a query sees W
+keys, itself included).
+
 Anything else (an architecture, a dtype, a head size, a mask the kernels do not express,
 dropout, attention weights requested) falls back to the implementation the model had before,
-with one warning per reason.
+with one warning per reason, and with the mask that implementation expects: ``"kernelab"``
+shares sdpa's masks (boolean, or None for "causal"), which an eager implementation (Gemma-2's
+default: sdpa refuses a softcap) would add to its scores as 0/1 or skip — so for any fallback
+but sdpa a mask is turned into eager's additive float mask (``_fallback_mask``); and in
+continuous batching transformers builds no mask at all for an implementation it does not know
+(``attn_mask_is_needed``), so the fallback gets one built with transformers' own
+``build_attention_mask`` from the cumulative lengths and the window.
 """
 
 from __future__ import annotations
@@ -31,7 +51,7 @@ from dataclasses import dataclass
 import torch
 
 #: The architectures whose attention layers this serves (``kernelab.models.patch``'s set).
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma2")
 HEAD_DIMS = (64, 96, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -56,6 +76,9 @@ class Fallback(Exception):
 #: the fallback for each registered model's attention: {id(config): (name, function)}
 _FALLBACKS: dict[int, tuple[str, object]] = {}
 _WARNED: set[str] = set()
+#: configs (by id) whose attention runs the fallback on transformers' own cache update, with
+#: the mask it expects: the parity check's reference where transformers' path is wrong
+_REFERENCE: set[int] = set()
 #: a planted defect for the parity check's own test: shift each block-table row by this many
 #: rows (0: none). Never set outside tests.
 _TABLE_ROW_SHIFT = 0
@@ -86,6 +109,8 @@ def arch_unsupported(config) -> str | None:
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED:
         return f"architecture {model_type!r} is not served (served: {', '.join(SUPPORTED)})"
+    if getattr(config, "use_bidirectional_attention", False):
+        return "bidirectional attention (use_bidirectional_attention) is not served"
     return None
 
 
@@ -117,7 +142,10 @@ def attention_forward(
 ):
     """The function registered as ``"kernelab"`` with transformers' ``AttentionInterface``."""
     step = kwargs.pop("kernelab_paged", None)
-    reason = unsupported(module, query, {**kwargs, "dropout": dropout})
+    reference = id(getattr(module, "config", None)) in _REFERENCE
+    reason = (
+        "reference" if reference else unsupported(module, query, {**kwargs, "dropout": dropout})
+    )
     if reason is None:
         try:
             out = _route(module, query, key, value, attention_mask, scaling, sliding_window,
@@ -127,17 +155,65 @@ def attention_forward(
             reason = str(exc)
     if step is not None:  # the cache was not written: the fallback needs it written and read
         raise RuntimeError(f"kernelab attention: cannot fall back on the in-place path: {reason}")
-    warn_once(reason)
-    _, fn = _FALLBACKS.get(id(module.config), ("sdpa", None))
+    if not reference:
+        warn_once(reason)
+    name, fn = _FALLBACKS.get(id(module.config), ("sdpa", None))
     if fn is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward as fn
-    return fn(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+    mask = _fallback_mask(name, attention_mask, query, key, _window(module, sliding_window), kwargs)
+    return fn(module, query, key, value, mask, dropout=dropout, scaling=scaling,
               sliding_window=sliding_window, softcap=softcap, **kwargs)  # fmt: skip
 
 
-def _window_left(module, sliding_window) -> int:
+def _fallback_mask(name, mask, query, key, window: int, kwargs):
+    """The mask for the fallback ``name`` in the form it expects. ``window``: W, 0 for none.
+
+    Continuous batching without a mask (transformers builds none for "kernelab"): an additive
+    block-diagonal mask from the cumulative lengths, built by transformers' own
+    ``build_attention_mask`` (query rows past the last sequence, CUDA-graph padding, masked
+    out). Otherwise sdpa takes the mask as it is; any other fallback (eager) gets sdpa's mask
+    as an additive float mask: a boolean mask as 0 / the dtype's minimum, None (causal, aligned
+    to the first key, sdpa's ``is_causal``; no mask at all for one query) built as such."""
+    if "cu_seq_lens_q" in kwargs:
+        if mask is not None:
+            return mask
+        from transformers.generation.continuous_batching.utils import build_attention_mask
+
+        cu_k = kwargs["cu_seq_lens_k"]
+        if isinstance(cu_k, dict):
+            raise RuntimeError("kernelab attention: per-layer-type key lengths were not selected")
+        bias = torch.full((1, 1, query.shape[-2], key.shape[-2]), torch.finfo(query.dtype).min,
+                          dtype=query.dtype, device=query.device)  # fmt: skip
+        build_attention_mask(bias, kwargs["cu_seq_lens_q"].tolist(), cu_k.tolist(),
+                             sliding_window=window if window > 1 else 1)  # fmt: skip
+        return bias
+    if name == "sdpa":
+        return mask
+    if mask is None:
+        q_len, k_len = query.shape[-2], key.shape[-2]
+        if q_len == 1:
+            return None
+        i = torch.arange(q_len, device=query.device)[:, None]
+        j = torch.arange(k_len, device=query.device)[None, :]
+        mask = j <= i
+        if window:
+            mask &= j > i - window
+        mask = mask[None, None]
+    if mask.dtype != torch.bool:
+        return mask
+    zero = torch.zeros((), dtype=query.dtype, device=query.device)
+    return torch.where(mask, zero, torch.finfo(query.dtype).min)
+
+
+def _window(module, sliding_window) -> int:
+    """transformers' window W of this call (0: none): a query sees its W last keys."""
     w = sliding_window if sliding_window is not None else getattr(module, "sliding_window", None)
-    return int(w) - 1 if w else -1  # transformers' window W: a query sees its W last keys
+    return int(w) if w else 0
+
+
+def _window_left(module, sliding_window) -> int:
+    """The kernels' window: keys j with i − window_left ≤ j ≤ i, so W − 1 (−1: none)."""
+    return _window(module, sliding_window) - 1 if _window(module, sliding_window) else -1
 
 
 def _route(module, query, key, value, mask, scaling, sliding_window, softcap, step, kwargs):

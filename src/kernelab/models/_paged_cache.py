@@ -13,8 +13,11 @@ contiguous tensors for the attention call; that gather is what this module remov
 full-attention layer of a model using ``"kernelab"``, it selects the layer's lengths as
 transformers does and hands the attention layer a ``PagedStep`` (the page views, the write and
 read indices) instead of writing and gathering; the attention layer writes with
-``kv_cache_write`` and reads with ``paged_attention``. Any other layer (sliding-window
-allocators), dtype or call form goes through the original update, unchanged.
+``kv_cache_write`` and reads with ``paged_attention``. Any other layer, dtype or call form
+goes through the original update, unchanged: in particular sliding-window layers (Gemma-2's
+alternate layers, Mistral's), whose ``SlidingAttentionCacheAllocator`` is a ring buffer without
+a block table, read before written (``_attention``'s module note says why that cannot be read
+in place and what the gather costs).
 
 Relies on: ``PagedAttentionCache.layer_to_allocator``, ``config``, ``update(key, value,
 layer_idx, kwargs)`` and the allocators' ``index``, ``layer_type``, ``tokens_per_page``,
@@ -84,6 +87,8 @@ def uninstall(cache) -> None:
 def _step(cache, key_states, layer_idx, kwargs):
     if getattr(cache.config, "_attn_implementation", None) != "kernelab":
         return None
+    if id(cache.config) in _attention._REFERENCE:
+        return None  # the parity check's reference: transformers' own update
     if kwargs.get("block_table") is not None or "write_index" not in kwargs:
         return None
     allocator = cache.layer_to_allocator[layer_idx]

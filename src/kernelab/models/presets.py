@@ -58,7 +58,7 @@ class Preset:
             "intermediate_size": self.intermediate,
             "vocab_size": self.vocab,
             "head_dim": self.head_dim or self.hidden // self.heads,
-            "hidden_act": "silu",
+            "hidden_act": dict(self.extra).get("hidden_activation", "silu"),
             "tie_word_embeddings": False,
             **dict(self.extra),
         }
@@ -115,6 +115,34 @@ PRESETS: dict[str, Preset] = {
         Preset("tiny-mistral", "mistral", 64, 2, 4, 2, 192, 256, tiny=True),
         Preset("tiny-qwen2", "qwen2", 64, 2, 4, 2, 192, 256, tiny=True),
         Preset("tiny-qwen3", "qwen3", 64, 2, 4, 2, 192, 256, head_dim=16, tiny=True),
+        # Gemma-2's attention: alternating sliding-window (layer 0) and full (layer 1) layers,
+        # logits soft-capped, scale query_pre_attn_scalar^-0.5 (32: not the head size, so a
+        # kernel using 1/sqrt(head_dim) is caught). The cap (1.0, Gemma-2's is 50) and window
+        # (12 tokens, Gemma-2's is 4096) are small so that both matter on short prompts, and
+        # the weights start at 5x the usual spread (initializer_range 0.1): with 0.02 the
+        # attention scores are so small that tanh is the identity and dropping the cap changes
+        # the logits by 7e-5 (rel L2); with 0.1, by 0.3.
+        Preset(
+            "tiny-gemma2",
+            "gemma2",
+            64,
+            2,
+            4,
+            2,
+            192,
+            256,
+            head_dim=16,
+            rope_theta=10000.0,
+            tiny=True,
+            extra=(
+                ("hidden_activation", "gelu_pytorch_tanh"),
+                ("query_pre_attn_scalar", 32),
+                ("sliding_window", 12),
+                ("attn_logit_softcapping", 1.0),
+                ("final_logit_softcapping", 30.0),
+                ("initializer_range", 0.1),
+            ),
+        ),
         # Mixtures of experts: 4 experts of 192 (Mixtral, top-2), 8 of 64 (Qwen3-MoE, top-2,
         # its second layer a dense MLP of 192).
         Preset(

@@ -15,6 +15,17 @@ switched back and :class:`AttentionParityError` names the first attention module
 differs. ``unregister_attention(model)`` restores that model; without a model, every registered
 model is restored and ``"kernelab"`` leaves the interfaces.
 
+Gemma-2 is served (its softcap, its scale query_pre_attn_scalar^-0.5 and its alternating
+sliding-window layers go to the kernels; ``_attention``'s note). Its default implementation is
+eager (sdpa refuses a softcap), and for continuous batching transformers 5.24 swaps eager for
+``"paged|eager"``, which ignores ``softcap``: its own ``generate_batch`` on Gemma-2 gives the
+tokens of the model without the cap (measured on ``tiny-gemma2``: every request's tokens
+differ from its ``generate``). So the check's continuous-batching reference for a model whose
+previous implementation is eager and whose attention is soft-capped is the model's own eager
+function on transformers' gathered K/V and mask (``_eager_reference``), not ``"paged|eager"``.
+The probe is W + 4 tokens for a window W up to 252 (Gemma-2's 4096 is longer: its window is
+then not reached by the check; the tests reach it on ``tiny-gemma2``).
+
 Relies on (transformers 5.x): ``AttentionInterface.register``, ``AttentionMaskInterface.
 register`` (``masking_utils``), ``sdpa_mask``, ``PreTrainedModel.set_attn_implementation``,
 ``DynamicCache``, and for continuous batching what ``_paged_cache`` lists.
@@ -22,6 +33,7 @@ register`` (``masking_utils``), ``sdpa_mask``, ``PreTrainedModel.set_attn_implem
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 import torch
@@ -67,7 +79,7 @@ def register_attention(model=None, *, check: bool = True, check_tokens: int = 8)
 
     Returns ``model`` (or None). Raises :class:`AttentionParityError` (the model left on its
     previous implementation) when ``check`` finds a divergence, and ValueError for a model
-    whose architecture is not served (Llama, Mistral, Qwen2, Qwen3)."""
+    whose architecture is not served (Llama, Mistral, Qwen2, Qwen3, Gemma-2)."""
     _register_global()
     if model is None:
         return None
@@ -79,8 +91,8 @@ def register_attention(model=None, *, check: bool = True, check_tokens: int = 8)
     previous = model.config._attn_implementation or "sdpa"
     if previous == NAME:
         raise ValueError(f"model: already set to {NAME!r} outside register_attention")
-    probe = _parity.probe_inputs(model, check_tokens) if check else None
-    reference = _trace(model, probe) if check else None
+    probe = _parity.probe_inputs(model, _probe_length(model, check_tokens)) if check else None
+    reference = _trace(model, probe, previous) if check else None
     _switch(model, previous)
     if check:
         try:
@@ -202,10 +214,38 @@ def _paged_probe(model, probe) -> None:
     model.generate_batch(prompts, gen, continuous_batching_config=cb, warmup=False)
 
 
-def _trace(model, probe) -> tuple[list, list]:
+def _probe_length(model, tokens: int) -> int:
+    """``tokens``, or W + 4 for a sliding window W ≤ 252 (so that the window is reached)."""
+    window = getattr(model.config, "sliding_window", None)
+    if isinstance(window, int) and 0 < window <= 252:
+        return max(tokens, window + 4)
+    return tokens
+
+
+def _eager_paged_is_wrong(model, previous: str) -> bool:
+    """transformers runs continuous batching on "paged|eager" for an eager model, and that
+    function ignores ``softcap`` (transformers 5.24)."""
+    return previous == "eager" and bool(getattr(model.config, "attn_logit_softcapping", None))
+
+
+@contextlib.contextmanager
+def _eager_reference(model, previous: str):
+    """The model on "kernelab" in reference mode: every attention call runs ``previous``'s
+    function on transformers' own cache update (gathered K/V) and mask, the mask built by
+    transformers' ``build_attention_mask`` (``_attention._fallback_mask``)."""
+    _switch(model, previous)
+    _attention._REFERENCE.add(id(model.config))
+    try:
+        yield
+    finally:
+        _attention._REFERENCE.discard(id(model.config))
+        unregister_attention(model)
+
+
+def _trace(model, probe, reference_of: str | None = None) -> tuple[list, list]:
     """Logits of every forward pass of both probes, and every attention module's output, in
     execution order (the scheduling is deterministic, so two implementations see the same
-    batches)."""
+    batches). ``reference_of``: the model's implementation, when this is the reference."""
     logits, attn = [], []
     names = {id(m): n for n, m in model.named_modules()}
     head = model.get_output_embeddings()
@@ -217,7 +257,11 @@ def _trace(model, probe) -> tuple[list, list]:
             ))  # fmt: skip
     try:
         _dense_probe(model, probe)
-        _paged_probe(model, probe)
+        if reference_of is not None and _eager_paged_is_wrong(model, reference_of):
+            with _eager_reference(model, reference_of):
+                _paged_probe(model, probe)
+        else:
+            _paged_probe(model, probe)
     finally:
         for h in handles:
             h.remove()
