@@ -97,6 +97,8 @@ def register(app: click.Group) -> None:
               f"tokens differ: {n - result['requests_identical']} of {n} requests "
               f"(first: request {result['first_difference']['request']})",
               "green" if same else "red"))  # fmt: skip
+        if result.get("baseline_note"):
+            echo((f"note: {result['baseline_note']}", "yellow"))
         echo((f"kernels: {result['kernels']}; {result['dtype']}, head_dim {result['head_dim']}, "
               f"pages of {result['page_size']}, {result['num_blocks']} blocks", "dim"))  # fmt: skip
         if run_id is not None:

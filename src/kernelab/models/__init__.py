@@ -10,7 +10,9 @@ reversibly.
     register_attention(model)         # attention on kernelab's kernels, paged cache in place
 
 Supported: the causal LMs of the Llama family (Llama, Mistral, Qwen2/Qwen2.5, Qwen3); see
-``kernelab.models._arch``. transformers is an optional dependency (``pip install kernelab[hf]``).
+``kernelab.models._arch``. ``register_attention`` also serves Gemma-2 (softcap, its scale and
+its sliding-window layers; ``patch`` does not: its norms and MLP differ). transformers is an
+optional dependency (``pip install kernelab[hf]``).
 """
 
 from __future__ import annotations
