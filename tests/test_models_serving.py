@@ -224,6 +224,18 @@ def test_generate_batch_through_the_triton_interpreter(preset, calls, interpret)
     _cb_parity(preset, calls, max_new_tokens=3)
 
 
+def test_a_continuous_batching_fallback_gives_the_tokens_of_transformers_paged_path():
+    # head_dim 16 is not served: every layer falls back to sdpa on the K/V transformers
+    # gathers; transformers builds no mask for "kernelab", so without the one the fallback is
+    # given (built from the cumulative lengths) sdpa would attend across the packed sequences
+    m = model(head_dim=None)
+    lengths = [3, 40, 17, 1, 30]
+    want = _generate_batch(m, lengths, 4)
+    register_attention(m, check=False)
+    with pytest.warns(RuntimeWarning, match="head_dim 16 is not served"):
+        assert _generate_batch(m, lengths, 4) == want
+
+
 def test_block_tables_from_read_indices():
     # two sequences of 20 and 5 keys in pages 3, 7 and 2 of 16 tokens
     read = torch.cat([torch.arange(48, 64), torch.arange(112, 116), torch.arange(32, 37)])
