@@ -34,6 +34,7 @@ register`` (``masking_utils``), ``sdpa_mask``, ``PreTrainedModel.set_attn_implem
 from __future__ import annotations
 
 import contextlib
+import inspect
 import weakref
 
 import torch
@@ -192,9 +193,11 @@ def _dense_probe(model, probe, steps: int = 3) -> None:
     ids = _probe_batch(model, probe)
     split = max(1, ids.shape[1] - steps)
     cache = DynamicCache(config=model.config)
-    model(input_ids=ids[:, :split], past_key_values=cache, use_cache=True)
+    # transformers 5.24 renames past_key_values to cache (Gemma-2 warns on the old name)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    model(input_ids=ids[:, :split], use_cache=True, **{name: cache})
     for t in range(split, ids.shape[1]):
-        model(input_ids=ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+        model(input_ids=ids[:, t : t + 1], use_cache=True, **{name: cache})
 
 
 @torch.no_grad()
