@@ -96,6 +96,10 @@ def test_cli_check_profile():
     assert data["ok"] and len(data["prefill"]["checks"]) == len(data["decode"]["checks"]) == 27
     res = runner.invoke(app, ["model-cost", "llama3-8b", "--check-profile"])
     assert res.exit_code == 2 and "one tiny preset" in res.output
+    # Gemma-2's block is not the one the cost model's rows describe
+    res = runner.invoke(app, ["model-cost", "tiny-gemma2", "--check-profile"])
+    assert res.exit_code == 2 and "one tiny preset" in res.output
+    assert "tiny-gemma2" not in res.output.split("preset (")[1].split(")")[0]
 
 
 def test_a_preset_with_projection_biases():
