@@ -166,6 +166,13 @@ def measure(op_name: str, seed: int, kernel: bool) -> list[dict]:
     return rows
 
 
+def _num(x: float) -> str:
+    """A ratio in at most 5 characters: 0.91, 1.4, 134, 4e+04."""
+    if x >= 1e4:
+        return f"{x:.0e}"
+    return f"{x:.0f}" if x >= 100 else f"{x:.2f}" if x < 10 else f"{x:.1f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ops", nargs="*", help=f"ops (default: {' '.join(OPS)})")
@@ -210,8 +217,8 @@ def main() -> None:
             last = key
         fails = f"{r['fails']}/{r['cases']}"
         print(
-            f"{'':<22} {'':<8} {r['subject'][:28]:<28} {r['max_ratio']:>5.3g} "
-            f"{r['min_ratio']:>5.3g} {fails:>7}"
+            f"{'':<22} {'':<8} {r['subject'][:28]:<28} {_num(r['max_ratio']):>5} "
+            f"{_num(r['min_ratio']):>5} {fails:>7}"
         )
 
 
