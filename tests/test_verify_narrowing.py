@@ -232,3 +232,32 @@ def test_eager_torch_over_the_bound_gets_twice_its_error():
 def test_contract_rejects_bad_reduction_declarations(kwargs, exc, words):
     with pytest.raises(exc, match=words):
         Contract(**kwargs)
+
+
+DECLARED = {
+    "gemm": ("a", -1),
+    "w8a16_gemm": ("x", -1),
+    "w4a16_gemm": ("x", -1),
+    "fp8_gemm": ("a", -1),
+    "fp8_block_gemm": ("a", -1),
+    "mx_gemm": ("a", -1),
+    "rmsnorm": ("x", -1),
+    "layernorm": ("x", -1),
+    "softmax": ("x", -1),
+    "merge_attention_states": ("states", 0),
+}
+
+
+@pytest.mark.parametrize("name", [*DECLARED, "paged_attention"])
+def test_the_16_bit_ops_declare_their_reduction(name):
+    op = get(name)
+    shape = op.shapes("edge")[0]
+    inputs = op.inputs(shape, op.dtypes[-1], "meta", seed=0)
+    n = op.contract.reduction(inputs)
+    if name == "paged_attention":
+        assert op.contract.narrowings == 1  # P rounded to the cache's format before P·V
+        assert n == int(inputs["seq_lens"].max())
+    else:
+        arg, dim = DECLARED[name]
+        assert op.contract.narrowings == 0
+        assert n == inputs[arg].shape[dim]
