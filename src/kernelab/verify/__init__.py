@@ -8,7 +8,10 @@ each seed derived from one run seed that is printed and can be given back with `
 - float64 reference on the CPU on the same inputs; relative L2, max absolute and relative
   error, and the worst element, for every output and every in-place argument;
 - tolerance ``max(k × eager-torch error, floor)`` from the op's ``Contract`` (or the
-  contract's fixed value), reported with where it came from;
+  contract's fixed value); for bfloat16/float16 targets of an op that declares its reduction,
+  derived from the case instead (``_tolerance``: the reference's own rounding, the declared
+  narrowings, the reduction length), so that one more rounding of partial results fails;
+  reported with where it came from;
 - outputs passed as ``out=`` views into larger buffers, canaries on both sides and in gaps;
   poisoned before the call (NaN, sentinels for integers) and again with a different poison on
   a second call at the same addresses: unwritten elements and bitwise nondeterminism;

@@ -40,6 +40,7 @@ from kernelab.numerics import error
 from kernelab.ops import as_tuple
 from kernelab.ops._runtime.inputs import DISTRIBUTIONS
 from kernelab.verify import _buffers, _checks
+from kernelab.verify._tolerance import tolerance
 from kernelab.verify._types import CLASSES, CaseResult, Failure
 
 
@@ -156,21 +157,9 @@ def expected(op, inputs: dict, baseline: Callable | None, dtype, device) -> _Exp
         usable = isinstance(base, torch.Tensor) and tuple(base.shape) == tuple(ref.shape)
         region = regions.get(name)
         eager = error(_within(base, region), _within(ref, region)).rel_l2 if usable else None
-        tol = tolerance(op.contract, dtype, stored.get(name, dtype), eager)
+        tol = tolerance(op.contract, dtype, stored.get(name, dtype), eager, ref, inputs, region)
         targets.append((name, ref, base if usable else None, tol, eager))
     return _Expected(specs, targets, regions)
-
-
-def tolerance(contract, dtype: torch.dtype, stored: torch.dtype, eager: float | None):
-    """The contract's tolerance for a case in ``dtype`` on a target stored as ``stored``.
-
-    A fixed contract tolerance is keyed by the case's dtype; the derived one takes its floor
-    from the target's own format (float32 scales of a bfloat16 op get float32's floor).
-    """
-    tol, source = contract.tolerance_for(dtype, eager)
-    if source == "contract" or stored == dtype:
-        return tol, source
-    return contract.tolerance_for(stored, eager)
 
 
 class _Trial:

@@ -60,6 +60,14 @@ class Contract:
     bitwise unchanged. An in-place argument without a region is compared whole.
 
     ``distributions`` adds input distributions for this op's trials.
+
+    ``reduction(inputs) -> n`` declares the op's reduction length (K for a GEMM, the row
+    length for a norm or a softmax, the keys for attention) and ``narrowings`` how many times
+    its honest algorithm rounds intermediate results to the output's format before the final
+    rounding (paged attention rounds P once before P·V). With a reduction declared, a
+    bfloat16/float16 target's tolerance is derived from the case (the float64 reference
+    rounded once to the format, the narrowings and n: ``kernelab.verify._tolerance``) instead
+    of the fixed floor, so that one more rounding of partial results fails.
     """
 
     k: float = 2.0
@@ -76,6 +84,8 @@ class Contract:
     #: (``kernelab.ops._runtime.inputs.EXTRA_DISTRIBUTIONS``): "offset" for an op that
     #: subtracts a mean, where a one-pass variance cancels catastrophically.
     distributions: tuple[str, ...] = ()
+    reduction: Callable[[dict], int] | None = None
+    narrowings: int = 0
 
     def __post_init__(self):
         from kernelab.ops._runtime.inputs import EXTRA_DISTRIBUTIONS
@@ -85,6 +95,12 @@ class Contract:
             raise ValueError(
                 f"distributions: expected names from {EXTRA_DISTRIBUTIONS}, got {unknown}"
             )
+        if isinstance(self.narrowings, bool) or not isinstance(self.narrowings, int):
+            raise TypeError(f"narrowings: expected an int, got {self.narrowings!r}")
+        if self.narrowings < 0:
+            raise ValueError(f"narrowings: expected >= 0, got {self.narrowings}")
+        if self.reduction is not None and not callable(self.reduction):
+            raise TypeError(f"reduction: expected a callable of the inputs, got {self.reduction!r}")
         stray = [name for name in self.regions if name not in self.inplace]
         if stray:
             raise ValueError(

@@ -216,7 +216,9 @@ MERGE_ATTENTION_STATES = register(
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
         # NaN and Inf go into the states; a log-sum-exp is never +Inf, and −Inf is generated.
-        contract=Contract(special_inputs=("states",)),
+        contract=Contract(
+            special_inputs=("states",), reduction=lambda inputs: int(inputs["states"].shape[0])
+        ),
         outputs=("out", "lse"),
         out_arg=("out", "out_lse"),
         kernels=(_merge_attention_states_kernel,),

@@ -245,7 +245,7 @@ SOFTMAX = register(
         make_inputs=_make_inputs,
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
-        contract=Contract(),
+        contract=Contract(reduction=lambda inputs: int(inputs["x"].shape[-1])),
         kernels=(_softmax_kernel,),
         plan=_plan,
         tuning_space=lambda shape, dtype: SoftmaxConfig.tuning_space(shape.dims["cols"]),

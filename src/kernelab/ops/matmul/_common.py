@@ -216,3 +216,12 @@ def representative(
                 )
             )
     return shapes
+
+
+def reduction_of(name: str):
+    """``Contract.reduction`` of a GEMM: K, the last dimension of activation ``name``."""
+
+    def reduction(inputs: dict) -> int:
+        return int(inputs[name].shape[-1])
+
+    return reduction

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelab.ops._model import Cost, Op, Shape, Variant, register
+from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
 from kernelab.ops._runtime import shapes as _shapes
@@ -271,6 +271,7 @@ FP8_BLOCK_GEMM = register(
         make_inputs=_make_inputs,
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
+        contract=Contract(reduction=gc.reduction_of("a")),
         dtypes=(torch.bfloat16,),
         kernels=(_fp8_block_gemm_kernel,),
         plan=_plan,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kernelab.ops._model import Cost, Op, Shape, Variant, register
+from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
 from kernelab.ops._runtime.launch import KernelCall, LaunchPlan
@@ -475,6 +475,7 @@ GEMM = register(
         make_inputs=_make_inputs,
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
+        contract=Contract(reduction=gc.reduction_of("a")),
         dtypes=FLOATS16,
         kernels=(_gemm_kernel, _gemm_persistent_kernel, _gemm_tma_kernel),
         plan=_plan,

@@ -174,3 +174,8 @@ def cost(inputs: dict, flops_per_element: int) -> Cost:
 suffix = _shapes.row_suffix
 representative = _shapes.hidden_rows
 edge = _shapes.row_edge
+
+
+def row_length(inputs: dict) -> int:
+    """``Contract.reduction`` of a norm: the row length it sums over."""
+    return int(inputs["x"].shape[-1])

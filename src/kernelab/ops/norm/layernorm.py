@@ -119,7 +119,9 @@ LAYERNORM = register(
         },
         cost=_cost,
         # offset inputs: a variance must be taken about the mean (one pass cancels)
-        contract=Contract(inplace=("residual",), distributions=("offset",)),
+        contract=Contract(
+            inplace=("residual",), distributions=("offset",), reduction=_norm.row_length
+        ),
         kernels=(_layernorm_kernel,),
         plan=_plan,
         tuning_space=lambda shape, dtype: LayerNormConfig.tuning_space(shape.dims["cols"]),

@@ -133,7 +133,7 @@ RMSNORM = register(
         make_inputs=_make_inputs,
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
-        contract=Contract(inplace=("residual",)),
+        contract=Contract(inplace=("residual",), reduction=_norm.row_length),
         kernels=(_rmsnorm_kernel,),
         plan=_plan,
         tuning_space=lambda shape, dtype: RMSNormConfig.tuning_space(shape.dims["cols"]),

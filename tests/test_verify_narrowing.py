@@ -1,0 +1,263 @@
+"""Derived 16-bit tolerances: one rounding of partial results too many fails verify, while eager
+torch, kernelab's own kernels (through the interpreter) and honest re-implementations pass.
+
+The candidates are benchmarks/candidates/narrowed.py's (benchmarks/bench_tolerance_margin.py
+prints each one's margin on every shape of its op)."""
+
+import importlib.util
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernelab.numerics import error
+from kernelab.ops import GEMM, Shape, get
+from kernelab.ops._model import Contract
+from kernelab.ops.matmul import _common as gc
+from kernelab.ops.matmul import _kernels as mk
+from kernelab.ops.matmul.gemm import GemmConfig, gemm_triton
+from kernelab.verify import verify_candidate
+from kernelab.verify._tolerance import derived_bound, tolerance
+from tests.mutants import mutate
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "candidates" / "narrowed.py"
+_spec = importlib.util.spec_from_file_location("narrowed_candidates", _PATH)
+narrowed = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(narrowed)
+
+SEED = 20261202
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _gemm(label, m, n, k, layout="nk"):
+    return Shape(f"{label} {m}x{n}x{k}", {"M": m, "N": n, "K": k}, {"layout": layout}, "M")
+
+
+def _rows(label, rows, cols, **params):
+    return Shape(f"{label} {rows}x{cols}", {"rows": rows, "cols": cols}, params, "rows")
+
+
+def _merge(label, parts, tokens, heads, head_dim):
+    dims = {"parts": parts, "tokens": tokens, "heads": heads, "head_dim": head_dim}
+    return Shape(f"{label} {parts}x{tokens}x{heads}x{head_dim}", dims, {}, "tokens")
+
+
+#: Small cases with outputs large enough (hundreds of elements) that one case's error is a
+#: steady statistic, and reductions long enough for several chunks or slices.
+SHAPES = {
+    "gemm": [_gemm("split-K", 3, 40, 520), _gemm("tiles", 16, 64, 256, "kn")],
+    "rmsnorm": [_rows("rows", 6, 1024), _rows("with residual", 5, 1000, residual=True)],
+    "layernorm": [_rows("rows", 6, 1024), _rows("with residual", 5, 1000, residual=True)],
+    "softmax": [_rows("rows", 6, 1000), _rows("key mask", 4, 512, mask="keys")],
+    "merge_attention_states": [_merge("decode", 16, 4, 4, 64), _merge("cascade", 4, 8, 2, 64)],
+}
+
+
+#: Where a planted candidate must fail on every case: no fused residual add (whose rounded
+#: stream eager torch normalises, an extra rounding that puts eager over the bound and the
+#: tolerance at twice its error), and norm rows of many 64-column chunks (the rsqrt halves a
+#: relative error of the sum of squares).
+PLANTED_SHAPES = {
+    **SHAPES,
+    "gemm": [_gemm("split-K", 3, 40, 520), _gemm("tiles", 16, 64, 256, "kn")],
+    "rmsnorm": [_rows("rows", 16, 1024), _rows("model width", 8, 4096)],
+    "layernorm": [_rows("rows", 16, 1024), _rows("model width", 8, 4096)],
+    "softmax": [_rows("rows", 16, 1000), _rows("key mask", 8, 512, mask="keys")],
+}
+
+
+def _report(fn, op, shapes=None):
+    return verify_candidate(
+        fn, op, shapes=shapes or SHAPES[op], dtypes=DTYPES, device="cpu", seed=SEED, trials=2
+    )
+
+
+def _lines(report):
+    return [f.line()[:200] for c in report.cases for f in c.failures]
+
+
+PLANTED = [(op, name) for op, group in narrowed.PLANTED.items() for name in group]
+HONEST = [(op, name) for op, group in narrowed.HONEST.items() for name in group]
+
+
+@pytest.mark.parametrize(("op", "name"), PLANTED, ids=[f"{o}: {n}" for o, n in PLANTED])
+def test_one_rounding_too_many_fails_with_wrong_values(op, name):
+    report = _report(narrowed.PLANTED[op][name], op, PLANTED_SHAPES[op])
+    failing = [c for c in report.cases if not c.passed]
+    # every case but at most one fails (float16 softmax rows whose rounded exponentials sit
+    # at 1.0-1.1x the bound), on its values only, against the derived bound
+    assert len(report.cases) == len(PLANTED_SHAPES[op]) * len(DTYPES)
+    assert len(failing) >= len(report.cases) - 1, _lines(report)
+    assert {c.failure_class for c in failing} == {"wrong values"}
+    assert all("derived" in f.message for c in failing for f in c.failures), _lines(report)
+
+
+@pytest.mark.parametrize(("op", "name"), HONEST, ids=[f"{o}: {n}" for o, n in HONEST])
+def test_honest_reimplementations_pass(op, name):
+    report = _report(narrowed.HONEST[op][name], op)
+    assert report.passed, _lines(report)
+    # and they are judged by the derived bound, not a fixed floor
+    sources = {m.tolerance_source.split(":")[0] for c in report.cases for m in c.measures.values()}
+    assert "derived" in sources
+
+
+@pytest.mark.parametrize("op", list(SHAPES))
+def test_eager_torch_passes(op):
+    report = _report(get(op).variants["torch"].fn, op)
+    assert report.passed, _lines(report)
+    assert max(c.worst_ratio for c in report.cases) <= 1.0
+
+
+def test_the_old_floors_let_a_split_k_gemm_with_16_bit_partials_through():
+    """Why the bound is derived: under max(2x eager, floor) the planted GEMM passes."""
+    fixed = Contract(special_inputs=GEMM.contract.special_inputs)
+    fn = narrowed.split_k_gemm(4, "running")
+    shape = SHAPES["gemm"][0]
+    for dtype in DTYPES:
+        inputs = GEMM.inputs(shape, dtype, "cpu", seed=SEED)
+        ref = GEMM.run_reference(inputs)[0][0]
+        got = fn(**{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
+        eager = GEMM.variants["torch"].fn(**inputs)
+        err, eager_err = error(got, ref).rel_l2, error(eager, ref).rel_l2
+        old, _ = fixed.tolerance_for(dtype, eager_err)
+        new, source = tolerance(GEMM.contract, dtype, dtype, eager_err, ref, inputs)
+        assert err <= old / 3  # far inside the fixed floor
+        assert err > new and source.startswith("derived"), (err, new, source)
+
+
+# --- kernelab's own kernels through the interpreter -----------------------------------------
+
+
+def _split_k(reduce_kernel=None):
+    """kernelab's split-K GEMM (4 slices), optionally with another reduction kernel."""
+
+    def gemm(a, b, bias=None, residual=None, activation="none", b_layout="kn", out=None):
+        n = b.shape[1] if b_layout == "kn" else b.shape[0]
+        cfg = GemmConfig.default_for(1, n, a.shape[1], a.dtype, a.device)
+        cfg = replace(cfg, split_k=4, block_k=32)
+        saved = gc._splitk_reduce_kernel
+        if reduce_kernel is not None:
+            gc._splitk_reduce_kernel = reduce_kernel
+        try:
+            return gemm_triton(a, b, bias, residual, activation, b_layout, out, config=cfg)
+        finally:
+            gc._splitk_reduce_kernel = saved
+
+    return gemm
+
+
+SPLIT = [_gemm("split-K", 3, 40, 520)]
+
+
+def test_kernelab_split_k_gemm_passes_the_derived_bound():
+    report = _report(_split_k(), "gemm", SPLIT)
+    assert report.passed, _lines(report)
+    assert all(
+        m.tolerance_source.startswith("derived") for c in report.cases for m in c.measures.values()
+    )
+
+
+def test_kernelab_split_k_gemm_with_16_bit_partial_sums_is_caught(tmp_path):
+    # the reduction's running sum rounded to the output's format after each slice
+    mutant = mutate(
+        mk._splitk_reduce_kernel,
+        "acc += tl.load(Part + s * stride_ps + offs, mask=mask, other=0.0)",
+        "acc = (acc + tl.load(Part + s * stride_ps + offs, mask=mask, other=0.0))"
+        ".to(C.dtype.element_ty).to(tl.float32)",
+        tmp_path,
+    )
+    mutant.fn.__globals__["_epilogue"] = mk._epilogue
+    report = _report(_split_k(mutant), "gemm", SPLIT)
+    assert {c.failure_class for c in report.cases} == {"wrong values"}, _lines(report)
+
+
+@pytest.mark.parametrize("op", ["rmsnorm", "softmax"])
+def test_kernelab_row_kernels_pass_the_derived_bound(op):
+    report = verify_candidate(
+        get(op).variants["kernelab"].fn,
+        op,
+        shapes=SHAPES[op][:1],
+        dtypes=DTYPES,
+        device="cpu",
+        seed=SEED,
+        trials=1,
+    )
+    assert report.passed, _lines(report)
+    assert max(c.worst_ratio for c in report.cases) <= 1.0
+
+
+# --- the bound itself -----------------------------------------------------------------------
+
+
+def test_bound_follows_rounding_narrowings_and_length():
+    ref = torch.randn(64, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    inputs = {"x": torch.zeros(64, 4096)}
+    once = Contract(reduction=lambda inp: inp["x"].shape[-1])
+    twice = Contract(reduction=lambda inp: inp["x"].shape[-1], narrowings=1)
+    b0, r, n = derived_bound(once, torch.bfloat16, ref, inputs)
+    b1, _, _ = derived_bound(twice, torch.bfloat16, ref, inputs)
+    assert n == 4096 and 1e-3 < r < 3e-3  # bfloat16's rounding of normal values
+    assert b0 == pytest.approx(1.1 * r + 2 * 2**-24 * 64)
+    assert b1 == pytest.approx(1.1 * r * 2**0.5 + 2 * 2**-24 * 64)
+    # float32 targets and ops without a reduction keep the floor
+    assert derived_bound(once, torch.float32, ref, inputs) is None
+    assert derived_bound(Contract(), torch.bfloat16, ref, inputs) is None
+    assert tolerance(Contract(), torch.bfloat16, torch.bfloat16, None, ref, inputs) == (
+        1e-2,
+        "floor",
+    )
+
+
+def test_eager_torch_over_the_bound_gets_twice_its_error():
+    ref = torch.randn(32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    inputs = {"x": torch.zeros(32, 32)}
+    c = Contract(reduction=lambda inp: 32)
+    bound, _, _ = derived_bound(c, torch.float16, ref, inputs)
+    tol, source = tolerance(c, torch.float16, torch.float16, 3 * bound, ref, inputs)
+    assert tol == pytest.approx(6 * bound) and source.startswith("2x eager torch")
+    tol, source = tolerance(c, torch.float16, torch.float16, 0.5 * bound, ref, inputs)
+    assert tol == pytest.approx(bound) and source.startswith("derived")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "words"),
+    [
+        ({"narrowings": -1}, ValueError, "narrowings"),
+        ({"narrowings": 1.0}, TypeError, "narrowings"),
+        ({"narrowings": True}, TypeError, "narrowings"),
+        ({"reduction": 5}, TypeError, "reduction"),
+    ],
+)
+def test_contract_rejects_bad_reduction_declarations(kwargs, exc, words):
+    with pytest.raises(exc, match=words):
+        Contract(**kwargs)
+
+
+DECLARED = {
+    "gemm": ("a", -1),
+    "w8a16_gemm": ("x", -1),
+    "w4a16_gemm": ("x", -1),
+    "fp8_gemm": ("a", -1),
+    "fp8_block_gemm": ("a", -1),
+    "mx_gemm": ("a", -1),
+    "rmsnorm": ("x", -1),
+    "layernorm": ("x", -1),
+    "softmax": ("x", -1),
+    "merge_attention_states": ("states", 0),
+}
+
+
+@pytest.mark.parametrize("name", [*DECLARED, "paged_attention"])
+def test_the_16_bit_ops_declare_their_reduction(name):
+    op = get(name)
+    shape = op.shapes("edge")[0]
+    inputs = op.inputs(shape, op.dtypes[-1], "meta", seed=0)
+    n = op.contract.reduction(inputs)
+    if name == "paged_attention":
+        assert op.contract.narrowings == 1  # P rounded to the cache's format before P·V
+        assert n == int(inputs["seq_lens"].max())
+    else:
+        arg, dim = DECLARED[name]
+        assert op.contract.narrowings == 0
+        assert n == inputs[arg].shape[dim]
