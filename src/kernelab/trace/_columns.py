@@ -4,7 +4,7 @@ careful path validates event by event and counts what it skips."""
 
 from __future__ import annotations
 
-from itertools import chain, islice
+from itertools import chain, islice, repeat
 from operator import attrgetter, itemgetter, methodcaller
 from typing import Any, ClassVar, Literal, Union
 
@@ -675,8 +675,9 @@ def _dims_product(args: list, mask: np.ndarray, get) -> np.ndarray:
     vals = list(map(get, _pick(args, idx)))
     types = set(map(type, vals))
     if types != {list}:  # rows without a list (absent: some graph replays' kernels) stay -1
-        have = [i for i, v in enumerate(vals) if type(v) is list]
-        idx, vals = idx[have], [vals[i] for i in have]
+        # JSON decodes to plain lists only, so isinstance is type(v) is list here (C speed)
+        have = np.flatnonzero(np.fromiter(map(isinstance, vals, repeat(list)), bool, len(vals)))
+        idx, vals = idx[have], _pick(vals, have)
         if not vals:
             return out
     if set(map(type, vals)) == {list} and set(map(len, vals)) == {3}:
