@@ -107,7 +107,7 @@ def memory_analysis(links: Links, top: int = 5) -> list[dict] | None:
                 at_peak = list(live.values())
         never = np.array(sorted(live.values()), dtype=np.int64)
         at_peak_a = np.array(sorted(at_peak), dtype=np.int64)
-        wanted = np.union1d(never, at_peak_a)
+        wanted = distinct(np.concatenate([never, at_peak_a]))  # np.union1d loads numpy.ma
         owner = dict(zip(wanted.tolist(), _owners(links, tid[wanted], ts[wanted]), strict=True))
         out.append(
             {
