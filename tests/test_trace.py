@@ -3,6 +3,8 @@ fusion properties are known exactly (times in microseconds)."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -498,3 +500,17 @@ def test_worker_counts_are_checked(tmp_path, monkeypatch):
     monkeypatch.setattr(_ingest, "_BYTES_PER_WORKER", 1)
     monkeypatch.setitem(__import__("sys").modules, "torch", object())
     assert _ingest._workers(path, None) == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="automatic workers: Linux")
+def test_automatic_workers_fork_only_onto_idle_cpus(tmp_path, monkeypatch):
+    path = _rich_trace(tmp_path)
+    monkeypatch.delenv("KERNELAB_TRACE_WORKERS", raising=False)
+    monkeypatch.setattr(_ingest, "_BYTES_PER_WORKER", 1)  # size allows the most
+    monkeypatch.setattr(_ingest.threading, "active_count", lambda: 1)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    monkeypatch.setattr(_ingest.os, "sched_getaffinity", lambda _pid: set(range(4)))
+    for load_1min, expected in ((0.0, 4), (1.2, 3), (2.6, 1), (3.0, 1), (12.0, 1)):
+        monkeypatch.setattr(_ingest.os, "getloadavg", lambda v=load_1min: (v, v, v))
+        assert _ingest._workers(path, None) == expected, load_1min
+    assert _ingest._workers(path, 3) == 3  # asked for: as asked, whatever the load

@@ -118,18 +118,26 @@ def test_perfetto_annotations(tmp_path):
     assert len(doc["traceEvents"]) == len(scenario().events) + len(ours) + 1
 
 
-def test_trace_summary_json_loads_neither_torch_nor_rich(tmp_path):
-    """The CLI imports a command's module only when it runs: ``trace summary --json`` needs
-    numpy and the decoders, not torch (seconds, hundreds of MB) nor rich, even for ops whose
-    cost kernelab's own op models (rms_norm)."""
-    b = scenario()
-    fusible(b, 1000)
-    path = b.write(tmp_path / "s.json")
+@pytest.mark.parametrize("which", ["shapes", "memory"])
+def test_trace_summary_json_loads_neither_torch_nor_rich(tmp_path, which):
+    """The CLI imports a command's module only when it runs: ``trace summary --json`` (and
+    its HTML page) needs numpy and the decoders, not torch (seconds, hundreds of MB), rich,
+    sqlalchemy nor numpy.ma (which np.unique, np.isin and np.union1d load), even for ops
+    whose cost kernelab's own op models (rms_norm) or a trace with memory events."""
+    if which == "shapes":
+        b = scenario()
+        fusible(b, 1000)
+        path = b.write(tmp_path / "s.json")
+    else:
+        path = Path(__file__).parent / "data" / "cpu_memory.json.gz"
+    page = tmp_path / "p.html"
+    heavy = ("torch", "rich", "triton", "sqlalchemy", "numpy.ma")
     code = (
         "import sys; from kernelab.cli import main\n"
-        f"sys.argv = ['kernelab', 'trace', 'summary', {str(path)!r}, '--json']\n"
+        f"sys.argv = ['kernelab', 'trace', 'summary', {str(path)!r}, '--json', '--html', "
+        f"{str(page)!r}]\n"
         "try:\n    main()\nexcept SystemExit as e:\n    rc = e.code\n"
-        "print('LOADED', sorted(m for m in ('torch', 'rich', 'triton') if m in sys.modules), rc)"
+        f"print('LOADED', sorted(m for m in {heavy!r} if m in sys.modules), rc)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -140,6 +148,7 @@ def test_trace_summary_json_loads_neither_torch_nor_rich(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("LOADED [] 0"), out.stdout[-300:]
+    assert page.stat().st_size > 1000
 
 
 MODEL = textwrap.dedent(

@@ -33,13 +33,16 @@ def register(app: click.Group) -> None:
         "--perfetto", help="Also write the trace annotated with the findings (.json or .json.gz)."
     )
     @click.option(
+        "--html", help="Also write the summary as a self-contained HTML page (memory timeline)."
+    )
+    @click.option(
         "--workers",
         type=click.IntRange(min=1),
         help="Processes that decode a large trace [default: by its size and the CPUs; "
         "KERNELAB_TRACE_WORKERS].",
     )
     @user_errors
-    def summary_command(trace, as_json, top, short_us, perfetto, workers):
+    def summary_command(trace, as_json, top, short_us, perfetto, html, workers):
         """Summarise a trace: GPU time, idle causes, launches, top kernels, what to change.
 
         TRACE is a .json or .json.gz trace, or a folder of per-rank traces.
@@ -53,6 +56,7 @@ def register(app: click.Group) -> None:
             top=top,
             short_us=short_us,
             perfetto=perfetto,
+            html=html,
             workers=workers,
         )
         if code:

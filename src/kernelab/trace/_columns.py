@@ -4,7 +4,7 @@ careful path validates event by event and counts what it skips."""
 
 from __future__ import annotations
 
-from itertools import chain, islice
+from itertools import chain, islice, repeat
 from operator import attrgetter, itemgetter, methodcaller
 from typing import Any, ClassVar, Literal, Union
 
@@ -193,9 +193,24 @@ def _shared(value, seen: dict):
         key = bytes(value)
         out = seen.get(key)
         if out is None:
-            out = seen[key] = msgspec.json.decode(value)
+            out = seen[key] = msgspec.json.decode(key)
         return out
     return value
+
+
+class _SharedText(dict):
+    """Raw JSON text -> its one decoded object (:func:`_shared`'s table)."""
+
+    def __missing__(self, key: bytes):
+        out = self[key] = msgspec.json.decode(key)
+        return out
+
+
+def _shared_all(values: list, seen: dict) -> list:
+    """:func:`_shared` of every value; where all are raw JSON, in C-level passes."""
+    if msgspec is not None and values and set(map(type, values)) == {msgspec.Raw}:
+        return list(map(seen.__getitem__, map(bytes, values)))
+    return [_shared(x, seen) for x in values]
 
 
 def _plain(value):
@@ -265,7 +280,7 @@ class _Columns:
         self.malformed = 0
         self.out_of_range = 0
         self.memory: list[tuple[int, dict]] = []  # (chunk, columns) of [memory] instants
-        self.shape_text: dict[bytes, object] = {}  # raw shape JSON -> its one decoded object
+        self.shape_text: dict[bytes, object] = _SharedText()  # raw shape JSON -> its object
         self.base_us: int | None = None
         self.next_chunk = 0
         self.absorbed = False
@@ -438,11 +453,15 @@ class _Columns:
             rows_i = np.flatnonzero((kind_a == CPU_OP) & np.isin(name_a, shaped_ids, kind="table"))
             sub = _pick(args, rows_i)
             shared = self.shape_text
-            dims_all = [_shared(x, shared) for x in map(getter("Input Dims"), sub)]
-            types_all = [_shared(x, shared) for x in map(getter("Input type"), sub)]
-            for i, dims, types in zip(rows_i.tolist(), dims_all, types_all, strict=True):
-                if type(dims) is list and type(types) is list:
-                    shapes[i] = (dims, types)
+            dims_all = _shared_all(list(map(getter("Input Dims"), sub)), shared)
+            types_all = _shared_all(list(map(getter("Input type"), sub)), shared)
+            if set(map(type, dims_all)) == {list} and set(map(type, types_all)) == {list}:
+                pairs = zip(dims_all, types_all, strict=True)
+                shapes = dict(zip(rows_i.tolist(), pairs, strict=True))
+            else:
+                for i, dims, types in zip(rows_i.tolist(), dims_all, types_all, strict=True):
+                    if type(dims) is list and type(types) is list:
+                        shapes[i] = (dims, types)
         return part, shapes, unknown
 
     def _careful(self, events: list) -> None:
@@ -586,9 +605,10 @@ class _Columns:
         if len(set(bases)) > 1:  # parts decoded by several processes: one base for all
             shift = np.repeat([(p.base_us - base_us) * 1000 for p in parts], np.diff(offsets))
             cols["ts"] += shift
-        shapes = {
-            int(o) + i: v for p, o in zip(parts, offsets, strict=False) for i, v in p.shapes.items()
-        }
+        shapes: dict = {}
+        for p, o in zip(parts, offsets.tolist(), strict=False):
+            if p.shapes:  # row numbers of the part shifted by its offset, in C-level passes
+                shapes.update(zip(map(o.__add__, p.shapes), p.shapes.values(), strict=False))
         strings = list(self.table)
         if self.absorbed:  # name ids in order of first appearance, as one process assigns them
             ids, first = np.unique(cols["name"], return_index=True)
@@ -655,8 +675,9 @@ def _dims_product(args: list, mask: np.ndarray, get) -> np.ndarray:
     vals = list(map(get, _pick(args, idx)))
     types = set(map(type, vals))
     if types != {list}:  # rows without a list (absent: some graph replays' kernels) stay -1
-        have = [i for i, v in enumerate(vals) if type(v) is list]
-        idx, vals = idx[have], [vals[i] for i in have]
+        # JSON decodes to plain lists only, so isinstance is type(v) is list here (C speed)
+        have = np.flatnonzero(np.fromiter(map(isinstance, vals, repeat(list)), bool, len(vals)))
+        idx, vals = idx[have], _pick(vals, have)
         if not vals:
             return out
     if set(map(type, vals)) == {list} and set(map(len, vals)) == {3}:

@@ -352,7 +352,19 @@ def _workers(p: Path, workers: int | None) -> int:
     if "torch" in sys.modules:
         return 1
     cpus = len(os.sched_getaffinity(0))
-    return max(1, min(cpus, _MAX_WORKERS, _decompressed_size(p) // _BYTES_PER_WORKER))
+    by_size = _decompressed_size(p) // _BYTES_PER_WORKER
+    return max(1, min(cpus, _MAX_WORKERS, by_size, 1 + _idle_cpus(cpus)))
+
+
+def _idle_cpus(cpus: int) -> int:
+    """CPUs beyond this process's that the last minute left idle (``os.getloadavg``): a
+    forked decoder costs CPU time of its own (it inflates and cuts the whole stream too) and
+    only pays where a CPU would otherwise wait; on a loaded machine the trace is read alone."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return cpus - 1
+    return max(0, int(cpus - load - 0.5))
 
 
 def _load_parallel(p: Path, cols: _Columns, workers: int) -> tuple[dict, list[int]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import cached_property
+from operator import itemgetter
 
 import numpy as np
 
@@ -131,6 +132,38 @@ def member(values: np.ndarray, of) -> np.ndarray:
         return np.zeros(len(values), dtype=bool)
     pos = np.minimum(np.searchsorted(keys, values), len(keys) - 1)
     return keys[pos] == values
+
+
+def group_rows(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows with equal values in every one of ``keys`` (int64 arrays of one length) as one
+    group: ``(group of each row, first row of each group)``, groups numbered by their first
+    row (file order)."""
+    n = len(keys[0])
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    order = np.lexsort((np.arange(n), *keys[::-1]))
+    new = np.zeros(n, dtype=bool)
+    new[0] = True
+    for k in keys:
+        ks = k[order]
+        new[1:] |= ks[1:] != ks[:-1]
+    sorted_group = np.cumsum(new) - 1
+    firsts = order[new]  # the first row of each group (rows of a group are in file order)
+    rank = np.empty(len(firsts), dtype=np.int64)
+    rank[np.argsort(firsts, kind="stable")] = np.arange(len(firsts))
+    group = np.empty(n, dtype=np.int64)
+    group[order] = rank[sorted_group]
+    return group, np.sort(firsts)
+
+
+def shape_keys(shapes: dict, rows: np.ndarray) -> tuple[list, np.ndarray, np.ndarray]:
+    """The ``(dims, types)`` of each row (all in ``shapes``) and the ``id`` of each: equal
+    shapes are often one object (ingest), so a cache keyed on ids does each shape once."""
+    pairs = list(map(shapes.__getitem__, rows.tolist()))
+    n = len(pairs)
+    dims = np.fromiter(map(id, map(itemgetter(0), pairs)), np.int64, n)
+    types = np.fromiter(map(id, map(itemgetter(1), pairs)), np.int64, n)
+    return pairs, dims, types
 
 
 def percentile(values: np.ndarray, q: float) -> float:

@@ -19,7 +19,7 @@ import re
 import numpy as np
 
 from kernelab.trace._ingest import ANNOTATION, CPU_OP, MEMCPY, RUNTIME
-from kernelab.trace._link import Links
+from kernelab.trace._link import Links, distinct
 
 US = 1e-3
 
@@ -82,7 +82,7 @@ def pageable_copies(links: Links) -> list[dict]:
     pageable = np.array([bool(PAGEABLE.search(s)) for s in t.strings], dtype=bool)
     if not len(t.strings):
         return out
-    for dev in np.unique(t.pid[gpu]).tolist():
+    for dev in distinct(t.pid[gpu]).tolist():
         rows = gpu[t.pid[gpu] == dev]
         busy = int(np.maximum(t.dur[rows], 0).sum())
         copies = rows[(t.kind[rows] == MEMCPY) & pageable[t.name[rows]]]

@@ -32,11 +32,13 @@ def run_summary(
     top: int = 15,
     short_us: float = 5.0,
     perfetto: str | None = None,
+    html: str | None = None,
     console=None,
     workers: int | None = None,
 ) -> int:
     """Summarise a trace file (or a folder of per-rank traces); returns the exit code.
-    ``workers``: processes decoding the file (``None``: chosen by size and CPUs)."""
+    ``workers``: processes decoding the file (``None``: chosen by size and CPUs); ``html``:
+    also write the summary as a self-contained page there."""
     if top < 1:
         raise ValueError(f"top: expected at least 1, got {top}")
     if short_us <= 0:
@@ -44,6 +46,14 @@ def run_summary(
     if perfetto:
         check_output(perfetto)  # before the analysis, not after it
     p = Path(path)
+    if html:
+        from kernelab.report import trace_page
+
+        trace_page.check_output(html)
+        if p.is_dir():
+            raise ValueError(
+                f"html: the page shows one trace; {path!r} is a folder (give one rank's file)"
+            )
     if not as_json:
         from rich.console import Console
 
@@ -75,12 +85,17 @@ def run_summary(
         out = write_annotated(s, perfetto)
         if not as_json:
             console.print(f"annotated trace for Perfetto (ui.perfetto.dev): {out}", markup=False)
+    doc = public(s)
+    if html:
+        page = trace_page.write(doc, html)
+        if not as_json:
+            console.print(f"HTML report: {page}", markup=False)
     if as_json:
-        emit(public(s))
+        emit(doc)
     else:
         from kernelab.trace.render import render_summary
 
-        render_summary(console, public(s))
+        render_summary(console, doc)
     return 0
 
 

@@ -21,7 +21,7 @@ import sys
 import numpy as np
 
 from kernelab.trace._ingest import KERNEL
-from kernelab.trace._link import Links
+from kernelab.trace._link import Links, group_rows, shape_keys
 from kernelab.trace.roofline import (
     ATTENTION,
     GEMM,
@@ -121,30 +121,36 @@ def fusion_candidates(links: Links, n: int = 10, registered: set[str] | None = N
     label_ids = np.where(linked, op_name, len(strings) + ids[kern])
     label_text = strings + group_names
     # Ops with shapes: bound from the cost model on the trace's device.
-    shaped = [i for i in np.flatnonzero(linked).tolist() if int(op_rows[i]) in t.shapes]
-    cache: dict[tuple, tuple[bool | None, float]] = {}
-    for i in shaped:
-        op = int(op_rows[i])
-        dims, types = t.shapes[op]
-        dev = int(t.pid[gpu[kern[i]]])
-        key = (int(op_name[i]), id(dims), id(types), dev)  # equal shapes: often one object
-        hit = cache.get(key)
-        if hit is None:
-            oname = strings[int(op_name[i])]
+    lk = np.flatnonzero(linked)
+    has = np.fromiter(map(t.shapes.__contains__, op_rows[lk].tolist()), bool, len(lk))
+    shaped = lk[has]
+    if len(shaped):
+        pairs, dims_id, types_id = shape_keys(t.shapes, op_rows[shaped])
+        devs = t.pid[gpu[kern[shaped]]]
+        # One cost per (op, shapes, device): equal shapes are often one object (ingest).
+        group, firsts = group_rows(op_name[shaped].astype(np.int64), dims_id, types_id, devs)
+        bound_g = np.zeros(len(firsts), dtype=np.int8)  # -1 unknown, 0 compute, 1 memory
+        bytes_g = np.full(len(firsts), np.nan)
+        for g, f in enumerate(firsts.tolist()):
+            oname = strings[int(op_name[shaped[f]])]
+            dims, types = pairs[f]
+            dev = int(devs[f])
             if dev not in specs:
                 specs[dev] = match_device(props.get(dev, {}))
             spec = specs[dev]
             cost = op_cost(oname, dims, types)
-            bound = None
+            bound = -1
             if cost is not None and spec is not None:
                 peak = spec.peak_for(PEAK_DTYPE.get(cost[2], "fp32"))
-                bound = cost[1] / spec.hbm_bytes_per_s >= (cost[0] / peak if peak else 0.0)
+                bound = int(cost[1] / spec.hbm_bytes_per_s >= (cost[0] / peak if peak else 0.0))
             b = output_bytes(oname, dims, types)
-            hit = (bound, b if b is not None else np.nan)
-            cache[key] = hit
-        if hit[0] is not None and not heavy_op[int(op_name[i])]:
-            mem[i] = hit[0]
-        out_bytes[i] = hit[1]
+            bound_g[g] = bound
+            if b is not None:
+                bytes_g[g] = b
+        bound_r = bound_g[group]
+        take = (bound_r >= 0) & ~heavy_op[op_name[shaped]]
+        mem[shaped[take]] = bound_r[take] == 1
+        out_bytes[shaped] = bytes_g[group]
     stream = t.pid[gpu[kern]] * 1_000_003 + t.tid[gpu[kern]]
     order = np.lexsort((t.ts[gpu[kern]], stream))
     m = mem[order]

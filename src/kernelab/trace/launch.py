@@ -60,18 +60,31 @@ def launch_analysis(links: Links, short_us: float = 5.0) -> dict:
         head = np.r_[True, cl[1:] != cl[:-1]]
         first_in_call[gr[~head]] = False
         bounds = np.flatnonzero(np.r_[head, True])
-        for a, b in itertools.pairwise(bounds):
-            members = gr[a:b]
-            call = int(cl[a])
+        heads = bounds[:-1]
+        sg, eg = s[gr], e[gr]
+        first = np.minimum.reduceat(sg, heads)
+        last = np.maximum.reduceat(eg, heads)
+        busy = np.add.reduceat(eg - sg, heads)  # whole nanoseconds: exact in any order
+        call_rows = cl[heads]
+        for a, b, call_ts, call_dur, lo, hi, k in zip(
+            heads.tolist(),
+            bounds[1:].tolist(),
+            t.ts[call_rows].tolist(),
+            t.dur[call_rows].tolist(),
+            first.tolist(),
+            last.tolist(),
+            busy.tolist(),
+            strict=True,
+        ):
             replays.append(
                 {
-                    "launch_ts_ns": int(t.ts[call]),
-                    "launch_us": round(float(t.dur[call]) * US, 3),
-                    "kernels": int(b - a),
-                    "start_ns": int(s[members].min()),
-                    "span_us": round(float(e[members].max() - s[members].min()) * US, 3),
-                    "kernel_time_us": round(float((e[members] - s[members]).sum()) * US, 3),
-                    "_rows": members,
+                    "launch_ts_ns": call_ts,
+                    "launch_us": round(float(call_dur) * US, 3),
+                    "kernels": b - a,
+                    "start_ns": lo,
+                    "span_us": round(float(hi - lo) * US, 3),
+                    "kernel_time_us": round(float(k) * US, 3),
+                    "_rows": gr[a:b],
                 }
             )
     measured = has & first_in_call

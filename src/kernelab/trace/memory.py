@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernelab.trace._ingest import CPU_OP
-from kernelab.trace._link import Links
+from kernelab.trace._link import Links, distinct
 
 US = 1e-3
 TIMELINE_POINTS = 64
@@ -37,7 +37,7 @@ def _owners(links: Links, tid: np.ndarray, ts: np.ndarray) -> list[str | None]:
     t = links.trace
     ops = np.flatnonzero(t.kind == CPU_OP)
     out: list[str | None] = [None] * len(ts)
-    for th in np.unique(tid).tolist():
+    for th in distinct(tid).tolist():
         q = np.flatnonzero(tid == th)
         rows = ops[t.tid[ops] == th]
         if not len(rows):
@@ -73,7 +73,7 @@ def _timeline(ts: np.ndarray, alloc: np.ndarray, res: np.ndarray, t0: int) -> li
     edges = np.linspace(ts[0], ts[-1], TIMELINE_POINTS + 1)
     bins = np.clip(np.searchsorted(edges, ts, side="right") - 1, 0, TIMELINE_POINTS - 1)
     out = []
-    for b in np.unique(bins).tolist():
+    for b in distinct(bins).tolist():
         sel = bins == b
         out.append(
             [round((float(edges[b]) - t0) * US, 3), int(alloc[sel].max()), int(res[sel].max())]
@@ -90,7 +90,7 @@ def memory_analysis(links: Links, top: int = 5) -> list[dict] | None:
     t0 = int(t.ts.min()) if len(t.ts) else int(m["ts"].min())
     out = []
     keys = m["device_type"] * 1_000_003 + m["device_id"]
-    for key in np.unique(keys).tolist():
+    for key in distinct(keys).tolist():
         sel = np.flatnonzero(keys == key)
         sel = sel[np.argsort(m["ts"][sel], kind="stable")]  # time order, file order in ties
         ts, alloc, res = m["ts"][sel], m["allocated"][sel], m["reserved"][sel]
@@ -107,7 +107,7 @@ def memory_analysis(links: Links, top: int = 5) -> list[dict] | None:
                 at_peak = list(live.values())
         never = np.array(sorted(live.values()), dtype=np.int64)
         at_peak_a = np.array(sorted(at_peak), dtype=np.int64)
-        wanted = np.union1d(never, at_peak_a)
+        wanted = distinct(np.concatenate([never, at_peak_a]))  # np.union1d loads numpy.ma
         owner = dict(zip(wanted.tolist(), _owners(links, tid[wanted], ts[wanted]), strict=True))
         out.append(
             {

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernelab.trace._link import Links, covered
+from kernelab.trace._link import Links, covered, distinct
 
 US = 1e-3
 
@@ -39,7 +39,7 @@ def comm_overlap(links: Links) -> dict:
     cat = links.category
     comm, comp = gpu[cat == 2], gpu[cat == 0]  # Links.category: 0 compute, 2 communication
     devices = []
-    for dev in np.unique(t.pid[gpu]).tolist():
+    for dev in distinct(t.pid[gpu]).tolist():
         devices.append(
             {"device": int(dev), **_overlap(t, comm[t.pid[comm] == dev], comp[t.pid[comp] == dev])}
         )

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from kernelab.trace._link import Links
+from kernelab.trace._link import Links, group_rows, shape_keys
 
 US = 1e-3
 
@@ -180,25 +180,28 @@ def roofline(links: Links, n: int = 15) -> dict:
     op_dev = np.zeros(len(uniq), dtype=np.int64)
     op_dev[inv] = dev
     groups: dict[tuple, dict] = {}
-    costs: dict[tuple, tuple] = {}  # cost and text: pure functions of (op, shapes, dtypes)
-    for u, row in enumerate(uniq.tolist()):
-        shaped = t.shapes.get(row)
-        if shaped is None:
-            continue
-        name = t.strings[int(t.name[row])]
-        dims, types = shaped
-        by_id = (name, id(dims), id(types))  # equal shapes are often one object (ingest)
-        if by_id not in costs:
-            costs[by_id] = (op_cost(name, dims, types), str(dims), str(types))
-        cost, dims_text, types_text = costs[by_id]
-        if cost is None:
-            continue
-        key = (name, dims_text, types_text, int(op_dev[u]))
-        g = groups.setdefault(
-            key, {"flops": cost[0], "bytes": cost[1], "dtype": cost[2], "time": 0.0, "calls": 0}
-        )
-        g["time"] += float(gpu_time[u])
-        g["calls"] += 1
+    has = np.fromiter(map(t.shapes.__contains__, uniq.tolist()), bool, len(uniq))
+    sel = np.flatnonzero(has)
+    if len(sel):
+        rows = uniq[sel]
+        pairs, dims_id, types_id = shape_keys(t.shapes, rows)
+        names = t.name[rows].astype(np.int64)
+        # One cost and text per (op, shapes, device): equal shapes are often one object.
+        group, firsts = group_rows(names, dims_id, types_id, op_dev[sel])
+        time_g = np.bincount(group, weights=gpu_time[sel], minlength=len(firsts))
+        calls_g = np.bincount(group, minlength=len(firsts))
+        for g, f in enumerate(firsts.tolist()):
+            name = t.strings[int(names[f])]
+            dims, types = pairs[f]
+            cost = op_cost(name, dims, types)
+            if cost is None:
+                continue
+            key = (name, str(dims), str(types), int(op_dev[sel[f]]))
+            entry = groups.setdefault(
+                key, {"flops": cost[0], "bytes": cost[1], "dtype": cost[2], "time": 0.0, "calls": 0}
+            )
+            entry["time"] += float(time_g[g])
+            entry["calls"] += int(calls_g[g])
     devices = {d: match_device(props.get(d, {})) for d in {k[3] for k in groups}}
     out = []
     unmatched = set()
