@@ -12,7 +12,7 @@ Flawed (rows counted along the op's batch dimension):
 - ``rmsnorm_zero_above_{33,1000,3000}``: rows from the threshold on are zeros.
 - ``silu_and_mul_stale_above_{100,4000}``: rows from the threshold on are the gate alone
   (the multiplication by ``up`` skipped).
-- ``gemm_half_k_above_{64,2048}``: output rows from the threshold on accumulate only the
+- ``gemm_half_k_above_{64,1000}``: output rows from the threshold on accumulate only the
   first half of K.
 - ``rmsnorm_bad_last_tile``: rows are processed in tiles of 256; past two tiles, the last
   partial tile is written unnormalised (a grid whose last program mishandles its mask).
@@ -148,7 +148,7 @@ def _drop_last_column_tile(c, a, bk):
 
 
 gemm_half_k_above_64 = _gemm_with(_half_k_from(64))
-gemm_half_k_above_2048 = _gemm_with(_half_k_from(2048))
+gemm_half_k_above_1000 = _gemm_with(_half_k_from(1000))
 gemm_bad_last_column_tile = _gemm_with(_drop_last_column_tile)
 
 # --- honest rewrites ---------------------------------------------------------------------
