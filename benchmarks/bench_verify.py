@@ -61,6 +61,12 @@ def main() -> None:
     print()
     for op, secs in per_op.items():
         print(f"{op:<16} total {secs:8.2f} s")
+    full = [c for c in report.cases if getattr(c, "sample", None) is not None]
+    print(
+        f"full-size cases (sampled reference): {len(full)}, "
+        f"{sum(c.seconds for c in full):.1f} s; "
+        f"cut to the budget: {len(getattr(report, 'cut', []))}"
+    )
     slowest = sorted(report.cases, key=lambda c: -c.seconds)[:5]
     print("\nslowest cases:")
     for c in slowest:

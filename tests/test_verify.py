@@ -319,6 +319,7 @@ def test_failure_classes_are_the_documented_ones():
         "unwritten elements",
         "nondeterministic",
         "cached result",
+        "full size",
         "wrong values",
         "NaN mismatch",
     )
@@ -360,7 +361,13 @@ def test_run_stage_cells_say_pass_or_the_failure_class():
 def test_rmsnorm_kernel_passes_on_every_dtype_and_both_shape_sets():
     # What `kernelab verify rmsnorm` does by default (the Triton kernel through the interpreter).
     report = verify(["rmsnorm"], variants=["kernelab", "torch"], device="cpu")
-    assert len(report.cases) == 2 * 3 * (12 + 14)  # 18 representative shapes are 12 once capped
+    capped = [c for c in report.cases if c.sample is None]
+    assert len(capped) == 2 * 3 * (12 + 14)  # 18 representative shapes are 12 once capped
+    # eager torch (not interpreted) also runs each shape whose rows were cut at full size
+    # once: 12 representative (8 once too big ones are cut to the same columns) and 2 edge
+    full = [c for c in report.cases if c.sample is not None]
+    assert {c.variant for c in full} == {"torch"} and len(full) == len(report.cases) - len(capped)
+    assert any("many short rows 1000x96" in c.shape for c in full)
     assert report.passed, [(c.shape, c.dtype, f.line()) for c in report.cases for f in c.failures]
     assert {c.dtype for c in report.cases} == {"float32", "float16", "bfloat16"}
     assert {c.shape_set for c in report.cases} == {"representative", "edge"}

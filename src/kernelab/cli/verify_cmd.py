@@ -27,6 +27,10 @@ from kernelab.cli._common import (
 SHAPE_CHOICES = ("representative", "edge", "all")
 
 
+#: Full-size cuts listed one a line up to this many (otherwise counted; --json lists each).
+CUT_SHOWN = 10
+
+
 def _check_options(ops, candidate, op, reference, inputs, audit, shapes) -> None:
     for s in shapes:
         if s not in SHAPE_CHOICES:
@@ -225,6 +229,15 @@ def _print_report(report, show: int) -> None:
         echo(("note:", "yellow"), f" {line}")
     for line in dict.fromkeys(report.skipped):
         echo(("skipped:", "yellow"), f" {line}")
+    cut = list(dict.fromkeys(getattr(report, "cut", ())))
+    for line in cut if len(cut) <= CUT_SHOWN else ():
+        echo(("cut:", "yellow"), f" {line}")
+    if len(cut) > CUT_SHOWN:
+        echo(
+            ("cut:", "yellow"),
+            f" {len(cut)} full-size cases ran smaller than declared (too big to be cheap; "
+            "labels say [full size; cut ...], --json lists each)",
+        )
     verdict = ("all passed", "green") if report.passed else ("FAILED", "bold red")
     echo(
         verdict,

@@ -53,6 +53,9 @@ class Subject:
     prepare: Callable[[dict], dict] | None = None
     #: ``supports(shape)``: None, or why the subject leaves the shape out (the case is skipped).
     supports: Callable | None = None
+    #: Whether it runs through an interpreter on CPU (a Triton or Pallas variant); None:
+    #: unknown (a user's candidate), found by counting interpreted launches.
+    interpreted: bool | None = None
 
 
 def derive_seed(seed: int, *parts) -> int:

@@ -13,6 +13,8 @@ import torch
 from kernelab._loader import check_signature
 from kernelab.ops import Op, all_ops, get
 from kernelab.ops._model import dtype_name
+from kernelab.ops._model.sampling import two_tiles
+from kernelab.verify import _full
 from kernelab.verify._case import Subject, run_case
 from kernelab.verify._types import Report
 
@@ -67,16 +69,45 @@ def _dtype(d) -> torch.dtype:
     return found
 
 
-def shapes_for(op: Op, shape_set: str, device, cap: int | None):
-    """The shapes of a set, batch size capped on CPU, duplicates (after capping) dropped."""
+def _cap_of(op: Op, shape, shape_set: str, cap: int) -> int:
+    """The cap for one shape: an edge shape (any set but representative) of an op that
+    declares its tiles is never cut below two tiles, and keeps its last partial tile."""
+    tiles = op.sampling.tile if op.sampling is not None else {}
+    tile = tiles.get(shape.batch_dim) if shape.batch_dim is not None else None
+    if shape_set == "representative" or not tile:
+        return cap
+    return two_tiles(int(shape.dims[shape.batch_dim]), cap, tile)
+
+
+def _capped(op: Op, shape_set: str, device, cap: int | None) -> list[tuple]:
+    """(declared, capped) for every shape of a set."""
     if cap is None:
         cap = CPU_CAPS.get(shape_set, CPU_CAP_OTHER) if torch.device(device).type == "cpu" else 0
+    return [
+        (s, s.reduced(_cap_of(op, s, shape_set, cap)) if cap else s) for s in op.shapes(shape_set)
+    ]
+
+
+def shapes_for(op: Op, shape_set: str, device, cap: int | None):
+    """The shapes of a set, batch size capped on CPU, duplicates (after capping) dropped."""
     seen, out = set(), []
-    for s in op.shapes(shape_set):
-        r = s.reduced(cap) if cap else s
+    for _, r in _capped(op, shape_set, device, cap):
         if r.key not in seen:
             seen.add(r.key)
             out.append(r)
+    return out
+
+
+def full_shapes_for(op: Op, shape_set: str, device, cap: int | None):
+    """The shapes of a set whose batch size a cap cut, as declared (for the full-size cases),
+    when the op declares its outputs row-independent."""
+    if op.sampling is None:
+        return []
+    seen, out = set(), []
+    for s, r in _capped(op, shape_set, device, cap):
+        if s.batch_dim and r.dims[s.batch_dim] != s.dims[s.batch_dim] and s.key not in seen:
+            seen.add(s.key)
+            out.append(s)
     return out
 
 
@@ -121,6 +152,10 @@ def run_subject(
 def _run_subject(
     report, op, subject, shape_sets, dtypes, device, trials, cap, baseline, progress, shapes
 ) -> None:
+    from kernelab.ops._runtime.interpreter import interpreted_launches
+
+    launches = interpreted_launches()
+    dtypes = list(dtypes)
     dist_offset = 0
     for shape_set in shape_sets:
         chosen = shapes_for(op, shape_set, device, cap) if shapes is None else list(shapes)
@@ -151,6 +186,47 @@ def _run_subject(
                     )
                 )
                 dist_offset += trials
+    interpreted = subject.interpreted
+    if interpreted is None:
+        interpreted = interpreted_launches() > launches
+    if interpreted or shapes is not None or baseline is None or not dtypes:
+        return
+    _run_full(report, op, subject, shape_sets, dtypes, device, cap, baseline, progress)
+
+
+def _run_full(report, op, subject, shape_sets, dtypes, device, cap, baseline, progress) -> None:
+    """Each shape a cap cut, once at full size (``_full``), the dtypes taken in turn."""
+    turn, seen = 0, set()
+    for shape_set in shape_sets:
+        for declared in full_shapes_for(op, shape_set, device, cap):
+            dtype = dtypes[turn % len(dtypes)]
+            turn += 1
+            why = subject.supports(declared) if subject.supports is not None else None
+            if why:
+                continue  # said for the capped case
+            try:
+                held = op.sampling.holds(op.inputs(declared, dtype, "meta"))
+            except Exception:
+                held = False
+            if not held:
+                continue
+            shape, cuts = _full.budget_cut(op, declared, dtype)
+            if shape.key in seen:  # another declared shape cut to the same sizes
+                continue
+            seen.add(shape.key)
+            for note in cuts:
+                report.cut.append(
+                    f"{op.name}/{subject.name} {declared.label} {dtype_name(dtype)}: full-size "
+                    f"case cut to {note} (over {_full.MAX_ELEMENTS:.3g} input elements or "
+                    f"{_full.MAX_FLOPS:.3g} FLOPs)"
+                )
+            if progress:
+                progress(f"verify {op.name}/{subject.name} {shape_set} {shape.label} {dtype}")
+            report.cases.append(
+                _full.run_full_case(
+                    op, subject, shape, shape_set, dtype, device, report.seed, baseline, turn
+                )
+            )
 
 
 #: Share of the host's available memory a case's float64 reference may take.
@@ -269,7 +345,13 @@ def verify(
                     "seconds on CPU; ask for it with --variant pallas"
                 )
                 continue
-            subject = Subject(variant.name, variant.fn, variant.prepare, variant.supports)
+            subject = Subject(
+                variant.name,
+                variant.fn,
+                variant.prepare,
+                variant.supports,
+                interpreted=variant.kind in ("triton", "pallas"),
+            )
             run_subject(
                 report, op, subject, sets, op_dtypes, device, trials, cap, baseline, progress
             )

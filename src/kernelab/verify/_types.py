@@ -15,6 +15,7 @@ CLASSES = (
     "unwritten elements",
     "nondeterministic",
     "cached result",
+    "full size",
     "wrong values",
     "NaN mismatch",
 )
@@ -139,6 +140,9 @@ class CaseResult:
     failures: list[Failure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: A full-size case: the output rows (and columns) the reference was computed on, drawn
+    #: from ``seed`` (derived from the run seed): {seed, rows, of_rows, cols, of_cols}.
+    sample: dict | None = None
 
     @property
     def passed(self) -> bool:
@@ -184,6 +188,7 @@ class CaseResult:
             "measures": [m.as_dict() for m in self.measures.values()],
             "failures": [f.as_dict() for f in self.failures],
             "notes": self.notes,
+            "sample": self.sample,
             "seconds": round(self.seconds, 4),
         }
 
@@ -228,6 +233,8 @@ class Report:
     skipped: list[str] = field(default_factory=list)
     audit: list[AuditEntry] = field(default_factory=list)
     seconds: float = 0.0
+    #: Full-size cases run smaller than declared (too big to be cheap): "op/variant label: cut".
+    cut: list[str] = field(default_factory=list)
 
     @property
     def broken_ops(self) -> list[str]:
@@ -274,6 +281,7 @@ class Report:
             "groups": groups,
             "cases": [c.as_dict() for c in self.cases],
             "skipped": self.skipped,
+            "cut": self.cut,
             "audit": [a.as_dict() for a in self.audit],
             "broken_ops": self.broken_ops,
         }

@@ -4,6 +4,7 @@ their registry. See :mod:`kernelab.ops._model.op` for the calling convention."""
 from kernelab.ops._model.contract import DEFAULT_FLOORS, Contract, Cost, dtype_name
 from kernelab.ops._model.launch import Launch
 from kernelab.ops._model.op import Op, all_ops, as_tuple, get, register
+from kernelab.ops._model.sampling import Sampling
 from kernelab.ops._model.shape import SHAPE_SETS, Shape, ShapeSets
 from kernelab.ops._model.variant import Variant
 
@@ -14,6 +15,7 @@ __all__ = [
     "Cost",
     "Launch",
     "Op",
+    "Sampling",
     "Shape",
     "ShapeSets",
     "Variant",

@@ -19,6 +19,7 @@ import torch
 
 from kernelab.ops._model.contract import Contract, Cost, dtype_name
 from kernelab.ops._model.launch import Launch
+from kernelab.ops._model.sampling import Sampling
 from kernelab.ops._model.shape import SHAPE_SETS, Shape, ShapeSets
 from kernelab.ops._model.variant import Variant, _compiled
 from kernelab.ops._runtime import inputs as _inputs
@@ -45,6 +46,7 @@ class Op:
         plan: Callable[..., Any] | None = None,
         launches: Callable[..., list[Launch]] | None = None,
         tuning_space: Callable[[Shape, torch.dtype], list] | None = None,
+        sampling: Sampling | None = None,
     ):
         missing = [s for s in SHAPE_SETS if s not in shapes]
         if missing:
@@ -73,6 +75,11 @@ class Op:
         self.launches = self._planned_launches if plan is not None else launches
         #: ``tuning_space(shape, dtype) -> [config, ...]``: the configs worth trying.
         self.tuning_space = tuning_space
+        #: Which outputs are row-independent (rows × columns for a GEMM): verify checks a
+        #: full-size call on a sample of them (``kernelab.ops._model.sampling``). None: none.
+        if sampling is not None and not isinstance(sampling, Sampling):
+            raise TypeError(f"sampling: expected a Sampling, got {type(sampling).__name__}")
+        self.sampling = sampling
         self.variants: dict[str, Variant] = {}
 
     def _planned_launches(self, shape: Shape, dtype: torch.dtype, config=None) -> list[Launch]:

@@ -488,6 +488,11 @@ def all_on_cpu(args, kwargs) -> bool:
 # --- users' kernels ------------------------------------------------------------------------------
 
 
+def interpreted_launches() -> int:
+    """Interpreted launches so far in this process (any kernel, any thread)."""
+    return _launches
+
+
 class Watch:
     """Interpreted launches (of any kernel, in any thread) while a ``interpreting_user_kernels``
     scope is open; the count is kept when it closes."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernelab.ops._model import Contract, Op, Variant, register
+from kernelab.ops._model import Contract, Op, Sampling, Variant, register
 from kernelab.ops._runtime.triton import use_triton
 from kernelab.ops.activation import _common as _act
 from kernelab.ops.activation._common import ActConfig
@@ -73,6 +73,7 @@ GELU_AND_MUL = register(
         description="GeGLU: gelu(gate) * up, erf or tanh form, [tokens, 2*d] -> [tokens, d]",
         reference=gelu_and_mul_ref,
         make_inputs=_act.inputs,
+        sampling=Sampling(rows={"x": 0, "out": 0}, cut={"d": 128}, tile={"rows": 32}),
         shapes=_act.shape_sets(({"approximate": "none"}, {"approximate": "tanh"})),
         cost=lambda inputs: _act.cost(inputs, 8),  # tanh form; the erf form is of the same order
         contract=Contract(),

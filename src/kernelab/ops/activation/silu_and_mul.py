@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernelab.ops._model import Contract, Op, Variant, register
+from kernelab.ops._model import Contract, Op, Sampling, Variant, register
 from kernelab.ops._runtime.triton import use_triton
 from kernelab.ops.activation import _common as _act
 from kernelab.ops.activation._common import ActConfig
@@ -83,6 +83,7 @@ SILU_AND_MUL = register(
         description="SwiGLU: silu(gate) * up over [tokens, 2*d] -> [tokens, d]",
         reference=silu_and_mul_ref,
         make_inputs=_act.inputs,
+        sampling=Sampling(rows={"x": 0, "out": 0}, cut={"d": 128}, tile={"rows": 32}),
         shapes=_act.shape_sets(({},)),
         cost=lambda inputs: _act.cost(inputs, 5),  # exp, add, divide, multiply by up (+ negate)
         contract=Contract(),

@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
+from kernelab.ops._model import Contract, Cost, Op, Sampling, Shape, Variant, register
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
 from kernelab.ops._runtime.launch import LaunchPlan
@@ -213,6 +213,12 @@ MERGE_ATTENTION_STATES = register(
         description="merge S partial attention outputs by their log-sum-exps (split-KV, cascade)",
         reference=merge_attention_states_ref,
         make_inputs=_make_inputs,
+        sampling=Sampling(
+            rows={"states": 1, "lse": 1},
+            outputs={"out": 0, "lse": 0},
+            cut={"heads": 8},
+            tile={"tokens": 32},
+        ),
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
         # NaN and Inf go into the states; a log-sum-exp is never +Inf, and −Inf is generated.

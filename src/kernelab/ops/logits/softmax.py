@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
+from kernelab.ops._model import Contract, Cost, Op, Sampling, Shape, Variant, register
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
 from kernelab.ops._runtime import shapes as _shapes
@@ -243,6 +243,7 @@ SOFTMAX = register(
         description="softmax over the last dimension, optional scale and additive mask",
         reference=softmax_ref,
         make_inputs=_make_inputs,
+        sampling=Sampling(rows={"x": 0, "mask": 0, "out": 0}, cut={"cols": 128}, tile={"rows": 32}),
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
         contract=Contract(reduction=lambda inputs: int(inputs["x"].shape[-1])),

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kernelab.ops._model import Shape
+from kernelab.ops._model import Sampling, Shape
 from kernelab.ops._runtime import shapes as _shapes
 from kernelab.ops._runtime.launch import KernelCall
 from kernelab.ops._runtime.launch import cdiv as cdiv  # re-exported for the GEMM modules
@@ -32,6 +32,26 @@ GEMM_M = (1, 16, 128, 2048, 8192)
 #: Sizes a representative shape is cut to when it runs through the interpreter: N and K that are
 #: not multiples of the largest tiles, and K a multiple of both int4 group sizes (64, 128).
 INTERPRETER_DIMS = {"N": 160, "K": 256}
+
+#: The largest BLOCK_M the GEMM kernels use (an interpreted edge shape keeps two such tiles).
+TILE_M = 128
+
+
+def b_cols(inputs: dict) -> int:
+    """The dimension of B indexed by the output column: 1 for [K, N], 0 for an [N, K] weight."""
+    return 1 if inputs.get("b_layout", "kn") == "kn" else 0
+
+
+def gemm_sampling(rows: dict, cols: dict | None = None, applies=None) -> Sampling:
+    """A GEMM's row independence: output element (i, j) depends on row i of the row inputs
+    and, when ``cols`` are given, column j of the column inputs only; the output is "out"."""
+    return Sampling(
+        rows={**rows, "out": 0},
+        cols={**cols, "out": 1} if cols else {},
+        col_dim="N" if cols else None,
+        tile={"M": TILE_M},
+        applies=applies,
+    )
 
 
 # --- the split-K reduction -------------------------------------------------------------------

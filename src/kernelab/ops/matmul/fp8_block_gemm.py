@@ -269,6 +269,7 @@ FP8_BLOCK_GEMM = register(
         description="e4m3 GEMM with 1x128 activation and 128x128 weight block scales, bf16 out",
         reference=fp8_block_gemm_ref,
         make_inputs=_make_inputs,
+        sampling=gc.gemm_sampling(rows={"a": 0, "scale_a": 0}),
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
         contract=Contract(reduction=gc.reduction_of("a")),

@@ -273,6 +273,9 @@ FP8_GEMM = register(
         description="e4m3 GEMM with per-tensor or per-row/per-column scales, bf16 output",
         reference=fp8_gemm_ref,
         make_inputs=_make_inputs,
+        sampling=gc.gemm_sampling(
+            rows={"a": 0, "scale_a": 0}, cols={"b": gc.b_cols, "scale_b": 0, "bias": 0}
+        ),
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
         contract=Contract(reduction=gc.reduction_of("a")),

@@ -473,6 +473,9 @@ GEMM = register(
         description="C = act(A·B + bias) + residual; fp16/bf16, fp32 accumulate; B [K,N] or [N,K]",
         reference=gemm_ref,
         make_inputs=_make_inputs,
+        sampling=gc.gemm_sampling(
+            rows={"a": 0, "residual": 0}, cols={"b": gc.b_cols, "bias": 0, "residual": 1}
+        ),
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
         contract=Contract(reduction=gc.reduction_of("a")),

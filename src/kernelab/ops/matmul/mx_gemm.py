@@ -267,6 +267,7 @@ MX_GEMM = register(
         "on-the-fly quantized activations, bf16 out",
         reference=mx_gemm_ref,
         make_inputs=_make_inputs,
+        sampling=gc.gemm_sampling(rows={"a": 0}, cols={"b": 0, "b_scale": 0}),
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
         contract=Contract(reduction=gc.reduction_of("a")),

@@ -297,6 +297,12 @@ def _cost(inputs: dict) -> Cost:
     return Cost(flops=2 * m * n * k, bytes=nbytes, compute=compute)
 
 
+def _rows_independent(inputs: dict) -> bool:
+    """Activations quantized without a given ``a_global`` take their scale from the whole
+    tensor's amax: no output row is independent of the others then."""
+    return not inputs.get("quantize_a") or inputs.get("a_global") is not None
+
+
 NVFP4_GEMM = register(
     Op(
         "nvfp4_gemm",
@@ -304,6 +310,9 @@ NVFP4_GEMM = register(
         "tl.dot_scaled, bf16 or on-the-fly quantized activations, bf16 out",
         reference=nvfp4_gemm_ref,
         make_inputs=_make_inputs,
+        sampling=gc.gemm_sampling(
+            rows={"a": 0}, cols={"b": 0, "b_scale": 0}, applies=_rows_independent
+        ),
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
         dtypes=(torch.bfloat16,),

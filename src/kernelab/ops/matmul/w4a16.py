@@ -99,6 +99,9 @@ W4A16_GEMM = register(
         description="x·W (+bias), W int4 two per byte with group-wise scales and zero points",
         reference=w4a16_ref,
         make_inputs=_make_inputs,
+        sampling=gc.gemm_sampling(
+            rows={"x": 0}, cols={"qweight": 1, "scales": 1, "zeros": 1, "bias": 0}
+        ),
         shapes={"representative": _representative, "edge": lambda: _wo.edge(4)},
         cost=_wo.cost,
         contract=_wo.CONTRACT,

@@ -98,6 +98,7 @@ W8A16_GEMM = register(
         description="x·W (+bias), W int8 with per-output-channel scales",
         reference=w8a16_ref,
         make_inputs=_make_inputs,
+        sampling=gc.gemm_sampling(rows={"x": 0}, cols={"qweight": 1, "scales": 0, "bias": 0}),
         shapes={"representative": lambda: gc.representative(), "edge": lambda: _wo.edge(8)},
         cost=_wo.cost,
         contract=_wo.CONTRACT,

@@ -18,7 +18,16 @@ from __future__ import annotations
 
 import torch
 
-from kernelab.ops._model import DEFAULT_FLOORS, Contract, Cost, Op, Shape, Variant, register
+from kernelab.ops._model import (
+    DEFAULT_FLOORS,
+    Contract,
+    Cost,
+    Op,
+    Sampling,
+    Shape,
+    Variant,
+    register,
+)
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
 from kernelab.ops._runtime.launch import KernelCall, LaunchPlan, cdiv
@@ -185,6 +194,9 @@ MOE_TOPK = register(
         description="router logits -> top-k experts (int32) and softmax/sigmoid weights",
         reference=moe_topk_ref,
         make_inputs=_make_inputs,
+        sampling=Sampling(
+            rows={"router_logits": 0, "topk_weights": 0, "topk_ids": 0}, tile={"tokens": 32}
+        ),
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
         # The ids are exact (floor 0: any wrong expert fails); the float32 weights within 2x

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
+from kernelab.ops._model import Contract, Cost, Op, Sampling, Shape, Variant, register
 from kernelab.ops._runtime.triton import use_triton
 from kernelab.ops.norm import _common as _norm
 from kernelab.ops.norm._kernels import _norm_kernel
@@ -113,6 +113,9 @@ LAYERNORM = register(
         description="LayerNorm over the last dimension, optional bias, fused residual (in place)",
         reference=layernorm_ref,
         make_inputs=_make_inputs,
+        sampling=Sampling(
+            rows={"x": 0, "residual": 0, "out": 0}, cut={"cols": 128}, tile={"rows": 32}
+        ),
         shapes={
             "representative": lambda: _norm.representative(_OPTIONS),
             "edge": lambda: _norm.edge(_OPTIONS),

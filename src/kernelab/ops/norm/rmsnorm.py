@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
+from kernelab.ops._model import Contract, Cost, Op, Sampling, Shape, Variant, register
 from kernelab.ops._runtime.triton import use_triton
 from kernelab.ops.norm import _common as _norm
 from kernelab.ops.norm._kernels import _norm_kernel
@@ -131,6 +131,9 @@ RMSNORM = register(
         description="RMSNorm over the last dimension, optional fused residual add (in place)",
         reference=rmsnorm_ref,
         make_inputs=_make_inputs,
+        sampling=Sampling(
+            rows={"x": 0, "residual": 0, "out": 0}, cut={"cols": 128}, tile={"rows": 32}
+        ),
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
         contract=Contract(inplace=("residual",), reduction=_norm.row_length),

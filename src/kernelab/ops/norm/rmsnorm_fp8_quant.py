@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
+from kernelab.ops._model import Contract, Cost, Op, Sampling, Shape, Variant, register
 from kernelab.ops._runtime import fp8
 from kernelab.ops._runtime.fp8 import FP8_DTYPES, MIN_SCALE
 from kernelab.ops._runtime.launch import LaunchPlan
@@ -138,6 +138,11 @@ RMSNORM_FP8_QUANT = register(
         description="RMSNorm (optional fused residual, in place) quantized per token to float8",
         reference=rmsnorm_fp8_quant_ref,
         make_inputs=_fused_inputs,
+        sampling=Sampling(
+            rows={"x": 0, "residual": 0, "values": 0, "scales": 0},
+            cut={"cols": 128},
+            tile={"rows": 32},
+        ),
         shapes={
             "representative": lambda: _norm.representative(_FUSED_OPTIONS),
             "edge": lambda: _norm.edge((*_FUSED_OPTIONS, {"residual": True, "fp8": "e4m3fnuz"})),

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
+from kernelab.ops._model import Contract, Cost, Op, Sampling, Shape, Variant, register
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import fp8
 from kernelab.ops._runtime import inputs as _inputs
@@ -484,6 +484,16 @@ def _quant_cost(inputs: dict) -> Cost:
     return Cost(flops=4 * n, bytes=n * x.element_size() + n + 4 * n_scales)
 
 
+def _rows_independent(inputs: dict) -> bool:
+    """Per token, per group or with a static scale each row is quantized on its own; the
+    dynamic per-tensor scale is the amax of the whole tensor."""
+    return (
+        bool(inputs.get("per_token"))
+        or inputs.get("group_size") is not None
+        or (inputs.get("scale") is not None)
+    )
+
+
 FP8_QUANT = register(
     Op(
         "fp8_quant",
@@ -491,6 +501,12 @@ FP8_QUANT = register(
         "quantization",
         reference=fp8_quant_ref,
         make_inputs=_quant_inputs,
+        sampling=Sampling(
+            rows={"x": 0, "values": 0, "scales": 0},
+            cut={"cols": 128},
+            tile={"rows": 32},
+            applies=_rows_independent,
+        ),
         shapes={"representative": _quant_representative, "edge": _quant_edge},
         cost=_quant_cost,
         # The kernel's arithmetic and cast are eager torch's bit for bit (the tests check both),

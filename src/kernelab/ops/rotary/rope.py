@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
+from kernelab.ops._model import Contract, Cost, Op, Sampling, Shape, Variant, register
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
 from kernelab.ops._runtime import shapes as _shapes
@@ -367,6 +367,7 @@ ROPE = register(
         description="rotary embedding in place on query and key (NeoX or GPT-J, partial rotary)",
         reference=rope_ref,
         make_inputs=_make_inputs,
+        sampling=Sampling(rows={"positions": 0, "query": 0, "key": 0}, tile={"tokens": 32}),
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
         contract=Contract(inplace=("query", "key")),
