@@ -219,6 +219,13 @@ def _paged_attention_kernel(
     LOG2E: tl.constexpr = 1.4426950408889634
     LN2: tl.constexpr = 0.6931471805599453
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
+    # The causal mask of a score tile of 1024 or more: one compare a score, no `& k_ok` (a
+    # query row sits at pos <= kv_len - 1, so kk <= pos keeps it inside its sequence; rows
+    # past q_len, never stored, may see the zeros loaded past its end). On gfx942 each
+    # compare of the tile is a 64-bit lane mask in scalar registers: two compares and an AND
+    # spilled SGPRs at the 106 limit (the 64-row mixed tile, the fp8 decode's 64-key tile).
+    # Smaller tiles keep both compares: the one-compare form spilled 8 bytes on sm_100 there.
+    ONE_COMPARE: tl.constexpr = BLOCK_M * BLOCK_N >= 1024
     pid_q = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -291,7 +298,9 @@ def _paged_attention_kernel(
             # cap · tanh(s / cap), tanh(x) = 1 − 2 / (exp(2x) + 1): exact limits ±1
             s = softcap * (1.0 - 2.0 / (tl.exp2(s * (2.0 * LOG2E / softcap)) + 1.0))
         s = s * LOG2E
-        visible = (kk[None, :] <= pos[:, None]) & k_ok[None, :]
+        visible = kk[None, :] <= pos[:, None]
+        if not ONE_COMPARE:
+            visible = visible & k_ok[None, :]
         if HAS_WINDOW:
             visible = visible & (pos[:, None] - kk[None, :] < window)
         s = tl.where(visible, s, float("-inf"))
