@@ -1,6 +1,6 @@
 """How often ``kernelab compare`` calls identical code slower, on a quiet or a loaded machine.
 
-    python benchmarks/bench_compare_noise.py [--pairs 10] [--load] [--shape decode]
+    python benchmarks/bench_compare_noise.py [--pairs 10] [--load] [--shape decode] [--mode hot]
 
 Times an RMSNorm candidate (``benchmarks/candidates/rmsnorm_same.py``) twice per pair with
 ``kernelab bench --candidate``, beside eager torch, and compares the two runs. Identical code
@@ -41,10 +41,10 @@ def _kernelab(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def _bench(ledger: str, candidate: str, shape: str, label: str) -> str:
+def _bench(ledger: str, candidate: str, shape: str, label: str, mode: str) -> str:
     out = _kernelab(
         "bench", "--device", "cpu", "--op", "rmsnorm", "--candidate", candidate,
-        "--variant", "torch", "--shape", shape, "--dtype", "fp32",
+        "--variant", "torch", "--shape", shape, "--dtype", "fp32", "--mode", mode,
         "--ledger", ledger, "--label", label, "--json",
     )  # fmt: skip
     if out.returncode != 0:
@@ -73,12 +73,15 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=10)
     ap.add_argument("--load", action="store_true", help="spin a process on another core")
     ap.add_argument("--shape", default="decode", help="shape label filter for bench")
+    ap.add_argument("--mode", default="auto", choices=["auto", "cold", "hot"], help="bench mode")
     args = ap.parse_args()
     import torch
 
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {sys.version.split()[0]}")
     print(f"versions: torch {torch.__version__}; load average {os.getloadavg()[0]:.2f}")
-    print(f"pairs: {args.pairs}, shape filter {args.shape!r}, spinner: {args.load}")
+    print(
+        f"pairs: {args.pairs}, shape filter {args.shape!r}, mode {args.mode}, spinner: {args.load}"
+    )
     same = str(HERE / "candidates" / "rmsnorm_same.py") + ":rmsnorm_candidate"
     twice = str(HERE / "candidates" / "rmsnorm_twice.py") + ":rmsnorm_candidate"
     stop = mp.Event()
@@ -91,9 +94,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             ledger = str(Path(tmp) / "noise.sqlite")
             for i in range(args.pairs):
-                a = _bench(ledger, same, args.shape, f"a{i}")
-                b = _bench(ledger, same, args.shape, f"b{i}")
-                s = _bench(ledger, twice, args.shape, f"s{i}")
+                a = _bench(ledger, same, args.shape, f"a{i}", args.mode)
+                b = _bench(ledger, same, args.shape, f"b{i}", args.mode)
+                s = _bench(ledger, twice, args.shape, f"s{i}", args.mode)
                 fr, n, v_same = _candidate_line(_compare(ledger, a, b))
                 cr, ns, v_slow = _candidate_line(_compare(ledger, a, s))
                 false_total += fr
