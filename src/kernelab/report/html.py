@@ -7,13 +7,12 @@ Policy forbids scripts and network access as a second guard.
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
 from pathlib import Path
 
 import orjson
 
 from kernelab.report import charts, fmt, sections
-from kernelab.report.svg import PALETTE, esc, si
+from kernelab.report.svg import PALETTE, esc, page_head, si
 
 #: Names of measured ceilings in the ledger (written by ``kernelab ceilings``).
 _COPY = "copy_bytes_per_s"
@@ -283,17 +282,10 @@ def _study_section(study: dict) -> str:
 
 def render_study(study: dict, title: str = "kernelab crossover") -> str:
     """A page for one crossover study (``bench --sweep ... --html FILE``)."""
-    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     notes = "".join(f"<li>{esc(n)}</li>" for n in study.get("notes") or [])
     return "\n".join(
         [
-            "<!doctype html>",
-            '<html lang="en"><head><meta charset="utf-8">',
-            '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
-            "style-src 'unsafe-inline'\">",
-            f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
-            f"<h1>{esc(title)}</h1>",
-            f'<p class="muted">generated {esc(now)}</p>',
+            *page_head(title, _CSS),
             _study_section(study),
             f"<ul>{notes}</ul>",
             "</body></html>",
@@ -406,22 +398,13 @@ def render(
         raise ValueError("runs: expected at least one run to report")
     timed = [r for r in runs + ([baseline] if baseline else []) if r["kind"] not in _UNTIMED]
     colors = _Colors(_variant_order(timed, baseline_variant))
-    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    timed_note = (
+        " · times are medians of raw samples; hollow points and pale bars are times flagged invalid"
+        if any(r["kind"] not in _UNTIMED for r in runs)
+        else ""
+    )
     out = [
-        "<!doctype html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
-        "style-src 'unsafe-inline'\">",
-        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>{esc(title)}</h1>",
-        f'<p class="muted">generated {esc(now)}'
-        + (
-            " · times are medians of raw samples; hollow points and pale bars are times "
-            "flagged invalid"
-            if any(r["kind"] not in _UNTIMED for r in runs)
-            else ""
-        )
-        + "</p>",
+        *page_head(title, _CSS, after=timed_note),
         _summary_table(runs, baseline),
         _trend_section([r for r in runs if r["kind"] not in _UNTIMED], colors),
     ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from datetime import datetime, timezone
 from html import escape
 
 #: Colours of series, in order; the report's tests look for the first ones in screenshots.
@@ -19,6 +20,22 @@ GRID = "#e3e3e3"
 
 def esc(value) -> str:
     return escape(str(value), quote=True)
+
+
+def page_head(title: str, css: str, before: str = "", after: str = "") -> list[str]:
+    """The opening lines of a self-contained page: a CSP that allows no script or fetch, the
+    title, the stylesheet, the heading and a muted line ``{before}generated {now}{after}``
+    (both escaped here)."""
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return [
+        "<!doctype html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+        "style-src 'unsafe-inline'\">",
+        f"<title>{esc(title)}</title><style>{css}</style></head><body>",
+        f"<h1>{esc(title)}</h1>",
+        f'<p class="muted">{esc(before)}generated {esc(now)}{esc(after)}</p>',
+    ]
 
 
 def num(x: float) -> str:

@@ -8,11 +8,10 @@ Content Security Policy forbids scripts and network access as a second guard.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from pathlib import Path
 
 from kernelab.report import fmt
-from kernelab.report.svg import PALETTE, Canvas, Scale, esc, num
+from kernelab.report.svg import PALETTE, Canvas, Scale, esc, num, page_head
 
 _CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px;color:#222;
@@ -295,17 +294,8 @@ def _cpu_section(cpu: dict, rows_shown: int = 15) -> list[str]:
 def render(s: dict) -> str:
     """The page for one trace's summary (the ``--json`` document, :func:`public`'s dict)."""
     title = f"kernelab trace summary: {Path(str(s['trace'])).name}"
-    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     rank = f" · rank {s['rank']}" if s.get("rank") is not None else ""
-    out = [
-        "<!doctype html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
-        "style-src 'unsafe-inline'\">",
-        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>{esc(title)}</h1>",
-        f'<p class="muted">{esc(s["trace"])}{esc(rank)} · generated {esc(now)}</p>',
-    ]
+    out = page_head(title, _CSS, before=f"{s['trace']}{rank} · ")
     if s["devices"]:
         rows = [
             [
