@@ -4,7 +4,6 @@ check against planted defects. On CPU the public ops run kernelab's torch varian
 routes, same arguments); the ``interpret`` tests run the Triton kernels through the
 interpreter."""
 
-import gc
 import importlib
 import warnings
 
@@ -22,6 +21,7 @@ from kernelab.models import (
     serving,
     unregister_attention,
 )
+from tests.serving_helpers import count_calls, frozen_gc, prompts
 
 GenerationConfig = importlib.import_module("transformers").GenerationConfig
 ContinuousBatchingConfig = importlib.import_module("transformers").ContinuousBatchingConfig
@@ -29,11 +29,7 @@ ContinuousBatchingConfig = importlib.import_module("transformers").ContinuousBat
 
 @pytest.fixture(scope="module", autouse=True)
 def _quick_gc():
-    # transformers' continuous batching calls gc.collect() on stop: seconds in a process that
-    # holds torch, triton and transformers, unless what exists now is frozen
-    gc.freeze()
-    yield
-    gc.unfreeze()
+    yield from frozen_gc()
 
 
 @pytest.fixture(autouse=True)
@@ -46,16 +42,7 @@ def _clean():
 @pytest.fixture
 def calls(monkeypatch):
     """How often each kernelab op ran (the routes taken)."""
-    seen = {}
-    for name in ("attention_prefill", "paged_attention", "kv_cache_write"):
-        fn = getattr(ko, name)
-
-        def counted(*a, _fn=fn, _name=name, **k):
-            seen[_name] = seen.get(_name, 0) + 1
-            return _fn(*a, **k)
-
-        monkeypatch.setattr(ko, name, counted)
-    return seen
+    return count_calls(monkeypatch)
 
 
 _MODELS = {}
@@ -74,11 +61,6 @@ def model(name="tiny-llama", head_dim=64, **config):
 
 
 GREEDY = dict(do_sample=False, eos_token_id=-1, pad_token_id=0)
-
-
-def _prompts(lengths, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, 256, (n,), generator=gen).tolist() for n in lengths]
 
 
 # --- registration -----------------------------------------------------------------------------
@@ -136,7 +118,7 @@ def test_an_unserved_architecture_is_refused_naming_it():
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_generate_gives_the_tokens_of_sdpa(preset, cache, calls):
     m = model(preset)
-    ids = torch.tensor(_prompts([11, 11], seed=3))
+    ids = torch.tensor(prompts([11, 11], seed=3))
     opts = dict(max_new_tokens=6, **GREEDY)
     if cache == "static":
         opts["cache_implementation"] = "static"
@@ -163,7 +145,7 @@ def test_dense_cache_pages_are_views_of_the_cache():
 
 def test_padding_falls_back_to_sdpa_with_one_warning(calls):
     m = model()
-    ids = torch.tensor(_prompts([9, 9], seed=4))
+    ids = torch.tensor(prompts([9, 9], seed=4))
     mask = torch.ones_like(ids)
     mask[0, :3] = 0  # left padding: not a causal prefix
     opts = dict(max_new_tokens=3, attention_mask=mask, **GREEDY)
@@ -177,7 +159,7 @@ def test_padding_falls_back_to_sdpa_with_one_warning(calls):
 
 def test_an_unserved_head_dim_falls_back_with_one_warning():
     m = model(head_dim=None)  # the tiny preset's 16
-    ids = torch.tensor(_prompts([6], seed=5))
+    ids = torch.tensor(prompts([6], seed=5))
     want = m.generate(ids, max_new_tokens=3, **GREEDY)
     register_attention(m, check=False)
     with pytest.warns(RuntimeWarning, match="head_dim 16 is not served"):
@@ -196,7 +178,7 @@ CB = dict(page_size=16, num_blocks=24, max_batch_tokens=96)
 def _generate_batch(m, lengths, max_new_tokens=5, **cb):
     gen = GenerationConfig(max_new_tokens=max_new_tokens, **GREEDY)
     config = ContinuousBatchingConfig(**{**CB, **cb})
-    out = m.generate_batch(_prompts(lengths, seed=7), gen, continuous_batching_config=config)
+    out = m.generate_batch(prompts(lengths, seed=7), gen, continuous_batching_config=config)
     return {k: list(r.generated_tokens) for k, r in out.items()}
 
 
@@ -255,7 +237,7 @@ def test_the_parity_check_passes_an_honest_integration():
 
 def test_a_sliding_window_passes_the_parity_check_and_generates_the_tokens_of_sdpa(calls):
     m = model("tiny-mistral", sliding_window=4)  # shorter than the probes: the window applies
-    ids = torch.tensor(_prompts([10], seed=8))
+    ids = torch.tensor(prompts([10], seed=8))
     want = m.generate(ids, max_new_tokens=4, **GREEDY)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no fallback

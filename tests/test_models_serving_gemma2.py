@@ -4,7 +4,6 @@ query_pre_attn_scalar^-0.5 and the alternating sliding-window layers, in ordinar
 place, sliding layers on the K/V transformers gathers from its ring buffer); the fallbacks'
 masks; and the parity check against planted defects. ``tiny-gemma2``: window 12, cap 1.0."""
 
-import gc
 import importlib
 import warnings
 
@@ -22,6 +21,7 @@ from kernelab.models import (
     serving,
     unregister_attention,
 )
+from tests.serving_helpers import count_calls, frozen_gc, prompts
 
 transformers = importlib.import_module("transformers")
 GenerationConfig = transformers.GenerationConfig
@@ -33,10 +33,7 @@ GREEDY = dict(do_sample=False, eos_token_id=-1, pad_token_id=0)
 
 @pytest.fixture(scope="module", autouse=True)
 def _quick_gc():
-    # transformers' continuous batching calls gc.collect() on stop (see test_models_serving)
-    gc.freeze()
-    yield
-    gc.unfreeze()
+    yield from frozen_gc()
 
 
 @pytest.fixture(autouse=True)
@@ -49,16 +46,8 @@ def _clean():
 
 @pytest.fixture
 def calls(monkeypatch):
-    seen = {}
-    for name in ("attention_prefill", "paged_attention", "kv_cache_write"):
-        fn = getattr(ko, name)
-
-        def counted(*a, _fn=fn, _name=name, **k):
-            seen[_name] = seen.get(_name, 0) + 1
-            return _fn(*a, **k)
-
-        monkeypatch.setattr(ko, name, counted)
-    return seen
+    """How often each kernelab op ran (the routes taken)."""
+    return count_calls(monkeypatch)
 
 
 _MODELS = {}
@@ -77,11 +66,6 @@ def model(head_dim=64, softcap=1.0):
     return m
 
 
-def _prompts(lengths, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, 256, (n,), generator=gen).tolist() for n in lengths]
-
-
 def _no_fallback():
     ctx = warnings.catch_warnings()
     ctx.__enter__()
@@ -98,7 +82,7 @@ def test_tiny_gemma2_alternates_windows_and_its_cap_window_and_scale_matter():
     attn = [layer.self_attn for layer in m.model.layers]
     assert [a.sliding_window for a in attn] == [WINDOW, None]
     assert attn[0].scaling == 32**-0.5 != m.config.head_dim**-0.5
-    ids = torch.tensor(_prompts([WINDOW + 8], seed=1))
+    ids = torch.tensor(prompts([WINDOW + 8], seed=1))
 
     def logits(**change):
         saved = [{k: getattr(a, k) for k in change} for a in attn]
@@ -158,7 +142,7 @@ def test_the_window_convention_matches_transformers_mask_at_the_boundary():
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_generate_gives_the_tokens_of_eager(cache, calls):
     m = model()
-    ids = torch.tensor(_prompts([WINDOW + 9, WINDOW + 9], seed=3))  # past the window
+    ids = torch.tensor(prompts([WINDOW + 9, WINDOW + 9], seed=3))  # past the window
     opts = dict(max_new_tokens=6, **GREEDY)
     if cache == "static":
         opts["cache_implementation"] = "static"
@@ -178,7 +162,7 @@ def test_an_eager_fallback_gets_eager_masks_not_sdpas():
     # head_dim 16 is not served: the fallback is Gemma-2's eager, which adds its mask to the
     # scores; kernelab's masks are sdpa's (boolean, or None for causal), so they are converted
     m = model(head_dim=None)
-    ids = torch.tensor(_prompts([WINDOW + 5], seed=5))
+    ids = torch.tensor(prompts([WINDOW + 5], seed=5))
     want = m.generate(ids, max_new_tokens=4, **GREEDY)
     register_attention(m, check=False)
     with pytest.warns(RuntimeWarning, match="head_dim 16 is not served"):
@@ -228,14 +212,14 @@ CB = dict(page_size=16, num_blocks=24, max_batch_tokens=96)
 def _generate_batch(m, lengths, max_new_tokens, **cb):
     gen = GenerationConfig(max_new_tokens=max_new_tokens, **GREEDY)
     config = ContinuousBatchingConfig(**{**CB, **cb})
-    out = m.generate_batch(_prompts(lengths, seed=7), gen, continuous_batching_config=config)
+    out = m.generate_batch(prompts(lengths, seed=7), gen, continuous_batching_config=config)
     return {k: list(r.generated_tokens) for k, r in out.items()}
 
 
 def _generate_each(m, lengths, max_new_tokens):
     """transformers' own path that applies the cap: generate, one request at a time, eager."""
     out = {}
-    for i, p in enumerate(_prompts(lengths, seed=7)):
+    for i, p in enumerate(prompts(lengths, seed=7)):
         ids = m.generate(torch.tensor([p]), max_new_tokens=max_new_tokens, **GREEDY)
         out[f"req_{i}"] = ids[0, len(p) :].tolist()
     return out

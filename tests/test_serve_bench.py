@@ -1,7 +1,6 @@
 """``kernelab serve-bench``: the workload, the two runs' token comparison, the metrics, the
 ledger; planted defects make its comparison fail."""
 
-import gc
 import json
 
 import pytest
@@ -12,13 +11,12 @@ pytest.importorskip("transformers")
 from kernelab import ledger
 from kernelab.cli import app
 from kernelab.models import _attention, serve
+from tests.serving_helpers import frozen_gc
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _quick_gc():
-    gc.freeze()
-    yield
-    gc.unfreeze()
+    yield from frozen_gc()
 
 
 def test_draw_requests_is_seeded_and_checked():
