@@ -51,6 +51,9 @@ def test_block_fp8_and_mxfp4_patches_match_the_quantize_dequantized_original(
     assert {p.kind for _, _, p in state.linears} == {quantize}
     got = _parity.logits(model, ids)
     assert error(got, fake_quant).rel_l2 <= _parity.tolerance(dtype, quantize)
+    if dtype == torch.float32:  # the ops' torch code on both sides: float32's own contract (a
+        # fused gate/up quantized in blocks straddling gate and up was 3.2e-2 away)
+        assert error(got, fake_quant).rel_l2 <= _parity.TOLERANCE[torch.float32]
     # the quantization is real: the original is much farther away than the fake-quantized one
     # (not asserted for bfloat16 fp8-block: bfloat16 rounding upstream moves some activations
     # by a whole e4m3 step, as for "fp8", and the contract alone holds there)
