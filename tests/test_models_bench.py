@@ -71,5 +71,6 @@ def test_model_bench_stores_timings_and_a_decode_step_profile(tmp_path):
 def test_model_bench_rejects_an_unknown_quantization(tmp_path):
     result = CliRunner().invoke(app, ["model-bench", *SMALL, "--quantize", "int3", "--no-ledger"])
     assert result.exit_code != 0
-    assert "quantize: expected w4a16, w8a16 or fp8, got 'int3'" in result.output
+    every = "w4a16, w8a16, fp8, fp8-block, mxfp4"
+    assert f"quantize: expected one of {every}, got 'int3'" in result.output
     assert "Traceback" not in result.output

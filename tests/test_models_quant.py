@@ -126,7 +126,7 @@ def test_a_wrong_int4_zero_point_is_refused(monkeypatch):
 
 def test_bad_quantize_arguments(monkeypatch):
     model = build("tiny-llama")
-    with pytest.raises(ValueError, match=r"quantize: expected None, 'w4a16'.*got 'int3'"):
+    with pytest.raises(ValueError, match=r"quantize: expected one of None, 'w4a16'.*got 'int3'"):
         patch(model, quantize="int3")
     with pytest.raises(ValueError, match=r"K \(in_features\) a multiple of 64.*proj has K=96"):
         _linear.prepare(torch.randn(8, 96), None, "w4a16", "proj")

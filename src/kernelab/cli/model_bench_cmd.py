@@ -52,7 +52,8 @@ def register(app: click.Group) -> None:
     )
     @click.option(
         "--quantize",
-        help="Also run the linear projections on quantized GEMMs: w4a16, w8a16, fp8.",
+        help="Also run the linear projections on quantized GEMMs: w4a16, w8a16, fp8, fp8-block, "
+        "mxfp4.",
     )
     @click.option(
         "--profile/--no-profile",
@@ -91,8 +92,9 @@ def register(app: click.Group) -> None:
         from kernelab.models import bench, presets
 
         presets.get(preset)
-        if quantize is not None and quantize not in ("w4a16", "w8a16", "fp8"):
-            raise ValueError(f"quantize: expected w4a16, w8a16 or fp8, got {quantize!r}")
+        choices = ("w4a16", "w8a16", "fp8", "fp8-block", "mxfp4")
+        if quantize is not None and quantize not in choices:
+            raise ValueError(f"quantize: expected one of {', '.join(choices)}, got {quantize!r}")
         torch_dtype = None
         if dtype is not None:
             torch_dtype = getattr(torch, dtype, None)

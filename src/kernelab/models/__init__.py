@@ -61,15 +61,17 @@ def patch(
     and its ``repr`` counts them per kind. A kind that found nothing to replace is absent.
 
     ``ops`` chooses among ``REPLACEMENTS``; "linear" (the decoder layers' projections on
-    kernelab GEMMs) is not in the default set. ``quantize`` ("w8a16", "w4a16" or "fp8") implies
-    "linear" and quantizes those weights once, here; ``unpatch`` frees them and the model's own
-    dense weights, never modified, serve again.
+    kernelab GEMMs) is not in the default set. ``quantize`` ("w8a16", "w4a16", "fp8",
+    "fp8-block" or "mxfp4"; see ``kernelab.models._linear``) implies "linear" and quantizes
+    those weights once, here; ``unpatch`` frees them and the model's own dense weights, never
+    modified, serve again. What was not done as asked (an mxfp4 layer kept dense, MoE experts
+    left in 16 bits) is listed in the state's ``notes``, one line each.
 
     With ``check`` (the default), a few tokens run through the original and the patched model;
     if their logits differ beyond the dtype's contract the patch is undone and
     :class:`PatchError` names the first module that differs. A quantized patch is held to the
     same contract against the original model whose projections compute with quantize-dequantized
-    weights (and, for fp8, per-token quantize-dequantized activations): the kernels must
+    weights (and, for fp8 and fp8-block, quantize-dequantized activations): the kernels must
     reproduce the format exactly, up to rounding order, while the format's own error (what the
     quantization costs the model) is not hidden inside a looser tolerance.
     """

@@ -183,3 +183,20 @@ def w4a16_gemm(x, qweight, scales, zeros, group_size, bias=None):
 def fp8_gemm(a, weight, scale_a, scale_b, bias=None):
     """bfloat16 ``ops.fp8_gemm`` with the weight as [N, K] e4m3."""
     return call("fp8_gemm", a, weight, scale_a, scale_b, bias, b_layout="nk")
+
+
+def fp8_quant_groups(x, fp8_dtype, group_size):
+    """``ops.fp8_quant(x, group_size=...)``: e4m3 values and float32 scales per token and
+    ``group_size`` columns."""
+    return call("fp8_quant", x, False, fp8_dtype, None, int(group_size), False)
+
+
+def fp8_block_gemm(a, weight, scale_a, scale_b):
+    """bfloat16 ``ops.fp8_block_gemm`` (weight: e4m3 [N, K] with 128 x 128 block scales)."""
+    return call("fp8_block_gemm", a, weight, scale_a, scale_b)
+
+
+def mx_gemm(a, weight, weight_scale):
+    """bfloat16 ``ops.mx_gemm`` on an mxfp4 weight [N, K/2] and bfloat16 activations
+    (weight-only)."""
+    return call("mx_gemm", a, weight, weight_scale, "mxfp4", False)

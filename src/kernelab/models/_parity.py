@@ -26,10 +26,11 @@ def tolerance(dtype: torch.dtype, quantize: str | None = None) -> float:
     on quantize-dequantized weights (see ``kernelab.models._linear``), so the same contract
     holds, except for fp8: its GEMMs produce bfloat16, and an activation that an upstream
     rounding difference moves across an e4m3 rounding boundary changes by a whole e4m3 step
-    (2^-3 relative, 32x bfloat16's), so fp8 gets twice bfloat16's contract. A wrong fp8 kernel
-    (a lost or misplaced scale, wrong layout) errs by O(1) and is still refused."""
+    (2^-3 relative, 32x bfloat16's), so fp8 (and fp8-block, whose activations are e4m3 too)
+    gets twice bfloat16's contract. A wrong fp8 kernel (a lost or misplaced scale, wrong layout)
+    errs by O(1) and is still refused."""
     tol = TOLERANCE.get(dtype, 4e-2)
-    return 2 * max(tol, TOLERANCE[torch.bfloat16]) if quantize == "fp8" else tol
+    return 2 * max(tol, TOLERANCE[torch.bfloat16]) if quantize in ("fp8", "fp8-block") else tol
 
 
 def model_dtype(model) -> torch.dtype:

@@ -47,6 +47,9 @@ class PatchState:
     linears: list[tuple[str, torch.nn.Module, _linear.PreparedLinear]] = field(default_factory=list)
     #: replacement kind ("rmsnorm", "mlp", ...) -> the qualified names it replaced, in order
     replaced: dict[str, list[str]] = field(default_factory=dict)
+    #: what was not done as asked, one line each (a projection kept dense, experts left in
+    #: their own format)
+    notes: list[str] = field(default_factory=list)
 
     def __repr__(self) -> str:
         """``<kernelab patch of llama: rmsnorm 5 (model.layers.0.input_layernorm … model.norm);
@@ -57,7 +60,8 @@ class PatchState:
             parts.append(f"{kind} {len(names)} ({span})")
         quant = f" quantize={self.quantize}" if self.quantize else ""
         what = "; ".join(parts) or "nothing replaced"
-        return f"<kernelab patch of {self.blueprint.model_type}{quant}: {what}>"
+        notes = "".join(f"; note: {n}" for n in self.notes)
+        return f"<kernelab patch of {self.blueprint.model_type}{quant}: {what}{notes}>"
 
 
 class PatchError(ValueError):
@@ -254,9 +258,12 @@ def _prepare_gate_up(state: PatchState, name: str, mlp) -> None:
             bias = torch.cat([gate.bias.detach(), up.bias.detach()])
         elif gate.bias is not None or up.bias is not None:
             raise ValueError("model: gate_proj and up_proj must both have a bias or neither")
-    prepared = _linear.prepare(weight, bias, state.quantize, f"{name}.gate_proj+up_proj")
+    parts = (gate.weight.shape[0], up.weight.shape[0])
+    prepared = _linear.prepare(weight, bias, state.quantize, f"{name}.gate_proj+up_proj", parts)
     _set(state, mlp, "_kernelab_gate_up_linear", prepared)
     state.linears.append((name, mlp, prepared))
+    if prepared.note:
+        state.notes.append(prepared.note)
 
 
 def _patch_linears(state: PatchState, layers: list[tuple[str, torch.nn.Module]]) -> None:
@@ -275,6 +282,8 @@ def _patch_linears(state: PatchState, layers: list[tuple[str, torch.nn.Module]])
             _set(state, module, "forward", types.MethodType(_linear_forward, module))
             state.linears.append((name, module, prepared))
             _replaced(state, "linear", name)
+            if prepared.note:
+                state.notes.append(prepared.note)
 
 
 def apply(model, replacements=DEFAULT_REPLACEMENTS, quantize=None) -> PatchState:
@@ -336,6 +345,11 @@ def apply(model, replacements=DEFAULT_REPLACEMENTS, quantize=None) -> PatchState
                 _replaced(state, "rope", f"{bp.modeling_module}.{bp.rope_function}")
         if linear:
             _patch_linears(state, layers)
+        if quantize == "mxfp4" and state.replaced.get("moe"):
+            state.notes.append(
+                f"experts not quantized under mxfp4: the {len(state.replaced['moe'])} MoE "
+                "block(s) run fused_moe on their own 16-bit expert weights"
+            )
     except Exception:
         _restore(state)
         raise

@@ -1,5 +1,6 @@
 """moe_topk through the interpreter: the experts exactly, the weights within float32's
-contract; planted defects caught by verify."""
+contract; DeepSeek-V3's grouped selection against transformers' router; planted defects caught
+by verify."""
 
 import importlib
 
@@ -52,6 +53,20 @@ def test_properties_of_the_weights():
         ({"top_k": 2.0}, TypeError, "top_k: expected an int"),
         ({"scoring": "relu"}, ValueError, "scoring: expected one of"),
         ({"renormalize": 1}, TypeError, "renormalize: expected a bool"),
+        ({"n_group": 3}, ValueError, "n_group: expected a divisor of the number of experts (8)"),
+        ({"n_group": 8}, ValueError, "n_group: expected groups of at least 2 experts"),
+        ({"n_group": 0}, ValueError, "n_group: expected an int >= 1"),
+        ({"n_group": 2, "topk_group": 3}, ValueError, "topk_group: expected at most n_group (2)"),
+        (
+            {"n_group": 4, "topk_group": 1, "top_k": 3},
+            ValueError,
+            "top_k: expected at most topk_group x experts per group (1 x 2 = 2), got 3",
+        ),
+        ({"bias": torch.zeros(8, dtype=torch.bfloat16)}, TypeError, "bias: expected dtype"),
+        ({"bias": torch.zeros(7)}, ValueError, "bias: expected shape (8,) (one per expert)"),
+        ({"bias": torch.zeros(1, 8)}, ValueError, "bias: expected 1 dimensions"),
+        ({"routed_scaling_factor": 0.0}, ValueError, "routed_scaling_factor: expected a finite"),
+        ({"routed_scaling_factor": float("nan")}, ValueError, "routed_scaling_factor"),
     ],
 )
 @pytest.mark.parametrize("fn", [moe_topk_triton, moe_topk_torch], ids=["triton", "torch"])
@@ -75,12 +90,38 @@ MUTANTS = {
     ),
     # renormalised by the sum of all but the last weight
     "renormalised over k-1": ("total += w", "total += tl.where(j < TOPK - 1, w, 0.0)"),
+    # DeepSeek-V3's selection: the weights from the biased scores (the key) ...
+    "weights from biased scores": (
+        "w = tl.sum(tl.where(re[None, :] == idx[:, None], s, 0.0), axis=1)",
+        "w = tl.sum(tl.where(re[None, :] == idx[:, None], c, 0.0), axis=1)",
+    ),
+    # ... the groups ranked by their best expert instead of the sum of their two best ...
+    "groups ranked by max": (
+        "(top1 + top2)[:, None]",
+        "top1[:, None]",
+    ),
+    # ... the routed scaling factor applied twice
+    "scaling factor applied twice": (
+        "tl.store(ptr, w / total * scaling, mask=t_ok)",
+        "tl.store(ptr, w / total * scaling * scaling, mask=t_ok)",
+    ),
+    # ... equal group scores to the higher group
+    "group tie order": (
+        "gi = tl.min(tl.where(scores == best_g[:, None], rg[None, :], BLOCK_G), axis=1)",
+        "gi = tl.max(tl.where(scores == best_g[:, None], rg[None, :], -1), axis=1)",
+    ),
 }
 SHAPES = [
     Shape("ties T=20 E=16 k=3", {"tokens": 20, "experts": 16},
           {"top_k": 3, "scoring": "softmax", "renormalize": True, "ties": True}, "tokens"),
     Shape("sigmoid T=5 E=8 k=2", {"tokens": 5, "experts": 8},
           {"top_k": 2, "scoring": "sigmoid", "renormalize": True}, "tokens"),
+    Shape("grouped T=12 E=64 k=6 3 of 8", {"tokens": 12, "experts": 64},
+          {"top_k": 6, "scoring": "sigmoid", "renormalize": True, "n_group": 8,
+           "topk_group": 3, "routed_scaling_factor": 2.5, "bias": True}, "tokens"),
+    Shape("grouped, tied logits T=16 E=32 k=4 2 of 4", {"tokens": 16, "experts": 32},
+          {"top_k": 4, "scoring": "sigmoid", "renormalize": True, "n_group": 4,
+           "topk_group": 2, "routed_scaling_factor": 1.0, "bias": False, "ties": True}, "tokens"),
 ]  # fmt: skip
 
 
@@ -102,3 +143,54 @@ def test_planted_defects_are_caught_by_verify(monkeypatch, tmp_path, name):
 def test_the_kernel_passes_verify_on_the_same_cases():
     report = _verify()
     assert report.passed, [f.line() for c in report.cases for f in c.failures]
+
+
+# --- DeepSeek-V3's grouped selection ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("tokens", [1, 64], ids=["decode", "prefill-64"])
+def test_deepseek_v3_routing_at_decode_and_prefill_token_counts(tokens):
+    shape = next(s for s in OP.shapes("representative") if "deepseek" in s.label)
+    assert shape.dims["experts"] == 256 and shape.params["n_group"] == 8
+    shape = Shape(shape.label, {**shape.dims, "tokens": tokens}, shape.params, "tokens")
+    inputs = OP.inputs(shape, torch.bfloat16, "cpu", seed=6)
+    weights, ids = check(OP, inputs, moe_topk_triton, torch.bfloat16)
+    assert torch.equal(ids, moe_topk_ref(**inputs)[1])
+    # every token's experts lie in at most topk_group = 4 of the 8 groups of 32
+    assert max(len(set((row // 32).tolist())) for row in ids) <= 4
+    # renormalised, then x 2.5
+    assert torch.allclose(weights.sum(-1), torch.full((tokens,), 2.5))
+
+
+def test_grouped_selection_keeps_the_best_groups_and_weighs_by_the_unbiased_scores():
+    # Two groups of four. Group 1's best expert is the best overall, but group 0 has the larger
+    # sum of its two best: group 0 is kept. The bias makes expert 3 beat expert 0; its weight
+    # is still its own sigmoid.
+    logits = torch.tensor([[2.0, 1.9, -3.0, 1.0, 3.0, -3.0, -3.0, -3.0]])
+    bias = torch.tensor([0.0, 0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.0])
+    for fn in (moe_topk_triton, moe_topk_torch, moe_topk_ref):
+        w, ids = fn(logits, 2, "sigmoid", False, 2, 1, bias, 2.0)
+        assert ids.tolist() == [[3, 0]], fn.__name__
+        assert torch.allclose(w.float(), 2.0 * torch.sigmoid(torch.tensor([[1.0, 2.0]])))
+
+
+def test_grouped_routing_equals_transformers_deepseek_v3_router():
+    modeling = pytest.importorskip("transformers.models.deepseek_v3.modeling_deepseek_v3")
+    config = pytest.importorskip("transformers").DeepseekV3Config(
+        hidden_size=32, n_routed_experts=64, num_experts_per_tok=6, n_group=8, topk_group=3,
+        routed_scaling_factor=2.5, norm_topk_prob=True,
+    )  # fmt: skip
+    router = modeling.DeepseekV3TopkRouter(config)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(router.weight.shape, generator=gen))
+        router.e_score_correction_bias.copy_(torch.randn(64, generator=gen) * 0.1)
+        logits, want_w, want_ids = router(torch.randn(40, 32, generator=gen) / 4)
+    bias = router.e_score_correction_bias
+    for fn in (moe_topk_triton, moe_topk_torch):
+        w, ids = fn(logits, 6, "sigmoid", True, 8, 3, bias, 2.5)
+        # transformers' topk(sorted=False) leaves the order open: compare sorted by expert
+        order, want_order = ids.long().sort(-1), want_ids.sort(-1)
+        assert torch.equal(order.values, want_order.values), fn.__name__
+        got_w = w.gather(1, order.indices)
+        assert torch.allclose(got_w, want_w.gather(1, want_order.indices), rtol=1e-6, atol=0)

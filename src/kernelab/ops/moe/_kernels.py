@@ -33,20 +33,34 @@ def _moe_topk_kernel(
     Logits,
     stride_lt,
     stride_le,
+    Bias,
+    stride_b,
     T,
     E,
+    group_size,
+    scaling,
     TOPK: tl.constexpr,
     SIGMOID: tl.constexpr,
     RENORMALIZE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    N_GROUP: tl.constexpr,
+    TOPK_GROUP: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_E: tl.constexpr,
+    BLOCK_G: tl.constexpr,
 ):
-    """BLOCK_T tokens per program: for each, the TOPK largest logits (ties: the lowest expert
-    first; the scores are monotone in the logits, so selecting on the logits selects on the
-    scores, exactly), then their scores: softmax over all E experts, or sigmoid; optionally
-    divided by the sum of the TOPK selected.
+    """BLOCK_T tokens per program: for each, the TOPK experts and their weights.
 
-    Bytes: T·E logits read, T·TOPK float32 weights and int32 ids written.
+    Without a bias or groups, the TOPK largest logits (ties: the lowest expert first; the scores
+    are monotone in the logits, so selecting on the logits selects on the scores, exactly).
+    Otherwise (DeepSeek-V3), the selection key is c = score + Bias[e] in float32 (score the
+    softmax over all E experts or the sigmoid); with N_GROUP > 1 the experts form N_GROUP groups
+    of ``group_size`` consecutive ones, each group's score is the sum of its two largest keys,
+    the TOPK_GROUP best groups are kept (ties: the lowest group first) and the TOPK largest keys
+    are chosen among their experts. The weights are the unbiased scores of the chosen experts,
+    optionally divided by their sum, times ``scaling``.
+
+    Bytes: T·E logits and E float32 biases read, T·TOPK float32 weights and int32 ids written.
     """
     rt = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     re = tl.arange(0, BLOCK_E)
@@ -65,20 +79,54 @@ def _moe_topk_kernel(
         denom = tl.sum(tl.where(e_ok[None, :], tl.exp(x - row_max[:, None]), 0.0), axis=1)
         denom = tl.where(t_ok, denom, 1.0)
     free = e_ok[None, :] & (rt[:, None] >= 0)
+    if HAS_BIAS or N_GROUP > 1:
+        if SIGMOID:
+            s = tl.sigmoid(x)
+        else:
+            s = tl.exp(x - row_max[:, None]) / denom[:, None]
+        c = s
+        if HAS_BIAS:
+            c = s + tl.load(Bias + re * stride_b, mask=e_ok, other=0.0).to(tl.float32)[None, :]
+        c = tl.where(free, c, float("-inf"))
+        if N_GROUP > 1:
+            ge = re // group_size  # >= N_GROUP past E
+            rg = tl.arange(0, BLOCK_G)
+            scores = tl.full([BLOCK_T, BLOCK_G], float("-inf"), tl.float32)
+            for g in range(N_GROUP):
+                in_g = (ge == g)[None, :] & free
+                top1 = tl.max(tl.where(in_g, c, float("-inf")), axis=1)
+                i1 = tl.min(tl.where(in_g & (c == top1[:, None]), re[None, :], BLOCK_E), axis=1)
+                rest = in_g & (re[None, :] != i1[:, None])
+                top2 = tl.max(tl.where(rest, c, float("-inf")), axis=1)
+                scores = tl.where(rg[None, :] == g, (top1 + top2)[:, None], scores)
+            keep = free & (re[None, :] < 0)
+            for _ in tl.static_range(TOPK_GROUP):
+                best_g = tl.max(scores, axis=1)
+                gi = tl.min(tl.where(scores == best_g[:, None], rg[None, :], BLOCK_G), axis=1)
+                scores = tl.where(rg[None, :] == gi[:, None], float("-inf"), scores)
+                keep = keep | (ge[None, :] == gi[:, None])
+            free = free & keep
+        key_all = c
+    else:
+        key_all = x
     total = tl.zeros([BLOCK_T], dtype=tl.float32)
     for j in tl.static_range(TOPK):
-        key = tl.where(free, x, float("-inf"))
+        key = tl.where(free, key_all, float("-inf"))
         best = tl.max(key, axis=1)
         cand = free & (key == best[:, None])
         idx = tl.min(tl.where(cand, re[None, :], BLOCK_E), axis=1)
         idx = tl.minimum(idx, E - 1)
         free = free & (re[None, :] != idx[:, None])
-        if SIGMOID:
+        if HAS_BIAS or N_GROUP > 1:
+            w = tl.sum(tl.where(re[None, :] == idx[:, None], s, 0.0), axis=1)
+        elif SIGMOID:
             w = tl.sigmoid(best)
         else:
             w = tl.exp(best - row_max) / denom
         total += w
         tl.store(Ids + rt.to(tl.int64) * stride_it + j, idx.to(Ids.dtype.element_ty), mask=t_ok)
+        if not RENORMALIZE:
+            w = w * scaling
         tl.store(Weights + rt.to(tl.int64) * stride_wt + j, w, mask=t_ok)
     if RENORMALIZE:
         # A second pass over the TOPK weights of this program's tokens (its own stores).
@@ -87,7 +135,7 @@ def _moe_topk_kernel(
         for j in tl.static_range(TOPK):
             ptr = Weights + rt.to(tl.int64) * stride_wt + j
             w = tl.load(ptr, mask=t_ok, other=1.0)
-            tl.store(ptr, w / total, mask=t_ok)
+            tl.store(ptr, w / total * scaling, mask=t_ok)
 
 
 @kernel

@@ -2,16 +2,32 @@
 
     ids[t]      = the k experts with the largest logits[t, :] (ties: the lower expert first)
     weights[t]  = softmax(logits[t])[ids[t]]   or   sigmoid(logits[t, ids[t]])
-                  (÷ their sum with ``renormalize``)
+                  (÷ their sum with ``renormalize``), × ``routed_scaling_factor``
 
 Softmax and sigmoid are increasing, so the experts with the largest scores are the experts with
 the largest logits: selecting on the logits (exact in the input's dtype) picks the same experts
 as selecting on the scores, without a rounding of the scores deciding a near tie. Mixtral
 (softmax, renormalised), Qwen3-MoE (softmax, ``norm_topk_prob``) and the sigmoid routers are
-covered; DeepSeek-V3's grouped selection (best groups first, a score-correction bias) is not.
+covered that way.
+
+DeepSeek-V3's grouped selection (``n_group`` > 1 and/or a ``bias``, its
+``e_score_correction_bias``): the selection key is c = float32(score) + bias, the score s the
+softmax or sigmoid of the logits rounded to float32 (transformers' router computes in float32);
+the E experts form ``n_group`` groups of E / n_group consecutive experts, each group scored by
+the sum of its two largest keys (in float32); the ``topk_group`` best groups are kept and the k
+largest keys among their experts chosen. The weights are the *unbiased* scores s of the chosen
+experts (renormalised if asked, then × ``routed_scaling_factor``): the bias only steers the
+choice. This is transformers' ``DeepseekV3TopkRouter`` (5.x: experts of dropped groups masked to
+−inf, ``norm_topk_prob``, then the scaling factor), except that its renormalisation adds 1e-20
+to the sum (a sum of sigmoids is > 0 here) and that its ``torch.topk(sorted=False)`` leaves the
+order of equal values and of the chosen experts unspecified. Here ties go to the lower group
+and the lower expert, and the ids come in decreasing order of key. The kernel's float32
+sigmoid may differ from the correctly rounded one by an ulp, so two keys within about 1e-7 of
+each other can be ordered differently from the reference: a property of float32 routing, which
+transformers shares.
 
 The ladder: ``_moe_topk_kernel`` → ``moe_topk_triton`` (validate, plan, launch) → ``moe_topk``
-(public), with ``moe_topk_ref`` (float64) and ``moe_topk_torch`` (eager) beside it.
+(public), with ``moe_topk_ref`` (float64 weights) and ``moe_topk_torch`` (eager) beside it.
 """
 
 from __future__ import annotations
@@ -50,24 +66,72 @@ def _weights(logits, ids, scoring, renormalize):
     return w / w.sum(dim=-1, keepdim=True) if renormalize else w
 
 
-def moe_topk_ref(router_logits, top_k, scoring="softmax", renormalize=True):
-    """(weights, ids): the stable sort's top-k of the logits, their scores in the logits'
-    dtype (exact when given float64)."""
-    ids = mc.topk_select(router_logits, top_k)
-    return _weights(router_logits, ids, scoring, renormalize), ids.to(torch.int32)
+def _select(logits, top_k, scoring, n_group, topk_group, bias):
+    """The chosen experts (int64), in decreasing order of the selection key."""
+    if bias is None and n_group == 1:
+        return mc.topk_select(logits, top_k)
+    x = logits if logits.dtype == torch.float64 else logits.float()  # scores in float32 at least
+    key = (torch.softmax(x, dim=-1) if scoring == "softmax" else torch.sigmoid(x)).float()
+    if bias is not None:
+        key = key + bias.to(torch.float32)
+    if n_group > 1:
+        t, e = key.shape
+        top2 = key.view(t, n_group, e // n_group).sort(dim=-1, descending=True).values
+        groups = mc.topk_select(top2[..., 0] + top2[..., 1], topk_group)
+        kept = torch.zeros((t, n_group), dtype=torch.bool, device=key.device)
+        kept.scatter_(1, groups, True)
+        key = key.masked_fill(~kept.repeat_interleave(e // n_group, dim=1), float("-inf"))
+    return mc.topk_select(key, top_k)
 
 
-def moe_topk_torch(router_logits, top_k, scoring="softmax", renormalize=True):
+def moe_topk_ref(
+    router_logits,
+    top_k,
+    scoring="softmax",
+    renormalize=True,
+    n_group=1,
+    topk_group=1,
+    bias=None,
+    routed_scaling_factor=1.0,
+):
+    """(weights, ids): the stable sort's top-k of the logits (or of the float32 biased scores,
+    within the best groups), their scores in the logits' dtype (exact when given float64)."""
+    ids = _select(router_logits, top_k, scoring, n_group, topk_group, bias)
+    w = _weights(router_logits, ids, scoring, renormalize) * routed_scaling_factor
+    return w, ids.to(torch.int32)
+
+
+def moe_topk_torch(
+    router_logits,
+    top_k,
+    scoring="softmax",
+    renormalize=True,
+    n_group=1,
+    topk_group=1,
+    bias=None,
+    routed_scaling_factor=1.0,
+):
     """Eager PyTorch, as transformers' routers (float32 scores, renormalised), but with the op's
     tie order: a stable sort of the logits rather than torch.topk, whose order among equal
     values is unspecified."""
-    _validate(router_logits, top_k, scoring, renormalize)
+    args = (n_group, topk_group, bias, routed_scaling_factor)
+    _validate(router_logits, top_k, scoring, renormalize, *args)
     logits = router_logits.float()
-    ids = mc.topk_select(logits, top_k)
-    return _weights(logits, ids, scoring, renormalize), ids.to(torch.int32)
+    ids = _select(logits, top_k, scoring, n_group, topk_group, bias)
+    w = _weights(logits, ids, scoring, renormalize) * routed_scaling_factor
+    return w, ids.to(torch.int32)
 
 
-def _validate(router_logits, top_k, scoring, renormalize) -> None:
+def _validate(
+    router_logits,
+    top_k,
+    scoring,
+    renormalize,
+    n_group=1,
+    topk_group=1,
+    bias=None,
+    routed_scaling_factor=1.0,
+) -> None:
     _check.tensor("router_logits", router_logits, dtypes=_check.FLOATS, ndim=2)
     e = router_logits.shape[1]
     _check.integer("top_k", top_k, min_value=1)
@@ -76,9 +140,42 @@ def _validate(router_logits, top_k, scoring, renormalize) -> None:
     if scoring not in SCORINGS:
         raise ValueError(f"scoring: expected one of {SCORINGS}, got {scoring!r}")
     _check.boolean("renormalize", renormalize)
+    _check.integer("n_group", n_group, min_value=1)
+    if e % n_group:
+        raise ValueError(
+            f"n_group: expected a divisor of the number of experts ({e}), got {n_group}"
+        )
+    if n_group > 1 and e // n_group < 2:
+        raise ValueError(
+            f"n_group: expected groups of at least 2 experts (a group's score is the sum of its "
+            f"two best), got {n_group} groups of {e // n_group}"
+        )
+    _check.integer("topk_group", topk_group, min_value=1)
+    if topk_group > n_group:
+        raise ValueError(f"topk_group: expected at most n_group ({n_group}), got {topk_group}")
+    kept = topk_group * (e // n_group)
+    if top_k > kept:
+        raise ValueError(
+            f"top_k: expected at most topk_group x experts per group ({topk_group} x "
+            f"{e // n_group} = {kept}), got {top_k}"
+        )
+    if bias is not None:
+        _check.tensor("bias", bias, dtypes=(torch.float32,), ndim=1, device=router_logits.device)
+        _check.same_shape("bias", bias, (e,), "one per expert")
+    _check.finite_positive("routed_scaling_factor", routed_scaling_factor)
 
 
-def _plan(router_logits, top_k, scoring="softmax", renormalize=True, config=None):
+def _plan(
+    router_logits,
+    top_k,
+    scoring="softmax",
+    renormalize=True,
+    n_group=1,
+    topk_group=1,
+    bias=None,
+    routed_scaling_factor=1.0,
+    config=None,
+):
     """The launch of ``_moe_topk_kernel``; ``config``: tokens per program."""
     t, e = router_logits.shape
     dev = router_logits.device
@@ -99,13 +196,22 @@ def _plan(router_logits, top_k, scoring="softmax", renormalize=True, config=None
             Logits=router_logits,
             stride_lt=router_logits.stride(0),
             stride_le=router_logits.stride(1),
+            # without a bias, any float32 pointer (never read)
+            Bias=weights if bias is None else bias,
+            stride_b=0 if bias is None else bias.stride(0),
             T=t,
             E=e,
+            group_size=e // n_group,
+            scaling=float(routed_scaling_factor),
             TOPK=top_k,
             SIGMOID=scoring == "sigmoid",
             RENORMALIZE=renormalize,
+            HAS_BIAS=bias is not None,
+            N_GROUP=n_group,
+            TOPK_GROUP=topk_group,
             BLOCK_T=block_t,
             BLOCK_E=block_e,
+            BLOCK_G=next_pow2(n_group),
         ),
         4,
         1,
@@ -113,38 +219,77 @@ def _plan(router_logits, top_k, scoring="softmax", renormalize=True, config=None
     return LaunchPlan((call,), (weights, ids))
 
 
-def moe_topk_triton(router_logits, top_k, scoring="softmax", renormalize=True, config=None):
+def moe_topk_triton(
+    router_logits,
+    top_k,
+    scoring="softmax",
+    renormalize=True,
+    n_group=1,
+    topk_group=1,
+    bias=None,
+    routed_scaling_factor=1.0,
+    config=None,
+):
     """Launch the Triton kernel (natively on GPUs, through the interpreter on CPU tensors)."""
-    _validate(router_logits, top_k, scoring, renormalize)
-    return _plan(router_logits, top_k, scoring, renormalize, config).run()
+    args = (n_group, topk_group, bias, routed_scaling_factor)
+    _validate(router_logits, top_k, scoring, renormalize, *args)
+    return _plan(router_logits, top_k, scoring, renormalize, *args, config=config).run()
 
 
-def moe_topk(router_logits, top_k, scoring="softmax", renormalize=True):
+def moe_topk(
+    router_logits,
+    top_k,
+    scoring="softmax",
+    renormalize=True,
+    n_group=1,
+    topk_group=1,
+    bias=None,
+    routed_scaling_factor=1.0,
+):
     """router_logits [T, E] → (weights float32 [T, top_k], ids int32 [T, top_k]), the experts
-    in decreasing order of logit. Triton on CUDA/ROCm; torch on CPU (interpreter with
-    KERNELAB_INTERPRET=1)."""
+    in decreasing order of logit (of biased score with ``bias`` or groups). Triton on
+    CUDA/ROCm; torch on CPU (interpreter with KERNELAB_INTERPRET=1).
+
+    DeepSeek-V3's router: ``scoring="sigmoid"``, ``n_group`` groups of experts of which the
+    ``topk_group`` best (by the sum of their two largest biased scores) are kept, ``bias`` the
+    float32 [E] ``e_score_correction_bias`` (selection only), ``routed_scaling_factor``
+    multiplying the weights (after the renormalisation). See the module docstring.
+    """
+    args = (n_group, topk_group, bias, routed_scaling_factor)
     if isinstance(router_logits, torch.Tensor) and use_triton(router_logits):
-        return moe_topk_triton(router_logits, top_k, scoring, renormalize)
-    return moe_topk_torch(router_logits, top_k, scoring, renormalize)
+        return moe_topk_triton(router_logits, top_k, scoring, renormalize, *args)
+    return moe_topk_torch(router_logits, top_k, scoring, renormalize, *args)
 
 
 # --- the declaration ---------------------------------------------------------------------------
+
+
+#: DeepSeek-V3's router (config.json): 8 groups of 32 experts, the best 4 kept, weights × 2.5.
+DEEPSEEK_V3_GROUPS = {"n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5, "bias": True}
 
 
 def _representative() -> list[Shape]:
     shapes = []
     for name, e, k, *_ in mc.MOE_MODELS:
         for t in mc.MOE_TOKENS:
-            scoring = "sigmoid" if name.startswith("deepseek") else "softmax"
+            if name.startswith("deepseek"):
+                scoring, extra, what = "sigmoid", DEEPSEEK_V3_GROUPS, "sigmoid grouped 4 of 8"
+            else:
+                scoring, extra, what = "softmax", {}, "softmax"
             shapes.append(
                 Shape(
-                    f"{name} T={t} E={e} k={k} {scoring}",
+                    f"{name} T={t} E={e} k={k} {what}",
                     {"tokens": t, "experts": e},
-                    {"top_k": k, "scoring": scoring, "renormalize": True},
+                    {"top_k": k, "scoring": scoring, "renormalize": True, **extra},
                     batch_dim="tokens",
                 )
             )
     return shapes
+
+
+def _groups(n_group, topk_group, scaling=1.0, bias=True) -> dict:
+    return {"n_group": n_group, "topk_group": topk_group, "routed_scaling_factor": scaling,
+            "bias": bias}  # fmt: skip
 
 
 def _edge() -> list[Shape]:
@@ -156,7 +301,17 @@ def _edge() -> list[Shape]:
         ("one expert of 3", 3, 3, 1, "sigmoid", True, {}),
         ("non-contiguous rows", 6, 40, 3, "softmax", True, {"row_pad": 5}),
         ("empty", 0, 8, 2, "softmax", True, {}),
-    ]
+        # DeepSeek-V3's grouped selection at the edges of its arguments
+        ("bias, one group", 7, 24, 3, "sigmoid", True, _groups(1, 1, 2.5)),
+        ("groups of 2, top-k = the kept experts", 9, 16, 4, "sigmoid", False, _groups(8, 2, 2.5)),
+        ("3 groups of 5, softmax", 11, 15, 2, "softmax", True, _groups(3, 1)),
+        ("every group kept", 6, 32, 8, "sigmoid", True, _groups(4, 4, 2.5)),
+        ("groups, no bias, tied logits", 20, 32, 4, "sigmoid", True,
+         {**_groups(4, 2, bias=False), "ties": True}),
+        ("groups, non-contiguous rows", 5, 64, 6, "sigmoid", True,
+         {**_groups(8, 3, 2.5), "row_pad": 3}),
+        ("groups, empty", 0, 16, 2, "sigmoid", True, _groups(4, 2)),
+    ]  # fmt: skip
     return [
         Shape(
             f"{label} T={t} E={e} k={k}",
@@ -176,22 +331,35 @@ def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
         logits = logits.clamp(-1, 1).mul(2).round().div(2)  # five values: ties everywhere
     if p.get("row_pad"):
         logits = _inputs.strided_rows(logits, p["row_pad"])
-    return {"router_logits": logits, "top_k": p["top_k"], "scoring": p["scoring"],
-            "renormalize": p["renormalize"]}  # fmt: skip
+    inputs = {"router_logits": logits, "top_k": p["top_k"], "scoring": p["scoring"],
+              "renormalize": p["renormalize"]}  # fmt: skip
+    if "n_group" in p:
+        # The correction bias: float32, a tenth of the logits' spread (comparable with the
+        # spread of the sigmoid scores, so that it moves the choice without deciding it alone).
+        bias = _inputs.randn((e,), torch.float32, device, gen, scale=0.1) if p["bias"] else None
+        inputs.update(n_group=p["n_group"], topk_group=p["topk_group"], bias=bias,
+                      routed_scaling_factor=p["routed_scaling_factor"])  # fmt: skip
+    return inputs
 
 
 def _cost(inputs: dict) -> Cost:
-    """Read the logits once; write float32 weights and int32 ids. FLOPs: the scores (one
-    exponential per logit for softmax) and k passes of comparisons over the row."""
+    """Read the logits (and the float32 bias) once; write float32 weights and int32 ids.
+    FLOPs: the scores (one exponential per logit), k passes of comparisons over the row, and
+    with groups three more (each group's two best) and the bias added."""
     logits, k = inputs["router_logits"], inputs["top_k"]
     t, e = logits.shape
-    return Cost(flops=(k + 2) * t * e, bytes=t * e * logits.element_size() + t * k * 8)
+    bias = inputs.get("bias")
+    grouped = inputs.get("n_group", 1) > 1
+    flops = (k + 2 + 3 * grouped + (bias is not None)) * t * e
+    extra = 0 if bias is None else e * bias.element_size()
+    return Cost(flops=flops, bytes=t * e * logits.element_size() + t * k * 8 + extra)
 
 
 MOE_TOPK = register(
     Op(
         "moe_topk",
-        description="router logits -> top-k experts (int32) and softmax/sigmoid weights",
+        description="router logits -> top-k experts (int32) and softmax/sigmoid weights, "
+        "DeepSeek-V3 grouped selection",
         reference=moe_topk_ref,
         make_inputs=_make_inputs,
         sampling=Sampling(
