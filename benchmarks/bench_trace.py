@@ -356,7 +356,28 @@ def versions(hta_python: str) -> dict:
         "isal": version("isal"),
         "hta": hta or "not found",
         "load": os.getloadavg(),
+        "kernelab_commit": _commit(),
     }
+
+
+def _commit() -> str:
+    """The checkout's commit (and whether it has changes), or 'unknown' outside git."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" (with changes)" if dirty else "")
 
 
 def main() -> int:
@@ -377,6 +398,12 @@ def main() -> int:
         "2000000), each written in every layout (compared on time and memory only)",
     )
     ap.add_argument("--layouts", nargs="*", choices=sorted(LAYOUTS), help="with --synthetic")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        help="pass --workers N to kernelab (default: none, as a user runs it; the processes "
+        "that decoded each trace are printed either way)",
+    )
     args = ap.parse_args()
     workdir = None
     if args.synthetic:
@@ -403,8 +430,10 @@ def main() -> int:
     print(json.dumps(versions(args.hta_python)))
     header = (
         f"{'trace':28} {'wall kl':>7} {'HTA':>7} {'ratio':>7} {'cpu kl':>7} {'HTA':>7} "
-        f"{'ratio':>7} {'MB kl':>7} {'HTA':>7} {'kl/HTA':>6}"
+        f"{'ratio':>7} {'MB kl':>7} {'HTA':>7} {'kl/HTA':>6} {'procs':>5}  load after"
     )
+    k_cmd = [sys.executable, "-m", "kernelab", "trace", "summary"]
+    k_opts = ["--json"] + (["--workers", str(args.workers)] if args.workers else [])
     print(header)
     results = []
     for trace in traces:
@@ -412,11 +441,11 @@ def main() -> int:
         k_out = h_out = b""
         reps = args.repeat if trace.stat().st_size >= 2**20 else args.repeat_small
         for _ in range(reps):  # interleaved, so both see the same machine load
-            st, k_out = measure(
-                [sys.executable, "-m", "kernelab", "trace", "summary", str(trace), "--json"], env_k
-            )
+            st, k_out = measure([*k_cmd, str(trace), *k_opts], env_k)
             if st["rc"] == 0:  # forked decoding workers: their peaks count on top
-                st["peak_rss"] += sum(json.loads(k_out)["ingest"]["worker_peak_rss"])
+                ingest = json.loads(k_out)["ingest"]
+                st["peak_rss"] += sum(ingest["worker_peak_rss"])
+                st["workers"] = ingest["workers"]
             k_runs.append(st)
             st, h_out = measure([args.hta_python, "-c", HTA, str(trace)], env_h)
             h_runs.append(st)
@@ -430,6 +459,8 @@ def main() -> int:
                 "cpu_s": statistics.median(r["cpu_s"] for r in ok) if ok else None,
                 "error": None if ok else runs[0]["stderr"].strip().splitlines()[-1:],
             }
+        row["kernelab"]["workers"] = sorted({r["workers"] for r in k_runs if "workers" in r})
+        row["load_after"] = os.getloadavg()
         if row["hta"]["ok"] and not args.synthetic:  # HTA's category sums: one more, untimed
             _, h_out = measure([args.hta_python, "-c", HTA, str(trace), "--compare"], env_h)
         cats = {}
@@ -474,7 +505,9 @@ def main() -> int:
             f"{trace.name:28} {fmt(k['wall_s'], '7.2f')} {fmt(h['wall_s'], '7.2f')} "
             f"{fmt(speed, '6.1f')}x {fmt(k['cpu_s'], '7.2f')} {fmt(h['cpu_s'], '7.2f')} "
             f"{fmt(cpu, '6.1f')}x {fmt(k['peak_mb'], '7.0f')} {fmt(h['peak_mb'], '7.0f')} "
-            f"{fmt(mem, '6.2f')}" + (f"  HTA error: {h['error']}" if not h["ok"] else "")
+            f"{fmt(mem, '6.2f')} {','.join(map(str, k['workers'])) or '-':>5}  "
+            f"{' '.join(f'{x:.1f}' for x in row['load_after'])}"
+            + (f"  HTA error: {h['error']}" if not h["ok"] else "")
         )
     print()
     print(

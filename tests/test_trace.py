@@ -12,6 +12,7 @@ from kernelab.hardware import occupancy
 from kernelab.trace import _columns, _ingest, load, summarize
 from kernelab.trace._link import distinct, member, nesting_parents, percentile
 from kernelab.trace.kernels import normalise
+from kernelab.trace.perfetto import annotations
 from kernelab.trace.summary import NothingToAnalyse, public
 from tests.kineto_builder import TraceBuilder
 
@@ -101,6 +102,26 @@ def test_launch_latency_queueing_and_graph_exact(scenario_summary):
     assert launch["short_kernels"] == 2  # g2, g3 (< 5 us)
     replay = launch["replays"][0]
     assert (replay["kernels"], replay["span_us"], replay["kernel_time_us"]) == (3, 15, 13)
+
+
+def test_replays_listed_are_the_ten_longest_and_every_one_is_annotated(tmp_path):
+    """12 graph replays, kernel time 10..120 us with two of 50 us: the ten listed are the
+    longest, most kernel time first, equal ones in call order; Perfetto marks all 12."""
+    b = TraceBuilder()
+    busy = [10, 50, 30, 120, 50, 70, 20, 90, 100, 40, 80, 60]
+    for i, k in enumerate(busy):
+        t0 = 1000 * i
+        b.graph(t0, 5, [("g_a", t0 + 10, k // 2), ("g_b", t0 + 10 + k // 2, k - k // 2)])
+    s = summarize(b.write(tmp_path / "g.json"))
+    launch = s["gpu"]["launch"]
+    assert launch["graph_replays"] == 12 and launch["in_graph_replays"] == 24
+    listed = launch["replays"]
+    assert [r["kernel_time_us"] for r in listed] == [120, 100, 90, 80, 70, 60, 50, 50, 40, 30]
+    assert [r["launch_ts_ns"] // 1000 for r in listed[6:8]] == [1000, 4000]  # call order
+    assert all(r["kernels"] == 2 and r["span_us"] == r["kernel_time_us"] for r in listed)
+    marks = [e for e in annotations(s) if e["name"] == "graph replay"]
+    assert sorted(e["dur"] for e in marks) == sorted(busy)
+    assert all(e["args"]["kernels"] == 2 for e in marks)
 
 
 def test_integrity_counts_planted_defects(scenario_summary):

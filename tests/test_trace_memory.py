@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 
 from kernelab.trace import _ingest, load, public, summarize
@@ -124,6 +125,34 @@ def test_memory_events_survive_chunking_and_workers(tmp_path, monkeypatch):
         for k in one.memory:
             assert np.array_equal(one.memory[k], other.memory[k]), k
     assert len(one.memory["ts"]) == 7 + 400
+
+
+@pytest.mark.parametrize("flag", [None, 1, 0])
+def test_memory_events_by_the_profile_memory_flag(tmp_path, monkeypatch, flag):
+    """Without the flag or with it set, every chunk's [memory] instants are kept (other
+    instants ignored); with profile_memory 0 the instants are skipped and there is no memory
+    section."""
+    b = planted()
+    for i in range(100):
+        b.cpu_op("aten::add", 1000 + 10 * i, 5)
+        b.events.append(
+            {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "Iteration Start",
+             "pid": PID, "tid": 1, "ts": b.base + 1002 + 10 * i, "args": {}}
+        )  # fmt: skip
+        b.mem(1001 + 10 * i, 0x10000 + i, 1024)
+    doc = b.document()
+    if flag is not None:
+        doc = {"profile_memory": flag, **doc}
+    path = tmp_path / "f.json"
+    path.write_bytes(orjson.dumps(doc))
+    monkeypatch.setattr(_ingest, "_CHUNK_BYTES", 2048)
+    monkeypatch.setattr(_ingest, "_PIECE_BYTES", 1000)
+    trace = load(path)
+    if flag == 0:
+        assert trace.memory is None
+    else:
+        assert len(trace.memory["ts"]) == 7 + 100
+        assert trace.memory["addr"][-1] == 0x10000 + 99
 
 
 def test_sparkline_keeps_the_peak():

@@ -292,12 +292,13 @@ class _Columns:
     def _append(self, arrays: dict, shapes: dict) -> None:
         self.parts.append(_Part(self.next_chunk - 1, self.base_us, arrays, shapes))
 
-    def add_raw(self, chunk: memoryview, memory: bool = False) -> bool:
+    def add_raw(self, chunk: memoryview, memory: bool | None = False) -> bool:
         """Parse and append one JSON array of events (msgspec when installed, else orjson).
-        ``memory``: the chunk holds ``[memory]`` instants (decoded too). Returns False,
-        adding nothing, where the bytes are not one valid JSON array."""
+        ``memory``: whether the chunk may hold ``[memory]`` instants (False: instants are
+        skipped in C; True or None: they are decoded and kept). Returns False, adding
+        nothing, where the bytes are not one valid JSON array."""
         if _DECODER is not None:
-            decoders = _MEM_DECODERS if memory else (_DECODER, _ANY_CATEGORY)
+            decoders = (_DECODER, _ANY_CATEGORY) if memory is False else _MEM_DECODERS
             for decoder in decoders:
                 try:
                     events = decoder.decode(chunk)
@@ -338,6 +339,8 @@ class _Columns:
     def _memory(self, events: list, structs: bool) -> None:
         """Keep the chunk's ``[memory]`` instants as columns (file order)."""
         if structs:
+            if _Instant not in map(type, events):  # one C-level pass: most chunks have none
+                return
             found = [
                 (e.ts, e.tid, e.args)
                 for e in events

@@ -175,9 +175,8 @@ def _add_in_place(
     """Decode the events ``buf[a:b]`` as an array without copying them: the byte before
     (blank, comma or the array's '[') and the byte after (',' or blank) become the brackets
     for the call and are restored after it. False where the slice is not valid JSON.
-    ``memory``: whether ``[memory]`` instants may be there (None: search the bytes)."""
-    if memory is None:
-        memory = buf.find(b'"[memory]"', a, b) >= 0
+    ``memory``: whether ``[memory]`` instants may be there (None: not known; instants are
+    then decoded and looked at, which costs less than searching the bytes)."""
     saved = buf[a - 1], buf[b]
     buf[a - 1], buf[b] = 0x5B, 0x5D
     try:
@@ -265,8 +264,8 @@ def _load_streaming(path: Path, cols: _Columns, rank: int = 0, workers: int = 1)
 
     pieces = _pieces(path)
     head, buf, pos = _head(pieces)
-    # Kineto writes profile_memory before the events: without it (0), no chunk is searched
-    # for [memory] instants; with it, or where the flag comes later or not at all, each is.
+    # Kineto writes profile_memory before the events: without it (0), instants are skipped
+    # in C; with it, or where the flag comes later or not at all, they are decoded.
     flag = head.get("profile_memory") if head else None
     memory = None if flag is None or flag else False
     cutter = _scan.Cutter()

@@ -37,10 +37,11 @@ def outlying(ts: np.ndarray) -> np.ndarray:
         return out
     m = max(1, min(int(n * OUTLIER_SHARE), 1000, n - 2))
     order = np.argsort(ts, kind="stable")
-    s = ts[order].astype(np.float64)
-    bottom, top = s[m], s[n - 1 - m]
-    low = (s[1 : m + 1] - s[:m], top - s[1 : m + 1])
-    high = (s[n - m :] - s[n - m - 1 : n - 1], s[n - m - 1 : n - 1] - bottom)
+    lo = ts[order[: m + 1]].astype(np.float64)  # the m + 1 earliest starts, ascending
+    hi = ts[order[n - m - 1 :]].astype(np.float64)  # the m + 1 latest
+    bottom, top = lo[m], hi[0]
+    low = (lo[1:] - lo[:m], top - lo[1:])
+    high = (hi[1:] - hi[:m], hi[:m] - bottom)
     for side, (gaps, rest) in (("low", low), ("high", high)):
         wide = (gaps > OUTLIER_GAP * np.maximum(rest, 1)) & (gaps > OUTLIER_MIN_GAP_NS)
         hit = np.flatnonzero(wide)

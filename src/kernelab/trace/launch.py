@@ -52,7 +52,8 @@ def launch_analysis(links: Links, short_us: float = 5.0) -> dict:
     is_graph[has] = links.graph_runtime[t.name[launch[has]]]
     first_in_call = np.ones(len(gpu), dtype=bool)
     graph_rows = np.flatnonzero(is_graph)
-    replays = []
+    replays = (graph_rows[:0], np.zeros(1, dtype=np.int64))  # rows by replay, and its bounds
+    top: list[dict] = []
     if len(graph_rows):
         calls = launch[graph_rows]
         o = np.lexsort((s[graph_rows], calls))
@@ -66,25 +67,19 @@ def launch_analysis(links: Links, short_us: float = 5.0) -> dict:
         last = np.maximum.reduceat(eg, heads)
         busy = np.add.reduceat(eg - sg, heads)  # whole nanoseconds: exact in any order
         call_rows = cl[heads]
-        for a, b, call_ts, call_dur, lo, hi, k in zip(
-            heads.tolist(),
-            bounds[1:].tolist(),
-            t.ts[call_rows].tolist(),
-            t.dur[call_rows].tolist(),
-            first.tolist(),
-            last.tolist(),
-            busy.tolist(),
-            strict=True,
-        ):
-            replays.append(
+        # Dicts only for the ten replays the summary lists (most kernel time first, ties
+        # in call order); the rest stay arrays (the Perfetto annotation reads them).
+        replays = (gr, bounds)
+        for i in np.argsort(-busy, kind="stable")[:10].tolist():
+            a, b = int(bounds[i]), int(bounds[i + 1])
+            top.append(
                 {
-                    "launch_ts_ns": call_ts,
-                    "launch_us": round(float(call_dur) * US, 3),
+                    "launch_ts_ns": int(t.ts[call_rows[i]]),
+                    "launch_us": round(float(t.dur[call_rows[i]]) * US, 3),
                     "kernels": b - a,
-                    "start_ns": lo,
-                    "span_us": round(float(hi - lo) * US, 3),
-                    "kernel_time_us": round(float(k) * US, 3),
-                    "_rows": gr[a:b],
+                    "start_ns": int(first[i]),
+                    "span_us": round(float(last[i] - first[i]) * US, 3),
+                    "kernel_time_us": round(float(busy[i]) * US, 3),
                 }
             )
     measured = has & first_in_call
@@ -102,7 +97,7 @@ def launch_analysis(links: Links, short_us: float = 5.0) -> dict:
         "with_launch": int((has & kern).sum()),
         "measured": int(m.sum()),
         "in_graph_replays": int((is_graph & kern).sum()),
-        "graph_replays": len(replays),
+        "graph_replays": len(replays[1]) - 1,
         "short_threshold_us": short_us,
         "short_kernels": int(short.sum()),
         "short_share": round(float(short.mean()), 4) if len(dur) else 0.0,
@@ -121,9 +116,9 @@ def launch_analysis(links: Links, short_us: float = 5.0) -> dict:
             "max": round(float(queue[m].max()) * US, 3) if m.any() else 0.0,
         },
         "queued_share": round(float((queue[m] > 0).mean()), 4) if m.any() else 0.0,
-        "replays": sorted(replays, key=lambda r: -r["kernel_time_us"])[:10],
+        "replays": top,
     }
-    result["_replays"] = replays
+    result["_replays"] = replays  # (GPU rows of every replay in call order, bounds)
     result["_per_gpu"] = {"latency": latency, "queue": queue, "measured": measured}
     return result
 

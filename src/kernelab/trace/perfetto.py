@@ -4,6 +4,7 @@ with their cause, graph replays, fusion candidates, and the verdicts."""
 from __future__ import annotations
 
 import gzip
+import itertools
 from pathlib import Path
 
 import orjson
@@ -50,10 +51,12 @@ def annotations(summary: dict) -> list[dict]:
                     {"cause": cause},
                 )
             )
-    for r in gpu.get("launch", {}).get("_replays", []):
-        rows = links.gpu[r["_rows"]]
-        s, e = int(t.ts[rows].min()), int((t.ts[rows] + t.dur[rows]).max())
-        out.append(_ev("graph replay", s, e - s, "graph replays", base, {"kernels": r["kernels"]}))
+    if "launch" in gpu:
+        rows_by_replay, bounds = gpu["launch"]["_replays"]
+        for a, b in itertools.pairwise(bounds.tolist()):
+            rows = links.gpu[rows_by_replay[a:b]]
+            s, e = int(t.ts[rows].min()), int((t.ts[rows] + t.dur[rows]).max())
+            out.append(_ev("graph replay", s, e - s, "graph replays", base, {"kernels": b - a}))
     for c in gpu.get("fusion", {}).get("candidates", []):
         label = " -> ".join(c["ops"])
         for rows in c["_rows"]:
