@@ -35,7 +35,7 @@ from kernelab.ops import packing as _packing
 # The module, not the function ``kernelab.ops.fp8_gemm`` that shadows it as a package attribute.
 _fp8 = importlib.import_module("kernelab.ops.matmul.fp8_gemm")
 
-QUANTIZE = (None, "w4a16", "w8a16", "fp8")
+QUANTIZE = (None, "w4a16", "w8a16", "fp8", "fp8-block")
 _HALF = (torch.float16, torch.bfloat16)
 
 
