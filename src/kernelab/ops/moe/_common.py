@@ -60,12 +60,13 @@ class MoEConfig:
         # padding; at prefill the tile grows to reuse each weight tile over more rows.
         per_expert = pairs / max(1, min(experts, pairs))
         if fp8:
-            # e4m3: 64-row tiles even at decode, one warpgroup's wgmma on sm_90 (a 16-row tile
-            # compiles to mma.sync; the idle rows cost no memory traffic); K steps of 128, one
-            # scale block, and 64 at prefill, where the 64x128 pair of accumulators needs
-            # 8 warps and the B tiles of 3 stages must fit gfx942's 64 KB of LDS.
+            # e4m3: 64-row tiles even at decode, wgmma on sm_90 (a 16-row tile compiles to
+            # mma.sync; the idle rows cost no memory traffic); K steps of 128, one scale block,
+            # and 64 at prefill, where the B tiles of 3 stages must fit gfx942's 64 KB of LDS.
+            # 8 warps: each K step's two scaled products beside the two accumulators took
+            # 255 registers at 4 warps and spilled 16 bytes on sm_100 (triton 3.9).
             if per_expert <= 64:
-                return MoEConfig(64, 64, 128, 4, 3)
+                return MoEConfig(64, 64, 128, 8, 3)
             return MoEConfig(64, 128, 64, 8, 3)
         if per_expert <= 16:
             # K steps of 64: with 128, bf16 needed 72 KB of shared memory (gfx942 has 64) and
@@ -396,10 +397,12 @@ def plan(
     weights = topk_weights.contiguous()
     ids = topk_ids.contiguous()
     align, aligned = align_call(ids, experts, cfg.block_m)
-    # float32 intermediates when they are quantized next (one rounding, to e4m3)
+    # With quantized activations, float32 intermediates (one rounding, to e4m3) and parts (one
+    # rounding, of the sum: a part rounded to float16 could overflow, or fall to subnormals,
+    # where the sum does not)
     inter_dtype = torch.float32 if quantize is not None else x.dtype
     inter = torch.empty((numel, intermediate), dtype=inter_dtype, device=x.device)
-    parts = torch.empty((numel, h), dtype=x.dtype, device=x.device)
+    parts = torch.empty((numel, h), dtype=inter_dtype, device=x.device)
     opts = dict(experts=experts, top_k=top_k, cfg=cfg)
     calls, a, sa = [align], x, None
     if quantize is not None:
@@ -415,7 +418,7 @@ def plan(
         sw1, sw2 = shared
         si = sw2.b.shape[2]
         s_inter = torch.empty((t, si), dtype=inter_dtype, device=x.device)
-        shared_out = torch.empty((t, h), dtype=x.dtype, device=x.device)
+        shared_out = torch.empty((t, h), dtype=inter_dtype, device=x.device)
         calls.append(
             gemm_call(s_inter, a, sw1, weights, None, n=si, k=h, gate_up=True, a_scales=sa,
                       **opts)

@@ -11,8 +11,8 @@ expert the same with a leading 1 (``packing.quantize_fp8_block_experts`` makes t
 weights; gate+up is quantized as one [2I, H] matrix, as checkpoints store it). H and I need
 not be multiples of 128: the last blocks and groups are shorter.
 
-The recipe (vLLM's ``fused_experts(use_fp8_w8a8=True, block_shape=[128, 128])``, with one
-rounding fewer), and where it rounds:
+The recipe (vLLM's ``fused_experts(use_fp8_w8a8=True, block_shape=[128, 128])``, with two
+16-bit roundings fewer), and where it rounds:
 
 1. x (float16/bfloat16) is quantized per token and 128 columns to e4m3 with float32 scales
    (``fp8_quant``'s arithmetic, in float32): rounding 1.
@@ -21,14 +21,15 @@ rounding fewer), and where it rounds:
    float32; silu(gate) · up in float32, stored as float32 (vLLM rounds it to x's dtype here
    first; we do not).
 3. that intermediate is quantized per row and 128 columns to e4m3, like x: rounding 2.
-4. down, as 2., times the routing weight in float32, then rounded to x's dtype per (token,
-   slot): rounding 3; the k parts (and the shared expert's, rounded likewise) summed in
-   float32 and rounded to x's dtype: rounding 4.
+4. down, as 2., times the routing weight in float32, stored as float32 per (token, slot)
+   (vLLM rounds each to x's dtype; in float16 a part can overflow, or fall to subnormals,
+   where their sum does not); the k parts and the shared expert's summed in float32 and
+   rounded to x's dtype: rounding 3, the only one after the quantizations.
 
 ``fused_moe_fp8_ref`` makes roundings 1 and 2 exactly as the kernels do (the same float32
 arithmetic, on its float64 values: the intermediate is rounded to float32 first, as the kernel
 stores it) and computes everything else in float64, so the contract measures the kernels'
-accumulation and output roundings (3 and 4), not the format's quantization error. The
+accumulation and output rounding, not the format's quantization error. The
 reference sees float64 copies of the weights, not their e4m3 flavour: it quantizes activations
 to ``float8_e4m3fn`` unless it is given e4m3 weights, so a reference for AMD's
 ``float8_e4m3fnuz`` (gfx942, largest value 240) needs the weights in their own dtype.
