@@ -167,7 +167,7 @@ def test_launches_and_default_configs():
         "_moe_sum_kernel",
     )
     assert names == [quant, align, gemm, quant, gemm, gemm, quant, gemm, add]
-    assert MoEConfig.default_for(16 * 8, 256, fp8=True) == MoEConfig(64, 64, 128, 8, 3)
+    assert MoEConfig.default_for(16 * 8, 256, fp8=True) == MoEConfig(64, 32, 128, 4, 3)
     space = OP.tuning_space(shape, torch.bfloat16)
     assert space and all(c.block_k in (32, 64, 128) for c in space)
     with pytest.raises(ValueError, match="block_k=96 must divide group_size=128"):

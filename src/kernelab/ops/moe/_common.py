@@ -63,10 +63,11 @@ class MoEConfig:
             # e4m3: 64-row tiles even at decode, wgmma on sm_90 (a 16-row tile compiles to
             # mma.sync; the idle rows cost no memory traffic); K steps of 128, one scale block,
             # and 64 at prefill, where the B tiles of 3 stages must fit gfx942's 64 KB of LDS.
-            # 8 warps: each K step's two scaled products beside the two accumulators took
-            # 255 registers at 4 warps and spilled 16 bytes on sm_100 (triton 3.9).
+            # 32 columns: at 64x64 each K step's two scaled products beside the two
+            # accumulators took 255 registers and spilled 16 bytes on sm_100 with 4 warps, and
+            # with 8 warps spilled on gfx942 (256 VGPRs a thread there) (triton 3.9).
             if per_expert <= 64:
-                return MoEConfig(64, 64, 128, 8, 3)
+                return MoEConfig(64, 32, 128, 4, 3)
             return MoEConfig(64, 128, 64, 8, 3)
         if per_expert <= 16:
             # K steps of 64: with 128, bf16 needed 72 KB of shared memory (gfx942 has 64) and
