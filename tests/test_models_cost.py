@@ -268,9 +268,35 @@ def test_moe_recipes_are_the_moe_ops_kernelab_has():
     bf16 = _row(mc.cost("mixtral-8x7b", "h200").decode, "experts")
     assert experts.op == "fused_moe_w4a16" and experts.weight_bytes < 0.3 * bf16.weight_bytes
     assert _row(w4.decode, "router").op == "gemm"  # routers stay in 16 bits
-    for recipe in ("fp8", "w8a16"):
-        with pytest.raises(mc.CostError, match=f"no {recipe} MoE op"):
-            mc.cost("mixtral-8x7b", "h200", mc.Workload(recipe=recipe))
+    with pytest.raises(mc.CostError, match="no w8a16 MoE op"):
+        mc.cost("mixtral-8x7b", "h200", mc.Workload(recipe="w8a16"))
+
+
+def test_the_fp8_recipe_runs_the_experts_on_fused_moe_fp8():
+    c = mc.cost("mixtral-8x7b", "h200", mc.Workload(recipe="fp8", batch=1, context=4096))
+    cfg = c.config
+    e, k, h, i = cfg.num_local_experts, cfg.num_experts_per_tok, cfg.hidden_size, 14336
+    experts = _row(c.decode, "experts")
+    assert experts.op == "fused_moe_fp8" and experts.calls == cfg.num_hidden_layers
+    # e4m3 weights plus one float32 scale per 128 x 128 block, every expert in the footprint
+    scales = 4 * ((2 * i // 128) * (h // 128) + (h // 128) * (i // 128))
+    assert experts.weight_bytes == e * (3 * h * i + scales)
+    bf16 = _row(
+        mc.cost("mixtral-8x7b", "h200", mc.Workload(batch=1, context=4096)).decode, "experts"
+    )
+    # one token at decode: its k experts at one byte a weight, about half the bf16 bytes
+    assert k * (3 * h * i + scales) <= experts.bytes < 0.51 * bf16.bytes
+    assert experts.flops == bf16.flops and experts.floor_s < 0.51 * bf16.floor_s
+    # every layer is routed: the norm before the experts writes bf16 (router and op read it)
+    norms = [o for o in c.decode.ops if o.name.endswith("post_norm")]
+    assert [(o.name, o.op, o.calls) for o in norms] == [("post_norm", "rmsnorm", 32)]
+    assert _row(c.decode, "router").op == "gemm" and _row(c.decode, "qkv").op == "fp8_gemm"
+    prefill = _row(c.prefill, "experts")  # 4096 tokens: every expert, fp8 peak
+    assert prefill.bound == "compute" or prefill.bytes >= e * 3 * h * i
+    tiny = mc.cost("tiny-qwen3-moe", "h200", mc.Workload(recipe="fp8"))  # one dense layer
+    calls = {o.name: (o.op, o.calls) for o in tiny.decode.ops}
+    assert calls["post_norm"] == ("rmsnorm", 1)
+    assert calls["dense_post_norm"] == ("rmsnorm_fp8_quant", 1)
 
 
 def test_set_turns_a_dense_config_into_an_moe():

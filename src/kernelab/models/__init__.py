@@ -20,7 +20,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from functools import partial
 
-from kernelab.models import _linear, _parity
+from kernelab.models import _linear, _parity, _patch
 from kernelab.models._arch import ARCHITECTURES, DEFAULT_REPLACEMENTS, REPLACEMENTS, blueprint_for
 from kernelab.models._patch import PatchError, apply, state_of, unpatch
 from kernelab.models.model_cost import cost
@@ -82,7 +82,7 @@ def patch(
     originals = None
     if quantize is not None:
         bp = blueprint_for(model)
-        originals = partial(_linear.reference_forwards, model, bp, quantize)
+        originals = partial(_patch.reference_forwards, model, bp, quantize)
 
     if check:
         probe = _parity.probe_inputs(model, check_tokens)

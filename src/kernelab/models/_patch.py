@@ -16,7 +16,9 @@ import importlib
 import inspect
 import threading
 import types
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +26,10 @@ import torch.nn.functional as F
 from kernelab import ops
 from kernelab.models import _library, _linear
 from kernelab.models._arch import DEFAULT_REPLACEMENTS, REPLACEMENTS, Blueprint, blueprint_for
+
+# The modules, not the functions of the same names that shadow them as package attributes.
+_fp8_gemm = importlib.import_module("kernelab.ops.matmul.fp8_gemm")
+_fused_moe_fp8 = importlib.import_module("kernelab.ops.moe.fused_moe_fp8")
 
 _STATE = "_kernelab_patch"
 
@@ -180,8 +186,9 @@ def _mlp_forward(self, x):
 
 def _moe_forward(self, hidden_states):
     """The sparse MoE block: router logits (the block's own linear), ``moe_topk`` (softmax,
-    renormalised as the block's router does), ``fused_moe`` on the experts' own weights. In
-    training mode (router jitter) the block's own forward runs."""
+    renormalised as the block's router does), ``fused_moe`` on the experts' own weights, or
+    ``fused_moe_fp8`` on the block-scaled e4m3 experts prepared at patch time
+    (``quantize="fp8-block"``). In training mode (router jitter) the block's own forward runs."""
     if self.training:
         return type(self).forward(self, hidden_states)
     shape = hidden_states.shape
@@ -189,8 +196,76 @@ def _moe_forward(self, hidden_states):
     gate, experts = self.gate, self.experts
     logits = F.linear(x, gate.weight)
     weights, ids = _library.moe_topk(logits, gate.top_k, self._kernelab_renormalize)
-    y = _library.fused_moe(x, experts.gate_up_proj, experts.down_proj, weights, ids)
+    fp8 = self.__dict__.get("_kernelab_fp8_experts")
+    if fp8 is not None:
+        w1, s1, w2, s2 = fp8
+        y = _library.fused_moe_fp8(x, w1, w2, s1, s2, weights, ids)
+    else:
+        y = _library.fused_moe(x, experts.gate_up_proj, experts.down_proj, weights, ids)
     return y.reshape(shape)
+
+
+def _fp8_experts(module) -> tuple[torch.Tensor, ...]:
+    """The block's expert weights as ``fused_moe_fp8`` reads them, quantized once to
+    128 x 128 blocks in the device's e4m3: (w1, w1_scale, w2, w2_scale)."""
+    experts = module.experts
+    w1, w2 = experts.gate_up_proj.detach(), experts.down_proj.detach()
+    e4m3 = _fp8_gemm.e4m3_for(w1.device)
+    q1, s1 = ops.packing.quantize_fp8_block_experts(w1, e4m3)
+    q2, s2 = ops.packing.quantize_fp8_block_experts(w2, e4m3)
+    return q1, s1, q2, s2
+
+
+def _moe_reference(module, experts, renormalize, hidden_states):
+    """What a block on ``fused_moe_fp8`` stands for, in plain torch: the block's router
+    (softmax in float32, top-k, renormalised as the block does) and the fp8 recipe on the
+    quantize-dequantized experts, activations quantized per 1 x 128 group as the kernels do
+    (``fused_moe_fp8_torch``)."""
+    shape = hidden_states.shape
+    x = hidden_states.reshape(-1, shape[-1])
+    probs = torch.softmax(F.linear(x, module.gate.weight).float(), dim=-1)
+    weights, ids = torch.topk(probs, module.gate.top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    w1, s1, w2, s2 = experts
+    return _fused_moe_fp8.fused_moe_fp8_torch(x, w1, w2, s1, s2, weights, ids).reshape(shape)
+
+
+@contextmanager
+def _moe_reference_forwards(model, blueprint: Blueprint, quantize):
+    """Within the block, each MoE block ``patch`` puts on ``fused_moe_fp8`` computes
+    :func:`_moe_reference` (of its own prepared experts when patched, else of experts
+    quantized afresh, the same). Yields {id(module): reference}."""
+    refs: dict[int, object] = {}
+    saved: list[tuple[torch.nn.Module, object]] = []
+    act = getattr(model.config, "hidden_act", None)
+    try:
+        for _, module in model.named_modules() if quantize == "fp8-block" else ():
+            if type(module).__name__ != blueprint.moe_class or not _fusable_moe(module, act):
+                continue
+            experts = vars(module).get("_kernelab_fp8_experts") or _fp8_experts(module)
+            renorm = bool(getattr(module.gate, "norm_topk_prob", True))
+            saved.append((module, vars(module).get("forward")))
+            forward = partial(_moe_reference, module, experts, renorm)
+            object.__setattr__(module, "forward", forward)
+            refs[id(module)] = forward
+        yield refs
+    finally:
+        for module, forward in reversed(saved):
+            if forward is None:
+                object.__delattr__(module, "forward")
+            else:
+                object.__setattr__(module, "forward", forward)
+
+
+@contextmanager
+def reference_forwards(model, blueprint: Blueprint, quantize):
+    """The quantize-dequantize references of a quantized patch: the projections'
+    (``_linear.reference_forwards``) and the fp8 MoE blocks'. Yields {id(module): reference}."""
+    with ExitStack() as stack:
+        refs = dict(stack.enter_context(_linear.reference_forwards(model, blueprint, quantize)))
+        refs.update(stack.enter_context(_moe_reference_forwards(model, blueprint, quantize)))
+        yield refs
 
 
 def _fusable_moe(module, hidden_act) -> bool:
@@ -337,6 +412,8 @@ def apply(model, replacements=DEFAULT_REPLACEMENTS, quantize=None) -> PatchState
                     continue  # not the block fused_moe computes: it stays as it is
                 renorm = getattr(module.gate, "norm_topk_prob", True)  # Mixtral: always
                 _set(state, module, "_kernelab_renormalize", bool(renorm))
+                if quantize == "fp8-block" and _op("fused_moe_fp8") is not None:
+                    _set(state, module, "_kernelab_fp8_experts", _fp8_experts(module))
                 _set(state, module, "forward", types.MethodType(_moe_forward, module))
                 _replaced(state, "moe", name)
         if "rope" in replacements and _op("rope") is not None:

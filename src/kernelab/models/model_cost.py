@@ -31,8 +31,10 @@ key is read). In a mixture of experts the routed layers replace the dense MLP wi
     router GEMM → moe_topk → fused_moe (align, gate_up, silu_and_mul, down, weighted sum,
     and the shared expert if the model has one)
 
-(``fused_moe_w4a16`` under the w4a16 recipe; kernelab has no fp8 or int8 MoE op, so those
-recipes are refused for an MoE config), costed by those ops' own models: an expert's weights
+(``fused_moe_w4a16`` under the w4a16 recipe, ``fused_moe_fp8`` — block-scaled e4m3 experts,
+activations quantized per 128 columns inside it — under fp8, where the norm before a routed
+block writes bf16 for the router and the op; kernelab has no int8 MoE op, so w8a16 is refused
+for an MoE config), costed by those ops' own models: an expert's weights
 are read once if any token routes to it, so decode at a small batch reads only the experts hit.
 The memory footprint counts every expert. Multi-head latent attention (DeepSeek-V2/V3) is
 refused: it is not the grouped-query attention modelled here.
@@ -65,9 +67,15 @@ _GEMM_OP = {"bf16": "gemm", "fp8": "fp8_gemm", "w4a16": "w4a16_gemm", "w8a16": "
 #: Inputs of the ops that are weights (read from memory at every call, stored once).
 _WEIGHT_ARGS = ("b", "qweight", "scales", "zeros", "scale_b", "weight", "bias", "w1", "w2",
                 "shared_w1", "shared_w2", "w1_qweight", "w1_scales", "w1_zeros", "w2_qweight",
-                "w2_scales", "w2_zeros")  # fmt: skip
+                "w2_scales", "w2_zeros", "w1_scale", "w2_scale", "shared_w1_scale",
+                "shared_w2_scale")  # fmt: skip
 #: The MoE op of each GEMM recipe (None: kernelab has none).
-_MOE_OP = {"bf16": "fused_moe", "w4a16": "fused_moe_w4a16", "fp8": None, "w8a16": None}
+_MOE_OP = {
+    "bf16": "fused_moe",
+    "w4a16": "fused_moe_w4a16",
+    "fp8": "fused_moe_fp8",
+    "w8a16": None,
+}
 #: The ops of a step that run once per model, not once per layer.
 MODEL_OPS = ("embedding", "final_norm", "lm_head", "sampling")
 #: A KV-cache block, in tokens (vLLM's default).
@@ -309,7 +317,8 @@ def _block_of(config: ModelConfig, recipe: str = "bf16") -> str:
     if _MOE_OP[recipe] is None:
         raise CostError(
             f"config {config.name}: recipe {recipe}: kernelab has no {recipe} MoE op (the "
-            "experts run on fused_moe in bf16 or fused_moe_w4a16); use recipe bf16 or w4a16"
+            "experts run on fused_moe in bf16, fused_moe_w4a16 or fused_moe_fp8); use recipe "
+            "bf16, w4a16 or fp8"
         )
     if config.shared_expert_intermediate_size and recipe == "w4a16":
         raise CostError(
@@ -449,8 +458,15 @@ def _step(config: ModelConfig, w: Workload, phase: str, ceilings) -> Step:
             )
         )
     ops.append(_gemm("o_proj", tokens, h, hq * d, w.recipe, ceilings, L, c.o_bias))
-    ops.append(_norm("post_norm", tokens, h, fp8, ceilings, L))
     routed = c.moe_layers if _block_of(c, w.recipe) == "moe" else 0
+    if fp8 and routed:
+        # fused_moe_fp8 quantizes its own input (per 128 columns) and the router reads bf16:
+        # the norm before a routed block writes bf16 (the dense layers' norm quantizes)
+        ops.append(_norm("post_norm", tokens, h, False, ceilings, routed))
+        if L - routed:
+            ops.append(_norm("dense_post_norm", tokens, h, True, ceilings, L - routed))
+    else:
+        ops.append(_norm("post_norm", tokens, h, fp8, ceilings, L))
     if L - routed:
         ops.extend(_mlp_rows(c, w, tokens, ceilings, L - routed))
     if routed:

@@ -48,6 +48,7 @@ from kernelab.ops.matmul.nvfp4_gemm import NVFP4_GEMM, nvfp4_gemm, nvfp4_gemm_re
 from kernelab.ops.matmul.w4a16 import W4A16_GEMM, w4a16_gemm, w4a16_ref
 from kernelab.ops.matmul.w8a16 import W8A16_GEMM, w8a16_gemm, w8a16_ref
 from kernelab.ops.moe.fused_moe import FUSED_MOE, fused_moe, fused_moe_ref
+from kernelab.ops.moe.fused_moe_fp8 import FUSED_MOE_FP8, fused_moe_fp8, fused_moe_fp8_ref
 from kernelab.ops.moe.fused_moe_w4a16 import (
     FUSED_MOE_W4A16,
     fused_moe_w4a16,

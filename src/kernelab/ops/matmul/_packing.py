@@ -33,7 +33,8 @@ Block-scaled float8 weights (``fp8_block_gemm``, DeepSeek-V3's layout): ``values
 128 × 128 block, ``W[n, k] = values[n, k] · scales[n // 128, k // 128]`` (the last blocks
 shorter when N or K is not a multiple of 128). ``quantize_fp8_block`` makes them from a float
 weight: each block's max|w| maps to the format's largest value, optionally rounded up to a
-power of two (``ue8m0``).
+power of two (``ue8m0``). A stack of expert weights [E, N, K] (``fused_moe_fp8``):
+``quantize_fp8_block_experts``, scales [E, ⌈N/128⌉, ⌈K/128⌉].
 """
 
 from __future__ import annotations
@@ -307,6 +308,36 @@ def dequantize_fp8_block(values, scales, dtype=torch.float64) -> torch.Tensor:
     n, k = values.shape
     full = scales.to(dtype).repeat_interleave(FP8_BLOCK, 0).repeat_interleave(FP8_BLOCK, 1)
     return values.to(dtype) * full[:n, :k]
+
+
+def quantize_fp8_block_experts(
+    w: torch.Tensor, fp8_dtype: torch.dtype | None = None, ue8m0: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stack of expert weights [E, N, K] (nn.Linear layout per expert) → (values e4m3
+    [E, N, K], float32 scales [E, ⌈N/128⌉, ⌈K/128⌉]), each expert as ``quantize_fp8_block``
+    (a gate+up weight [2I, H] is quantized as one matrix: its blocks run across the two
+    halves when I is not a multiple of 128)."""
+    _check.tensor("w", w, dtypes=_check.FLOATS, ndim=3)
+    parts = [quantize_fp8_block(w[e], fp8_dtype, ue8m0) for e in range(w.shape[0])]
+    if not parts:
+        fp8_dtype = fp8_dtype or _fp8.FP8_DTYPES[0]
+        _, n, k = w.shape
+        nb, kb = -(-n // FP8_BLOCK), -(-k // FP8_BLOCK)
+        return torch.empty(w.shape, dtype=fp8_dtype, device=w.device), w.new_empty(
+            (0, nb, kb), dtype=torch.float32
+        )
+    return torch.stack([v for v, _ in parts]), torch.stack([s for _, s in parts])
+
+
+def dequantize_fp8_block_experts(values, scales, dtype=torch.float64) -> torch.Tensor:
+    """[E, N, K] in ``dtype``: each expert as ``dequantize_fp8_block``."""
+    return (
+        torch.stack(
+            [dequantize_fp8_block(values[e], scales[e], dtype) for e in range(values.shape[0])]
+        )
+        if values.shape[0]
+        else torch.empty(values.shape, dtype=dtype, device=values.device)
+    )
 
 
 # --- microscaling formats (mxfp4, mxfp8) ----------------------------------------------------

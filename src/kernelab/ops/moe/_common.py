@@ -54,11 +54,21 @@ class MoEConfig:
     num_stages: int = 3
 
     @staticmethod
-    def default_for(pairs: int, experts: int, w4: bool = False) -> MoEConfig:
+    def default_for(pairs: int, experts: int, w4: bool = False, fp8: bool = False) -> MoEConfig:
         # Rows per expert hit decide the tile: at decode (a few pairs per expert) the weight
         # read bounds the time and a 16-row tile (the smallest tensor-core M) wastes least on
         # padding; at prefill the tile grows to reuse each weight tile over more rows.
         per_expert = pairs / max(1, min(experts, pairs))
+        if fp8:
+            # e4m3: 64-row tiles even at decode, wgmma on sm_90 (a 16-row tile compiles to
+            # mma.sync; the idle rows cost no memory traffic); K steps of 128, one scale block,
+            # and 64 at prefill, where the B tiles of 3 stages must fit gfx942's 64 KB of LDS.
+            # 32 columns: at 64x64 each K step's two scaled products beside the two
+            # accumulators took 255 registers and spilled 16 bytes on sm_100 with 4 warps, and
+            # with 8 warps spilled on gfx942 (256 VGPRs a thread there) (triton 3.9).
+            if per_expert <= 64:
+                return MoEConfig(64, 32, 128, 4, 3)
+            return MoEConfig(64, 128, 64, 8, 3)
         if per_expert <= 16:
             # K steps of 64: with 128, bf16 needed 72 KB of shared memory (gfx942 has 64) and
             # spilled on sm_90 in the shared expert's launches.
@@ -72,7 +82,9 @@ class MoEConfig:
         return MoEConfig(64, 64, 64, 8, 3) if w4 else MoEConfig(64, 128, 32, 8, 3)
 
     @staticmethod
-    def tuning_space(pairs: int, experts: int, w4: bool = False) -> list[MoEConfig]:
+    def tuning_space(
+        pairs: int, experts: int, w4: bool = False, fp8: bool = False
+    ) -> list[MoEConfig]:
         space = [
             MoEConfig(bm, bn, bk, w, s)
             for bm in (16, 32, 64, 128)
@@ -85,11 +97,11 @@ class MoEConfig:
         def keep(c: MoEConfig) -> bool:
             if w4 and 64 % c.block_k:
                 return False  # a K step must lie in one int4 group (64 or 128)
-            if c.block_m > max(16, next_pow2(max(1, pairs))):
+            if c.block_m > max(16 if not fp8 else 64, next_pow2(max(1, pairs))):
                 return False
             return 8 <= c.block_m * c.block_n // (32 * c.num_warps) <= 128
 
-        return [c for c in space if keep(c)] or [MoEConfig.default_for(pairs, experts, w4)]
+        return [c for c in space if keep(c)] or [MoEConfig.default_for(pairs, experts, w4, fp8)]
 
 
 # --- argument checks ------------------------------------------------------------------------
@@ -185,9 +197,9 @@ def align_call(topk_ids: torch.Tensor, experts: int, block_size: int) -> tuple[K
 
 @dataclass(frozen=True)
 class ExpertWeights:
-    """One projection of every expert, dense ([E, N, K] as nn.Linear) or int4 (codes
-    [E, K/2, N], scales and zeros [E, K/G, N]); ``n`` counts the output columns of one half
-    for gate+up."""
+    """One projection of every expert, dense ([E, N, K] as nn.Linear), int4 (codes
+    [E, K/2, N], scales and zeros [E, K/G, N]) or block-scaled e4m3 (values [E, N, K], float32
+    scales [E, ⌈N/128⌉, ⌈K/128⌉], no zeros)."""
 
     b: torch.Tensor
     scales: torch.Tensor | None = None
@@ -196,10 +208,28 @@ class ExpertWeights:
 
     @property
     def w4(self) -> bool:
-        return self.scales is not None
+        return self.zeros is not None
+
+    @property
+    def fp8(self) -> bool:
+        return self.scales is not None and self.zeros is None
 
     def strides(self) -> dict:
         b, s, z = self.b, self.scales, self.zeros
+        if self.fp8:
+            return dict(
+                stride_be=b.stride(0),
+                stride_bn=b.stride(1),
+                stride_bk=b.stride(2),
+                S=s,
+                stride_se=s.stride(0),
+                stride_sk=s.stride(2),
+                stride_sn=s.stride(1),
+                Z=b,
+                stride_ze=0,
+                stride_zk=0,
+                stride_zn=0,
+            )
         if self.w4:
             return dict(
                 stride_be=b.stride(0),
@@ -242,10 +272,13 @@ def gemm_call(
     top_k,
     gate_up,
     cfg: MoEConfig,
+    a_scales=None,
 ) -> KernelCall:
     """The grouped GEMM into ``c``: routed over ``aligned`` blocks (gate+up reads x row
     t = i // top_k; down reads the intermediate row i and applies the weight), or, without
-    ``aligned``, every row of ``a`` through expert 0 of ``w`` (the shared expert)."""
+    ``aligned``, every row of ``a`` through expert 0 of ``w`` (the shared expert). Block-scaled
+    e4m3 weights take e4m3 ``a`` with its group scales ``a_scales`` [rows, ⌈k/128⌉]."""
+    sa = a_scales if a_scales is not None else a
     if aligned is not None:
         numel, blocks = aligned.numel, aligned.num_blocks
         sorted_ids, expert_ids, npp = (
@@ -266,6 +299,9 @@ def gemm_call(
             A=a,
             stride_am=a.stride(0),
             stride_ak=a.stride(1),
+            SA=sa,
+            stride_sam=sa.stride(0) if a_scales is not None else 0,
+            stride_sak=sa.stride(1) if a_scales is not None else 0,
             B=w.b,
             **w.strides(),
             TopkWeights=topk_weights,
@@ -283,6 +319,7 @@ def gemm_call(
             GATE_UP=gate_up,
             MUL_WEIGHT=aligned is not None and not gate_up,
             W4=w.w4,
+            FP8=w.fp8,
             GROUP_SIZE=max(1, w.group_size),
             BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n,
@@ -339,44 +376,68 @@ def plan(
     shared=None,
     out=None,
     config=None,
+    quantize=None,
 ) -> LaunchPlan:
     """align → gate+up (fused activation) → down (× routing weight) → [shared expert] → sum.
-    ``shared``: (gate+up, down) ExpertWeights of one shared expert, or None."""
+    ``shared``: (gate+up, down) ExpertWeights of one shared expert, or None. ``quantize``
+    (block-scaled e4m3 weights): a -> (its launches, values, group scales), applied to x
+    before gate+up and to the float32 intermediates before down."""
     t, h = x.shape
     result = out if out is not None else torch.empty((t, h), dtype=x.dtype, device=x.device)
     if t == 0 or h == 0:
         return LaunchPlan(result=result)
     top_k = topk_ids.shape[1]
     numel = t * top_k
-    cfg = config or MoEConfig.default_for(numel, experts, w1.w4)
+    cfg = config or MoEConfig.default_for(numel, experts, w1.w4, w1.fp8)
     for w in (w1, w2):
-        if w.w4 and w.group_size % cfg.block_k:
+        if w.group_size % cfg.block_k and (w.w4 or w.fp8):
             raise ValueError(
-                f"config: block_k={cfg.block_k} must divide group_size={w.group_size} for int4"
+                f"config: block_k={cfg.block_k} must divide group_size={w.group_size} for "
+                + ("int4" if w.w4 else "the fp8 scale block")
             )
     weights = topk_weights.contiguous()
     ids = topk_ids.contiguous()
     align, aligned = align_call(ids, experts, cfg.block_m)
-    inter = torch.empty((numel, intermediate), dtype=x.dtype, device=x.device)
-    parts = torch.empty((numel, h), dtype=x.dtype, device=x.device)
+    # With quantized activations, float32 intermediates (one rounding, to e4m3) and parts (one
+    # rounding, of the sum: a part rounded to float16 could overflow, or fall to subnormals,
+    # where the sum does not)
+    inter_dtype = torch.float32 if quantize is not None else x.dtype
+    inter = torch.empty((numel, intermediate), dtype=inter_dtype, device=x.device)
+    parts = torch.empty((numel, h), dtype=inter_dtype, device=x.device)
     opts = dict(experts=experts, top_k=top_k, cfg=cfg)
-    calls = [
-        align,
-        gemm_call(inter, x, w1, weights, aligned, n=intermediate, k=h, gate_up=True, **opts),
-        gemm_call(parts, inter, w2, weights, aligned, n=h, k=intermediate, gate_up=False, **opts),
-    ]
+    calls, a, sa = [align], x, None
+    if quantize is not None:
+        q_calls, a, sa = quantize(x)
+        calls[:0] = q_calls
+    calls.append(
+        gemm_call(inter, a, w1, weights, aligned, n=intermediate, k=h, gate_up=True, a_scales=sa,
+                  **opts)
+    )  # fmt: skip
+    calls += _down(parts, inter, w2, weights, aligned, h, intermediate, quantize, opts)
     shared_out = None
     if shared is not None:
         sw1, sw2 = shared
         si = sw2.b.shape[2]
-        s_inter = torch.empty((t, si), dtype=x.dtype, device=x.device)
-        shared_out = torch.empty((t, h), dtype=x.dtype, device=x.device)
-        calls += [
-            gemm_call(s_inter, x, sw1, weights, None, n=si, k=h, gate_up=True, **opts),
-            gemm_call(shared_out, s_inter, sw2, weights, None, n=h, k=si, gate_up=False, **opts),
-        ]
+        s_inter = torch.empty((t, si), dtype=inter_dtype, device=x.device)
+        shared_out = torch.empty((t, h), dtype=inter_dtype, device=x.device)
+        calls.append(
+            gemm_call(s_inter, a, sw1, weights, None, n=si, k=h, gate_up=True, a_scales=sa,
+                      **opts)
+        )  # fmt: skip
+        calls += _down(shared_out, s_inter, sw2, weights, None, h, si, quantize, opts)
     calls.append(sum_call(result, parts, shared_out, ids, experts, top_k))
     return LaunchPlan(tuple(calls), result)
+
+
+def _down(c, inter, w, weights, aligned, n, k, quantize, opts) -> list[KernelCall]:
+    """The down projection's launches: [quantize the intermediate,] the grouped GEMM."""
+    calls, sa = [], None
+    if quantize is not None:
+        calls, inter, sa = quantize(inter)
+        calls = list(calls)
+    calls.append(gemm_call(c, inter, w, weights, aligned, n=n, k=k, gate_up=False, a_scales=sa,
+                           **opts))  # fmt: skip
+    return calls
 
 
 # --- the reference loop -----------------------------------------------------------------------

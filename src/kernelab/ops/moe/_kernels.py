@@ -4,8 +4,9 @@ the ops live in ``_common`` and the op modules (``moe_topk``, ``moe_align``, ``f
 
 Helper, called from the grouped GEMM:
 
-- ``_expert_dot``: one K step of one expert's weight tile (bf16/fp16, or int4 codes with
-  group-wise scales and zero points in the layout of ``kernelab.ops.packing``).
+- ``_expert_dot``: one K step of one expert's weight tile (bf16/fp16, int4 codes with
+  group-wise scales and zero points in the layout of ``kernelab.ops.packing``, or e4m3 with
+  128 × 128 block scales and e4m3 activations with 1 × 128 group scales).
 
 Kernels:
 
@@ -210,17 +211,22 @@ def _expert_dot(
     Z,
     stride_zk,
     stride_zn,
+    sa,
     rn,
     n_ok,
     k0,
     K,
     W4: tl.constexpr,
+    FP8: tl.constexpr,
     GROUP_SIZE: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """acc + a · W[k0 : k0 + BLOCK_K, rn] for one expert. W4 == 0: B is the expert's [N, K]
-    weight (an nn.Linear's). W4 == 1: B is its uint8 codes [K/2, N] (k = 2i low nibble, 2i + 1
-    high), S and Z its scales and zero points [K/G, N]; the K step lies in one group."""
+    """acc + a · W[k0 : k0 + BLOCK_K, rn] for one expert. Dense: B is the expert's [N, K]
+    weight (an nn.Linear's). W4: B is its uint8 codes [K/2, N] (k = 2i low nibble, 2i + 1
+    high), S and Z its scales and zero points [K/G, N]; the K step lies in one group. FP8: B is
+    its e4m3 [N, K] weight and S its float32 block scales [⌈N/G⌉, ⌈K/G⌉] (G = 128), ``a`` e4m3
+    with ``sa`` its rows' scales of this K block: the e4m3 product summed on tensor cores in
+    float32, then times sa[m] · S[n // G, k0 // G] (the K step lies in one block)."""
     if W4:
         kq = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         q = tl.load(
@@ -235,6 +241,19 @@ def _expert_dot(
         w_hi = ((q >> 4) - z[None, :]).to(a.dtype)
         a_even, a_odd = tl.split(tl.reshape(a, (a.shape[0], BLOCK_K // 2, 2)))
         acc += (tl.dot(a_even, w_lo) + tl.dot(a_odd, w_hi)) * s[None, :]
+    elif FP8:
+        rk = k0 + tl.arange(0, BLOCK_K)
+        b = tl.load(
+            B + rn[None, :].to(tl.int64) * stride_bn + rk[:, None] * stride_bk,
+            mask=(rk[:, None] < K) & n_ok[None, :],
+            other=0.0,
+        )
+        sb = tl.load(
+            S + (rn // GROUP_SIZE) * stride_sn + (k0 // GROUP_SIZE) * stride_sk,
+            mask=n_ok,
+            other=0.0,
+        )
+        acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
     else:
         rk = k0 + tl.arange(0, BLOCK_K)
         b = tl.load(
@@ -254,6 +273,9 @@ def _fused_moe_kernel(
     A,
     stride_am,
     stride_ak,
+    SA,
+    stride_sam,
+    stride_sak,
     B,
     stride_be,
     stride_bn,
@@ -281,6 +303,7 @@ def _fused_moe_kernel(
     GATE_UP: tl.constexpr,
     MUL_WEIGHT: tl.constexpr,
     W4: tl.constexpr,
+    FP8: tl.constexpr,
     GROUP_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -295,6 +318,9 @@ def _fused_moe_kernel(
     ``up_offset`` (two accumulators, one rounding). MUL_WEIGHT: C = TopkWeights[r] · (A·W), in
     float32 before the rounding (vLLM's and transformers' place for the routing weight: after
     the down projection, before the sum over top-k).
+
+    FP8: A is e4m3 with float32 scales SA [rows of A, ⌈K/G⌉] (one per row and G = 128
+    columns), B e4m3 with block scales S (see ``_expert_dot``); BLOCK_K divides G.
 
     Bytes: each expert hit reads its weight tiles once per m-block (from L2 across m-blocks),
     A rows re-read per n tile, C written once.
@@ -320,6 +346,7 @@ def _fused_moe_kernel(
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < N
     a_rows = A + (rows // A_ROW_DIV)[:, None] * stride_am
+    sa_rows = SA + (rows // A_ROW_DIV) * stride_sam
     b = B + expert.to(tl.int64) * stride_be
     s = S + expert.to(tl.int64) * stride_se
     z = Z + expert.to(tl.int64) * stride_ze
@@ -333,6 +360,10 @@ def _fused_moe_kernel(
         a = tl.load(
             a_rows + rk[None, :] * stride_ak, mask=row_ok[:, None] & (rk[None, :] < K), other=0.0
         )
+        if FP8:
+            sa = tl.load(sa_rows + (k0 // GROUP_SIZE) * stride_sak, mask=row_ok, other=0.0)
+        else:
+            sa = tl.zeros([BLOCK_M], dtype=tl.float32)  # unused
         acc = _expert_dot(
             acc,
             a,
@@ -345,11 +376,13 @@ def _fused_moe_kernel(
             z,
             stride_zk,
             stride_zn,
+            sa,
             rn,
             n_ok,
             k0,
             K,
             W4,
+            FP8,
             GROUP_SIZE,
             BLOCK_K,
         )
@@ -366,11 +399,13 @@ def _fused_moe_kernel(
                 z,
                 stride_zk,
                 stride_zn,
+                sa,
                 ru,
                 n_ok,
                 k0,
                 K,
                 W4,
+                FP8,
                 GROUP_SIZE,
                 BLOCK_K,
             )
