@@ -68,7 +68,8 @@ def patch(
     left in 16 bits) is listed in the state's ``notes``, one line each.
 
     With ``check`` (the default), a few tokens run through the original and the patched model;
-    if their logits differ beyond the dtype's contract the patch is undone and
+    if their logits differ beyond the dtype's contract, or any patched module's output differs
+    from its original's on the same inputs beyond it, the patch is undone and
     :class:`PatchError` names the first module that differs. A quantized patch is held to the
     same contract against the original model whose projections compute with quantize-dequantized
     weights (and, for fp8 and fp8-block, quantize-dequantized activations): the kernels must
@@ -104,6 +105,16 @@ def patch(
                     f"model: patched logits differ from the original by rel L2 {err:.2e} > "
                     f"{tol:.1e} ({_parity.model_dtype(model)}{qtext}); first module that differs: "
                     f"{where or _functions(state)}; the model was left unpatched"
+                )
+            # Within the contract at the logits, each patched module is still held to it alone,
+            # on its own inputs: a small model can dilute a wrong block (routing weights applied
+            # twice: the block off by 0.5, the logits by 0.08) below the logits' tolerance.
+            where = _parity.localise(model, state, probe, tol, originals)
+            if where:
+                raise PatchError(
+                    f"model: patched logits within {tol:.1e} of the original (rel L2 {err:.2e}, "
+                    f"{_parity.model_dtype(model)}{qtext}), but a module alone is not; first "
+                    f"module that differs: {where}; the model was left unpatched"
                 )
         except BaseException:
             unpatch(model)

@@ -48,20 +48,17 @@ import math
 
 import torch
 
+from kernelab.ops import packing
 from kernelab.ops._model import Contract, Op, Shape, Variant, register
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
 from kernelab.ops._runtime.triton import use_triton
-from kernelab.ops.matmul._packing import (
-    FP8_BLOCK,
-    dequantize_fp8_block,
-    quantize_fp8_block_experts,
-)
 from kernelab.ops.matmul.fp8_gemm import E4M3, e4m3_for, fp8_supported
 from kernelab.ops.moe import _common as mc
 from kernelab.ops.moe._kernels import _fused_moe_kernel, _moe_align_kernel, _moe_sum_kernel
-from kernelab.ops.quant._kernels import _fp8_quant_kernel
 from kernelab.ops.quant.fp8_quant import FP8_QUANT, fp8_quant_torch
+
+FP8_BLOCK = packing.FP8_BLOCK
 
 MoEConfig = mc.MoEConfig
 
@@ -84,9 +81,9 @@ def quantize_activations(a: torch.Tensor, fp8_dtype, dtype) -> torch.Tensor:
 
 def _mlp(xq, w1, s1, w2, s2, fp8, dtype) -> torch.Tensor:
     """down(q(silu(gate(xq)) · up(xq))) of one expert, in ``dtype``."""
-    h = xq @ dequantize_fp8_block(w1, s1, dtype).t()
+    h = xq @ packing.dequantize_fp8_block(w1, s1, dtype).t()
     inner = quantize_activations(mc.silu_mul(h, w2.shape[1]), fp8, dtype)
-    return inner @ dequantize_fp8_block(w2, s2, dtype).t()
+    return inner @ packing.dequantize_fp8_block(w2, s2, dtype).t()
 
 
 def _loop(x, w1, w2, w1_scale, w2_scale, topk_weights, topk_ids, shared, dtype):
@@ -328,7 +325,7 @@ def _experts(e, n, k, ue8m0, fp8, device, gen):
             torch.empty(blocks, dtype=torch.float32, device=device),
         )
     w = mc.dense_weight(e, n, k, torch.float32, device, gen) * _block_spread(e, n, k, device, gen)
-    return quantize_fp8_block_experts(w, fp8, ue8m0)
+    return packing.quantize_fp8_block_experts(w, fp8, ue8m0)
 
 
 def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
@@ -422,7 +419,7 @@ FUSED_MOE_FP8 = register(
         # docstring). NaN and Inf go into the activations.
         contract=Contract(special_inputs=("x",)),
         dtypes=(torch.float16, torch.bfloat16),
-        kernels=(_fp8_quant_kernel, _moe_align_kernel, _fused_moe_kernel, _moe_sum_kernel),
+        kernels=(*FP8_QUANT.kernels, _moe_align_kernel, _fused_moe_kernel, _moe_sum_kernel),
         plan=_plan,
         tuning_space=_tuning_space,
     )
