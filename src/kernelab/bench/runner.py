@@ -259,6 +259,7 @@ def bench_case(
     rots = rotation.build(op, shape, dtype, device, inputs, ref, runs, cfg.seed, flush is not None)
     for run, rot in zip(runs, rots, strict=True):
         run.rotation = rot
+        run.flags.extend(f"rotation: {note}" for note in rot.notes)  # a warning, not invalid
 
     def rotate_for(run):
         def before():
@@ -307,6 +308,7 @@ def bench_case(
         run.flags.extend(flags)
     for run in runs:
         run.metrics["cpu"] = watch.summary(run)
+        run.metrics["rotation"] = run.rotation.summary()
 
     for run in runs:
         _device_extras(run, timer, telemetry, cfg, info)
