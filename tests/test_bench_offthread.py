@@ -1,7 +1,12 @@
 """Planted cheats that the fresh-input and new-thread checks miss, each caught in the timed loop
 with its class named: caches keyed on version counters or sampled elements (rotating input
 sets), work on a thread that already existed and load left running between calls (CPU time
-per thread). The honest candidates are never flagged."""
+per thread), for rmsnorm, gemm, rope, silu_and_mul and softmax. The honest candidates, written
+differently from the references, are never flagged.
+
+Cold mode flushes a small buffer here (the runner's cache size is patched): what is checked
+does not depend on the flush's size, and a flush of twice this machine's last-level cache
+would take most of each test's time."""
 
 import sys
 import threading
@@ -12,11 +17,11 @@ import pytest
 import torch
 
 from kernelab._loader import load_callable
-from kernelab.bench import BenchConfig, Ceilings, StopRule, Subject, rotation, threads
+from kernelab.bench import BenchConfig, Ceilings, StopRule, Subject, rotation, runner, threads
 from kernelab.bench.runner import bench_case
 from kernelab.bench.timers import HostTimer
 from kernelab.hardware import detect
-from kernelab.ops import GEMM, RMSNORM, Shape
+from kernelab.ops import GEMM, RMSNORM, ROPE, SILU_AND_MUL, SOFTMAX, Shape
 
 CANDIDATES = Path(__file__).resolve().parents[1] / "benchmarks" / "candidates"
 RULE = StopRule(rel_ci=0.5, min_samples=5, min_time=0.05, max_time=0.3, max_samples=60)
@@ -25,10 +30,27 @@ NORM = Shape("norm 64x1024", {"rows": 64, "cols": 1024}, {"residual": False}, "r
 NORM_RES = Shape("norm 16x512 +res", {"rows": 16, "cols": 512}, {"residual": True}, "rows")
 MM = Shape("mm 32x256x512", {"M": 32, "N": 256, "K": 512},
            {"bias": False, "layout": "nk", "residual": False}, "M")  # fmt: skip
-CASES = {"rmsnorm": (RMSNORM, NORM, torch.float32), "gemm": (GEMM, MM, torch.bfloat16)}
+ROT = Shape("rope 32x(4+2)x64 rot64", {"tokens": 32, "heads_q": 4, "heads_k": 2, "head_dim": 64,
+            "rot": 64}, {"is_neox": True}, "tokens")  # fmt: skip
+ROT_GPTJ = Shape("rope 7x(2+1)x64 rot32 gptj", {"tokens": 7, "heads_q": 2, "heads_k": 1,
+                 "head_dim": 64, "rot": 32}, {"is_neox": False}, "tokens")  # fmt: skip
+ACT = Shape("act 64x2x512", {"rows": 64, "d": 512}, {}, "rows")
+SOFT = Shape("softmax 64x1000", {"rows": 64, "cols": 1000}, {"scale": 1.0}, "rows")
+CASES = {
+    "rmsnorm": (RMSNORM, NORM, torch.float32),
+    "gemm": (GEMM, MM, torch.bfloat16),
+    "rope": (ROPE, ROT, torch.bfloat16),
+    "silu_and_mul": (SILU_AND_MUL, ACT, torch.float16),
+    "softmax": (SOFTMAX, SOFT, torch.float32),
+}
 
 CACHED = "results cached by version counter or sampled elements"
 OFF_THREAD = "work on another thread"
+
+
+@pytest.fixture(autouse=True)
+def small_flush(monkeypatch):
+    monkeypatch.setattr(runner, "cache_bytes", lambda info: (1 << 20, "test"))
 
 
 def _bench(file, fn, op_name, shape=None):
@@ -63,6 +85,8 @@ def _flags(case, prefix):
         ("gemm_version_cache.py", "gemm_candidate", "gemm"),
         ("rmsnorm_sampled_cache.py", "rmsnorm_candidate", "rmsnorm"),
         ("gemm_sampled_cache.py", "gemm_candidate", "gemm"),
+        ("rope_version_cache.py", "rope_candidate", "rope"),  # in place, integer positions
+        ("silu_sampled_cache.py", "silu_and_mul_candidate", "silu_and_mul"),
     ],
 )
 def test_caches_that_survive_fresh_inputs_are_caught_in_the_timed_loop(file, fn, op):
@@ -81,6 +105,7 @@ def test_caches_that_survive_fresh_inputs_are_caught_in_the_timed_loop(file, fn,
     [
         ("rmsnorm_import_pool.py", "rmsnorm_candidate", "rmsnorm"),
         ("gemm_first_call_pool.py", "gemm_candidate", "gemm"),
+        ("softmax_first_call_pool.py", "softmax_candidate", "softmax"),
     ],
 )
 def test_work_handed_to_an_existing_thread_is_caught(file, fn, op):
@@ -96,6 +121,7 @@ def test_work_handed_to_an_existing_thread_is_caught(file, fn, op):
     [
         ("rmsnorm_spinner.py", "rmsnorm_candidate", "rmsnorm"),
         ("gemm_spin_between_calls.py", "gemm_candidate", "gemm"),
+        ("silu_spinner.py", "silu_and_mul_candidate", "silu_and_mul"),
     ],
 )
 def test_load_left_running_between_calls_is_caught(file, fn, op):
@@ -113,6 +139,9 @@ def test_load_left_running_between_calls_is_caught(file, fn, op):
         ("rmsnorm_chunked.py", "rmsnorm_candidate", "rmsnorm", None),
         ("rmsnorm_chunked.py", "rmsnorm_candidate", "rmsnorm", NORM_RES),
         ("gemm_float32.py", "gemm_candidate", "gemm", None),
+        ("softmax_exp2.py", "softmax_candidate", "softmax", None),
+        ("rope_complex.py", "rope_candidate", "rope", None),
+        ("rope_complex.py", "rope_candidate", "rope", ROT_GPTJ),
     ],
 )
 def test_honest_candidates_are_never_flagged(file, fn, op, shape):
