@@ -38,7 +38,7 @@ from kernelab.bench import integrity
 from kernelab.bench.cache import tensor_bytes
 from kernelab.numerics import bits
 
-#: Fraction of each floating-point input's elements that differ between a slot's two states.
+#: Fraction of each data input's elements that differ between a slot's two states.
 PARTIAL_FRACTION = 0.01
 #: Extra input sets (new addresses) are added only while all of them fit in this many bytes.
 ROTATION_BYTES = 64 * 2**20
@@ -82,8 +82,10 @@ def partial(
     0-dim tensor is one element. Every other input is ``inputs``' own object."""
     out = dict(inputs)
     for name in names:
-        t, o = inputs[name], other.get(name)
-        if not isinstance(o, torch.Tensor) or o.shape != t.shape or o.dtype != t.dtype:
+        t, o = inputs.get(name), other.get(name)
+        if not isinstance(t, torch.Tensor) or not isinstance(o, torch.Tensor):
+            continue
+        if o.shape != t.shape or o.dtype != t.dtype:
             continue  # another draw with another layout: nothing to take element by element
         if t.is_complex() or not t.numel():
             continue
