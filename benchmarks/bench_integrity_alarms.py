@@ -7,7 +7,7 @@ background load), on the CPU, without and with another process spinning on a cor
 Each run benches one candidate from ``benchmarks/candidates/`` beside eager torch (one case,
 in this process). Honest candidates: a false alarm is any flag of these classes on the
 candidate or on torch. Planted cheats: caught when the candidate carries its class's flag.
-``--runs`` is per honest candidate and condition (three honest candidates: 3 × runs per
+``--runs`` is per honest candidate and condition (five honest candidates: 5 × runs per
 condition). Prints the machine, versions and the load average around each condition.
 """
 
@@ -33,7 +33,7 @@ from kernelab.bench import BenchConfig, Ceilings, StopRule, Subject  # noqa: E40
 from kernelab.bench.runner import bench_case  # noqa: E402
 from kernelab.bench.timers import HostTimer  # noqa: E402
 from kernelab.hardware import detect  # noqa: E402
-from kernelab.ops import GEMM, RMSNORM, Shape  # noqa: E402
+from kernelab.ops import GEMM, RMSNORM, ROPE, SILU_AND_MUL, SOFTMAX, Shape  # noqa: E402
 
 CACHED = "results cached by version counter or sampled elements"
 OFF_THREAD = "work on another thread"
@@ -44,11 +44,23 @@ CEIL = Ceilings("alarms", 250e9, "250 GB/s (a floor far below this host)", {}, {
 NORM = Shape("norm 64x1024", {"rows": 64, "cols": 1024}, {"residual": False}, "rows")
 MM = Shape("mm 32x256x512", {"M": 32, "N": 256, "K": 512},
            {"bias": False, "layout": "nk", "residual": False}, "M")  # fmt: skip
-OPS = {"rmsnorm": (RMSNORM, NORM, torch.float32), "gemm": (GEMM, MM, torch.bfloat16)}
+ROT = Shape("rope 32x(4+2)x64 rot64", {"tokens": 32, "heads_q": 4, "heads_k": 2, "head_dim": 64,
+            "rot": 64}, {"is_neox": True}, "tokens")  # fmt: skip
+ACT = Shape("act 64x2x512", {"rows": 64, "d": 512}, {}, "rows")
+SOFT = Shape("softmax 64x1000", {"rows": 64, "cols": 1000}, {"scale": 1.0}, "rows")
+OPS = {
+    "rmsnorm": (RMSNORM, NORM, torch.float32),
+    "gemm": (GEMM, MM, torch.bfloat16),
+    "rope": (ROPE, ROT, torch.bfloat16),
+    "silu_and_mul": (SILU_AND_MUL, ACT, torch.float16),
+    "softmax": (SOFTMAX, SOFT, torch.float32),
+}
 HONEST = [
     ("rmsnorm_same.py", "rmsnorm"),
     ("rmsnorm_chunked.py", "rmsnorm"),
     ("gemm_float32.py", "gemm"),
+    ("softmax_exp2.py", "softmax"),
+    ("rope_complex.py", "rope"),
 ]
 PLANTED = [
     ("rmsnorm_version_cache.py", "rmsnorm", CACHED),
@@ -59,6 +71,10 @@ PLANTED = [
     ("gemm_first_call_pool.py", "gemm", OFF_THREAD),
     ("rmsnorm_spinner.py", "rmsnorm", LOAD),
     ("gemm_spin_between_calls.py", "gemm", LOAD),
+    ("rope_version_cache.py", "rope", CACHED),
+    ("silu_sampled_cache.py", "silu_and_mul", CACHED),
+    ("softmax_first_call_pool.py", "softmax", OFF_THREAD),
+    ("silu_spinner.py", "silu_and_mul", LOAD),
 ]
 
 
