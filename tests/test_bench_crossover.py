@@ -36,7 +36,7 @@ class ClockTimer:
     def sync(self):
         return None
 
-    def samples(self, fn, n, calls=1, before=None):
+    def samples(self, fn, n, calls=1, before=None, after=None):
         out, result = [], None
         for _ in range(n):
             if before is not None:
@@ -48,6 +48,8 @@ class ClockTimer:
             self.count += 1
             f = 1 + self.noise(self.size)
             out.append(spent * (f if self.count % 2 else 1 / f))
+            if after is not None:
+                after(result)
         return out, result
 
     def dispatch(self, fn, calls):
@@ -92,7 +94,10 @@ def _study(noise, values=(10, 20, 40, 60, 80, 160)):
     timer = ClockTimer(clock, noise)
     timer.size = 0
     op = _op(clock, timer)
-    cfg = BenchConfig(mode="hot", rule=StopRule(0.01, 10, 0.0, 0.3), energy_window_s=0)
+    # a noisy point stops at max_samples, well before max_time on a loaded host: the count of
+    # samples taken, on which the next point's noise depends (it alternates), is then fixed
+    rule = StopRule(0.01, 10, 0.0, 0.3, max_samples=3000)
+    cfg = BenchConfig(mode="hot", rule=rule, energy_window_s=0)
     study, cases, _ = cx.measure(
         op, ("flat", "linear"), "n", values, detect("cpu"), cfg, Ceilings("synthetic"),
         timer=timer,

@@ -4,10 +4,13 @@ Modules: :mod:`~kernelab.bench.timers` (host timer; device events and graphs),
 :mod:`~kernelab.bench.stats` (statistics, stopping rule), :mod:`~kernelab.bench.cache`
 (cold-cache flush), :mod:`~kernelab.bench.telemetry` (NVML / amdsmi, optional),
 :mod:`~kernelab.bench.roofline` (ceilings, floors), :mod:`~kernelab.bench.integrity`
-(checks against cheats), :mod:`~kernelab.bench.runner` (the timed loop),
+(checks against cheats), :mod:`~kernelab.bench.rotation` (input sets rotated in the timed
+loop), :mod:`~kernelab.bench.threads` (CPU time per thread around it),
+:mod:`~kernelab.bench.runner` (the timed loop),
 :mod:`~kernelab.bench.api` (the Python API) and :mod:`~kernelab.bench.stage`.
 """
 
+from kernelab.bench import rotation, threads
 from kernelab.bench.api import bench, candidate, ceilings_for, floors, open_ledger
 from kernelab.bench.roofline import Ceilings
 from kernelab.bench.runner import BenchConfig, BenchInterrupted, BenchResult, Subject
@@ -27,6 +30,8 @@ __all__ = [
     "ceilings_for",
     "floors",
     "open_ledger",
+    "rotation",
     "stage",
     "summarize",
+    "threads",
 ]

@@ -2,8 +2,8 @@
 
 METHOD.md allows two ways: write a buffer of at least twice the cache between samples, or
 rotate among input sets whose total size exceeds it. bench writes a buffer (:class:`Flush`):
-it keeps one input set, so the outputs of the timed calls can be checked against one
-reference; a working set already twice the cache needs no flush. GPUs: the L2 size comes
+its input sets (:mod:`kernelab.bench.rotation`, against caches) are few and small, and a
+working set already twice the cache needs no flush. GPUs: the L2 size comes
 from the device table or torch; CPUs: the last-level cache from sysfs.
 """
 

@@ -6,7 +6,9 @@ itself"). Each returns a flag naming the class of cheat, or nothing.
   output read after the device is synchronised and new host threads have finished;
 - the synchronised host clock against the timer: a disagreement beyond dispatch overhead;
 - results cached by pointer (fresh values written into the same buffers) or by shape or call
-  count (fresh inputs at new addresses);
+  count (fresh inputs at new addresses); by version counter or sampled elements in
+  :mod:`kernelab.bench.rotation`; work on other threads and background load in
+  :mod:`kernelab.bench.threads`;
 - a time below the speed-of-light floor (see :mod:`kernelab.bench.roofline`).
 """
 

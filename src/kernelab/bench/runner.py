@@ -16,12 +16,16 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from kernelab.bench import integrity
+from kernelab.bench import integrity, rotation, threads
 from kernelab.bench.cache import Flush, cache_bytes, tensor_bytes
 from kernelab.bench.roofline import Ceilings, roofline
+from kernelab.bench.shapes import dims_label as dims_label
+from kernelab.bench.shapes import explicit_shapes as explicit_shapes
+from kernelab.bench.shapes import parse_dims as parse_dims
+from kernelab.bench.shapes import select_shapes
 from kernelab.bench.stats import StopRule, stable, summarize
 from kernelab.bench.telemetry import NoTelemetry, energy_per_call
-from kernelab.ops._model import Shape, dtype_name
+from kernelab.ops._model import dtype_name
 from kernelab.ops._runtime.backends import INTERPRETED
 
 #: Default stopping rules: the CPU is noisier and slower to sample than a GPU.
@@ -130,74 +134,15 @@ def subjects_for(op, device_type: str, cfg: BenchConfig, candidate=None):
     return subjects, skipped
 
 
-def parse_dims(text: str, arg: str = "--shape") -> dict[str, int]:
-    """``"rows=4096,cols=8192"`` -> ``{"rows": 4096, "cols": 8192}`` (positive integers)."""
-    dims = {}
-    for part in (p.strip() for p in text.split(",")):
-        name, eq, value = part.partition("=")
-        name, value = name.strip(), value.strip()
-        if not eq or not name.isidentifier() or not value.isdigit() or int(value) < 1:
-            raise ValueError(
-                f"{arg}: expected sizes as name=positive integer, comma-separated "
-                f"(rows=4096,cols=8192), got {part!r} in {text!r}"
-            )
-        if name in dims:
-            raise ValueError(f"{arg}: {name!r} given twice in {text!r}")
-        dims[name] = int(value)
-    return dims
-
-
-def dims_label(dims: dict) -> str:
-    return ",".join(f"{k}={v}" for k, v in dims.items())
-
-
-def explicit_shapes(op, dims_list, shape_set: str = "representative") -> list[Shape]:
-    """Shapes of ``op`` with the sizes given: every dim of the op, no other. Options (a norm's
-    residual, ...) come from the set's shapes: one shape per distinct set of options."""
-    templates = op.shapes(shape_set) or op.shapes("representative")
-    shapes = []
-    for dims in dims_list:
-        want = set(templates[0].dims) if templates else set()
-        if set(dims) != want:
-            raise ValueError(
-                f"--shape: {op.name} takes sizes {sorted(want)}, got {sorted(dims)} "
-                f"(a value without '=' filters shape labels instead)"
-            )
-        seen = []
-        for t in templates:
-            if t.params in seen:
-                continue
-            seen.append(t.params)
-            options = [
-                f"+{k}" if v is True else f"{k}={v}"
-                for k, v in t.params.items()
-                if isinstance(v, bool | int | float | str) and v is not False
-            ]
-            ordered = {k: dims[k] for k in t.dims}  # the op's own order: one key per size
-            label = " ".join([dims_label(ordered), *options])
-            shapes.append(Shape(label, ordered, dict(t.params), t.batch_dim, dict(t.reduce_to)))
-    return shapes
-
-
-def _select_shapes(op, cfg: BenchConfig, max_rows: int | None) -> list[Shape]:
-    if cfg.dims:  # the sizes asked for, cut only by an explicit --max-rows
-        shapes = explicit_shapes(op, cfg.dims, cfg.shape_set)
-        return [s.reduced(cfg.max_rows) for s in shapes] if cfg.max_rows else shapes
-    shapes = [s for s in op.shapes(cfg.shape_set) if all(v > 0 for v in s.dims.values())]
-    if cfg.shapes:
-        shapes = [s for s in shapes if any(k in s.label for k in cfg.shapes)]
-    if max_rows:
-        shapes = [s.reduced(max_rows) for s in shapes]
-    return shapes
-
-
 class _Run:
     """State of one subject during a case."""
 
     def __init__(self, subject: Subject, args: dict):
         self.subject, self.args = subject, args
         self.pristine = integrity.clone_inputs(args)
-        self.call = lambda: subject.fn(**args)
+        self.current = args  # the input set of the next call (rotating in the timed loop)
+        self.call = lambda: subject.fn(**self.current)
+        self.rotation = None
         self.samples: list[float] = []
         self.elapsed = 0.0  # in the timer, flushes included
         self.wall = 0.0  # in the sampling loop, bookkeeping included
@@ -279,8 +224,10 @@ def bench_case(
 
         return before if (inplace or flush) else None
 
+    watch = threads.Watch(threads.torch_workers())
     # warm-up: first call alone (compilation, autotuning), then batches until stable
     for run in list(runs):
+        watch.mark(("warm", run))
         t0 = time.perf_counter()
         if not _first_call(run, op, shape, dtype, info.type == "cpu", skipped):
             runs.remove(run)
@@ -308,6 +255,19 @@ def bench_case(
         before = before_for(run)
         if before is not None:
             before()  # restore in-place arguments after warm-up
+    watch.mark(None)
+    rots = rotation.build(op, shape, dtype, device, inputs, ref, runs, cfg.seed, flush is not None)
+    for run, rot in zip(runs, rots, strict=True):
+        run.rotation = rot
+        run.flags.extend(f"rotation: {note}" for note in rot.notes)  # a warning, not invalid
+
+    def rotate_for(run):
+        def before():
+            run.current = run.rotation.advance()  # in-place arguments restored with it
+            if flush is not None:
+                flush()
+
+        return before
 
     # interleaved rounds
     snap0 = telemetry.snapshot()
@@ -318,11 +278,13 @@ def bench_case(
         for run in order:
             if run.done:
                 continue
-            threads = set(integrity.threading.enumerate())
+            alive = set(integrity.threading.enumerate())
+            watch.mark(("time", run))
             t0 = time.perf_counter()
             n = max(1, min(run.batch, rule.max_samples - len(run.samples)))
-            xs, result = timer.samples(run.call, n, run.calls, before_for(run))
-            run.elapsed += time.perf_counter() - t0
+            spent = run.rotation.spent
+            xs, result = timer.samples(run.call, n, run.calls, rotate_for(run), run.rotation.keep)
+            run.elapsed += time.perf_counter() - t0 - (run.rotation.spent - spent)
             summary = summarize([*run.samples, *xs])
             run.done = rule.done(summary, run.elapsed)
             lazy = integrity.not_plain(result) if run.done else None  # before any read
@@ -337,8 +299,16 @@ def bench_case(
                 run.metrics["converged"] = rule.converged(summary, run.elapsed)
                 if lazy:
                     run.flags.append(f"wrong output of timed calls: {lazy}")
-                _after_loop(run, result, early, threads, ref, timer, inplace, lazy)
+                _after_loop(run, result, early, alive, timer, inplace, lazy)
+    watch.mark(None)
     snap1 = telemetry.snapshot()
+    candidates = {r for r in runs if r.subject.kind == "candidate"}
+    timed = {r: sum(r.samples) * r.calls for r in runs}
+    for run, flags in threads.verdicts(watch, timed, candidates).items():
+        run.flags.extend(flags)
+    for run in runs:
+        run.metrics["cpu"] = watch.summary(run)
+        run.metrics["rotation"] = run.rotation.summary()
 
     for run in runs:
         _device_extras(run, timer, telemetry, cfg, info)
@@ -414,6 +384,9 @@ _INVALID = (
     "threads left running",
     "host/device disagreement",
     "results cached",
+    "work on another thread",
+    "background load",
+    "slowed by background load",
 )
 
 
@@ -421,22 +394,23 @@ def _invalidates(flag: str) -> bool:
     return flag.startswith(_INVALID)
 
 
-def _after_loop(run, result, early, threads, ref, timer, inplace, lazy=None) -> None:
+def _after_loop(run, result, early, alive, timer, inplace, lazy=None) -> None:
     """Checks right after a subject's last timed batch, before anything else touches it.
-    ``lazy``: why the outputs are not plain tensors (already flagged): they are not read."""
-    left = integrity.settle(timer, threads)
+    ``alive``: the threads before the batch. ``lazy``: why the outputs are not plain tensors
+    (already flagged): they are not read."""
+    left = integrity.settle(timer, alive)
     if not lazy and not integrity.bitwise_equal(early, integrity.snapshot(result)):
         run.flags.append("work left running after return: outputs changed after the call")
-    wrong = None if lazy else ref.check(result, run.args)
-    if wrong:
-        run.flags.append(f"wrong output of timed calls: {wrong}")
-    changed, threads = False, 0
+    if not lazy:  # each checked timed output against the inputs it was computed from
+        run.flags.extend(f for f in run.rotation.check(result, run.call) if f)
+    run.current = run.rotation.reset()  # the subject's own inputs, as written
+    changed, spawned = False, 0
     if not lazy:
-        changed, threads, _ = integrity.returned_early(run.call, timer)
+        changed, spawned, _ = integrity.returned_early(run.call, timer)
     if changed and not any(f.startswith("work left") for f in run.flags):
         run.flags.append("work left running after return: outputs changed after the call")
-    if threads or left:
-        run.flags.append(f"threads left running after return: {max(threads, left)}")
+    if spawned or left:
+        run.flags.append(f"threads left running after return: {max(spawned, left)}")
     med = run.metrics["median_s"]
     calls = max(3, min(1000, math.ceil(HOST_CHECK_S / max(med, 1e-9))))
     dispatch = timer.dispatch(run.call, calls) if timer.kind != "host" else 0.0
@@ -555,7 +529,7 @@ def run(
         for dt in dtypes:
             if dt not in op.dtypes:
                 result.skipped.append(f"{op.name}: does not take {dtype_name(dt)}")
-        for shape in _select_shapes(op, cfg, max_rows):
+        for shape in select_shapes(op, cfg, max_rows):
             for dt in (d for d in dtypes if d in op.dtypes):
                 plan.append((op, shape, dt, subjects))
     done = 0

@@ -3,9 +3,10 @@
 Both timers expose the same few methods, so everything above them (warm-up, stopping rule,
 integrity checks) is the same code on every device and is tested on the CPU:
 
-- ``samples(fn, n, calls, before)``: ``n`` samples of ``calls`` back-to-back calls each,
-  returning per-call seconds and the last call's result; ``before()`` (a cache flush, an
-  input restore) runs before each sample, outside the timed window;
+- ``samples(fn, n, calls, before, after)``: ``n`` samples of ``calls`` back-to-back calls
+  each, returning per-call seconds and the last call's result; ``before()`` (a cache flush,
+  an input restore, the next input set) runs before each sample and ``after(result)`` (a
+  copy of the sample's last output, to check later) after it, both outside the timed window;
 - ``sync()``: wait for all device work;
 - ``dispatch(fn, calls)``: host seconds per call to issue ``calls`` calls, without a sync;
 - ``graph(fn, calls)``: per-call seconds of replaying ``calls`` captured calls (GPU only).
@@ -34,7 +35,7 @@ class HostTimer:
         return None
 
     def samples(
-        self, fn: Callable[[], object], n: int, calls: int = 1, before=None
+        self, fn: Callable[[], object], n: int, calls: int = 1, before=None, after=None
     ) -> tuple[list[float], object]:
         clock = time.perf_counter_ns
         out, result = [], None
@@ -45,6 +46,8 @@ class HostTimer:
             for _ in range(calls):
                 result = fn()
             out.append((clock() - t0) * 1e-9 / calls)
+            if after is not None:
+                after(result)
         return out, result
 
     def dispatch(self, fn: Callable[[], object], calls: int) -> float:
@@ -69,7 +72,9 @@ class DeviceTimer:
     def sync(self) -> None:
         torch.cuda.synchronize(self.device)
 
-    def samples(self, fn, n: int, calls: int = 1, before=None) -> tuple[list[float], object]:
+    def samples(
+        self, fn, n: int, calls: int = 1, before=None, after=None
+    ) -> tuple[list[float], object]:
         event = torch.cuda.Event
         starts = [event(enable_timing=True) for _ in range(n)]
         ends = [event(enable_timing=True) for _ in range(n)]
@@ -81,6 +86,8 @@ class DeviceTimer:
             for _ in range(calls):
                 result = fn()
             ends[i].record()
+            if after is not None:
+                after(result)  # enqueued after the end event: outside the timed window
         self.sync()
         return [s.elapsed_time(e) * 1e-3 / calls for s, e in zip(starts, ends, strict=True)], result
 

@@ -79,6 +79,16 @@ class Contract:
     #: floating-point input). Prepared parameters such as quantization scales are never
     #: infinite in use, and an infinite scale is not a case an op must reproduce.
     special_inputs: tuple[str, ...] | None = None
+    #: The inputs that carry per-call data (activations, states, a KV cache, positions), as
+    #: opposed to prepared parameters made once from other values and reused (a quantized
+    #: weight with its scales, a per-tensor scale, a rotary table): the only inputs a partial
+    #: update may change (bench's rotating input sets take a few of their elements from
+    #: another draw of the op's inputs; changing a scale without the values it was derived
+    #: with would leave an input set no real caller holds). None: every floating-point
+    #: input. An integer input named here must be valid element by element (any element may
+    #: take any value another draw gives it, whatever the others hold: positions, not block
+    #: tables or expert ids).
+    data_inputs: tuple[str, ...] | None = None
     regions: Mapping[str, Callable[[dict], torch.Tensor]] = field(default_factory=dict)
     #: Input distributions verify draws from for this op beside every op's
     #: (``kernelab.ops._runtime.inputs.EXTRA_DISTRIBUTIONS``): "offset" for an op that
@@ -99,6 +109,12 @@ class Contract:
             raise TypeError(f"narrowings: expected an int, got {self.narrowings!r}")
         if self.narrowings < 0:
             raise ValueError(f"narrowings: expected >= 0, got {self.narrowings}")
+        for field_name in ("special_inputs", "data_inputs"):
+            names = getattr(self, field_name)
+            if names is not None and (
+                isinstance(names, str) or not all(isinstance(n, str) for n in names)
+            ):
+                raise TypeError(f"{field_name}: expected a tuple of input names, got {names!r}")
         if self.reduction is not None and not callable(self.reduction):
             raise TypeError(f"reduction: expected a callable of the inputs, got {self.reduction!r}")
         stray = [name for name in self.regions if name not in self.inplace]

@@ -354,6 +354,8 @@ KV_CACHE_WRITE = register(
             inplace=("k_cache", "v_cache"),
             regions={"k_cache": _region("k_cache"), "v_cache": _region("v_cache")},
             special_inputs=("k", "v"),
+            # the fp8 cache's per-tensor scales are calibrated once: not a step's data
+            data_inputs=("k", "v", "k_cache", "v_cache"),
         ),
         outputs=("k_cache", "v_cache"),
         out_arg=None,

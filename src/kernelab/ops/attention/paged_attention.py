@@ -669,7 +669,13 @@ PAGED_ATTENTION = register(
         # in bfloat16) and the keys: the kernel rounds P to the cache's format once before
         # P·V, so one narrowing is declared; one more (partial outputs of a split rounded to
         # 16 bits, say) fails, as one key too many among a few hundred does.
-        contract=Contract(special_inputs=("q",), reduction=_keys, narrowings=1),
+        # the fp8 cache's per-tensor scales are calibrated once: not a step's data
+        contract=Contract(
+            special_inputs=("q",),
+            data_inputs=("q", "k_cache", "v_cache", "sinks"),
+            reduction=_keys,
+            narrowings=1,
+        ),
         dtypes=(torch.float16, torch.bfloat16),
         kernels=(_paged_attention_kernel, _merge_attention_states_kernel),
         plan=_plan,

@@ -212,7 +212,9 @@ def gemm_call(
 
 DTYPES = (torch.float16, torch.bfloat16)
 #: NaN and Inf go into the activations; scales and zero points are prepared data.
-CONTRACT = Contract(special_inputs=("x",), reduction=gc.reduction_of("x"))
+CONTRACT = Contract(
+    special_inputs=("x",), data_inputs=("x", "bias"), reduction=gc.reduction_of("x")
+)
 
 
 def edge(bits: int) -> list[Shape]:

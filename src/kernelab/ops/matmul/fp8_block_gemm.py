@@ -272,7 +272,8 @@ FP8_BLOCK_GEMM = register(
         sampling=gc.gemm_sampling(rows={"a": 0, "scale_a": 0}),
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
-        contract=Contract(reduction=gc.reduction_of("a")),
+        # the e4m3 weight and the block scales are prepared together: only a is data
+        contract=Contract(reduction=gc.reduction_of("a"), data_inputs=("a",)),
         dtypes=(torch.bfloat16,),
         kernels=(_fp8_block_gemm_kernel,),
         plan=_plan,

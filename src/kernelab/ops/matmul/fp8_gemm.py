@@ -278,7 +278,8 @@ FP8_GEMM = register(
         ),
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
-        contract=Contract(reduction=gc.reduction_of("a")),
+        # the e4m3 weight and the scales are prepared together: only a and the bias are data
+        contract=Contract(reduction=gc.reduction_of("a"), data_inputs=("a", "bias")),
         dtypes=(torch.bfloat16,),
         kernels=(_fp8_gemm_kernel,),
         plan=_plan,

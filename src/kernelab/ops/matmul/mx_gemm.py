@@ -270,7 +270,8 @@ MX_GEMM = register(
         sampling=gc.gemm_sampling(rows={"a": 0}, cols={"b": 0, "b_scale": 0}),
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
-        contract=Contract(reduction=gc.reduction_of("a")),
+        # the packed weight and its ue8m0 scales are prepared together: only a is data
+        contract=Contract(reduction=gc.reduction_of("a"), data_inputs=("a",)),
         dtypes=(torch.bfloat16,),
         kernels=(_mx_gemm_kernel,),
         plan=_plan,

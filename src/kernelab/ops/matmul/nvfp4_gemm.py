@@ -319,8 +319,10 @@ NVFP4_GEMM = register(
         kernels=(_nvfp4_gemm_kernel,),
         plan=_plan,
         tuning_space=gc.mnk_space(Nvfp4Config),
-        # the activations carry NaN and Inf; the prepared weight and its scales never do
-        contract=Contract(special_inputs=("a",)),
+        # the activations carry NaN and Inf; the prepared weight and its scales never do.
+        # Only a is data: the packed weight, its e4m3 scales and b_global are made together,
+        # and a_global is a calibration, not recomputed for each step's activations.
+        contract=Contract(special_inputs=("a",), data_inputs=("a",)),
     )
 )
 NVFP4_GEMM.add_variant(

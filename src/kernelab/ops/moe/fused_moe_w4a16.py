@@ -331,7 +331,7 @@ FUSED_MOE_W4A16 = register(
         cost=_cost,
         # The default contract, from the very quantized weights the kernel reads (quantization
         # error is not compared). NaN and Inf go into the activations.
-        contract=Contract(special_inputs=("x",)),
+        contract=Contract(special_inputs=("x",), data_inputs=("x", "topk_weights")),
         dtypes=(torch.float16, torch.bfloat16),
         kernels=(_moe_align_kernel, _fused_moe_kernel, _moe_sum_kernel),
         plan=_plan,

@@ -151,7 +151,10 @@ MOE_ALIGN = register(
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
         # Integers only: exact (floor 0).
-        contract=Contract(floors={**DEFAULT_FLOORS, "int32": 0.0}, special_inputs=()),
+        # Any id is valid whatever the others hold (one outside [0, E) is dropped): data.
+        contract=Contract(
+            floors={**DEFAULT_FLOORS, "int32": 0.0}, special_inputs=(), data_inputs=("topk_ids",)
+        ),
         dtypes=(torch.bfloat16, torch.float16, torch.float32),
         outputs=("sorted_token_ids", "expert_ids", "num_tokens_post_padded"),
         out_arg=None,

@@ -370,7 +370,8 @@ ROPE = register(
         sampling=Sampling(rows={"positions": 0, "query": 0, "key": 0}, tile={"tokens": 32}),
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
-        contract=Contract(inplace=("query", "key")),
+        # the cos/sin table is prepared once; any position below its length is valid
+        contract=Contract(inplace=("query", "key"), data_inputs=("positions", "query", "key")),
         outputs=("query", "key"),
         out_arg=None,
         kernels=(_rope_kernel,),
