@@ -417,7 +417,7 @@ FUSED_MOE_FP8 = register(
         # The default: 2x eager torch's error (the recipe in float32, rounded once), the
         # per-dtype floor; the activations' quantizations are in the reference (see the module
         # docstring). NaN and Inf go into the activations.
-        contract=Contract(special_inputs=("x",)),
+        contract=Contract(special_inputs=("x",), data_inputs=("x", "topk_weights")),
         dtypes=(torch.float16, torch.bfloat16),
         kernels=(*FP8_QUANT.kernels, _moe_align_kernel, _fused_moe_kernel, _moe_sum_kernel),
         plan=_plan,
