@@ -151,9 +151,9 @@ def test_hot_data_in_cache_is_not_held_to_the_memory_floor():
 
 
 @pytest.mark.parametrize("mode", ["cold", "auto"])
-def test_memory_bound_defaults_to_cold_with_a_flush(mode):
+def test_memory_bound_defaults_to_cold_with_rotating_copies_on_the_cpu(mode):
     case = run(SMALL, mode=mode)["torch"]
-    assert case["mode"] == "cold" and case["cold_cache"].startswith("flush")
+    assert case["mode"] == "cold" and case["cold_cache"].startswith("rotating input copies")
     assert case["metrics"]["calls_per_sample"] == 1
 
 

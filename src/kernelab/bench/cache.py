@@ -1,10 +1,21 @@
 """Cold-cache timing: evict the last-level cache between samples, outside the timed window.
 
 METHOD.md allows two ways: write a buffer of at least twice the cache between samples, or
-rotate among input sets whose total size exceeds it. bench writes a buffer (:class:`Flush`):
-it keeps one input set, so the outputs of the timed calls can be checked against one
-reference; a working set already twice the cache needs no flush. GPUs: the L2 size comes
-from the device table or torch; CPUs: the last-level cache from sysfs.
+rotate among input sets whose total size exceeds it. A working set already twice the cache
+needs neither. GPUs: the L2 size comes from the device table or torch; CPUs: the last-level
+cache from sysfs.
+
+- On a GPU bench writes a buffer (:class:`Flush`, 2x L2) between samples: the write runs at
+  device bandwidth (tens of µs) and device events time the kernel alone.
+- On the CPU the host clock times the call and the flush is the expensive part: writing twice
+  a 480 MiB last-level cache (what a KVM guest's sysfs may report) costs about 50 ms a
+  sample, so a stopping rule with half a second gets ~20 samples and never converges. There
+  bench rotates among copies of each subject's arguments (:class:`Rotation`) whose total is
+  twice the cache: each sample calls the next copy, which was last touched a whole cycle ago,
+  so its inputs come from memory, and a sample costs only the call. The copies hold the same
+  values, so the outputs of the timed calls are still checked against one reference; the
+  output buffers the candidate allocates are recycled by the allocator (warm), as in a
+  serving loop, where a GPU flush would have evicted them too.
 """
 
 from __future__ import annotations
@@ -70,6 +81,56 @@ class Flush:
     def __call__(self) -> None:
         self._value = (self._value + 1) % 251
         self.buffer.fill_(self._value)
+
+
+class Rotation:
+    """``copies`` sets of one subject's arguments at distinct addresses, used in turn.
+
+    ``current`` is the set the next call uses; :meth:`advance` first restores the in-place
+    arguments of the set just used (from ``pristine``: outside the timed window, and a whole
+    cycle before that set is used again) and then moves to the next set.
+    """
+
+    def __init__(self, args: dict, copies: int, pristine: dict, inplace: list[str]):
+        if copies < 2:
+            raise ValueError(f"copies: expected at least 2 sets to rotate, got {copies!r}")
+        clone = _clone_tensors
+        self.sets = [args] + [clone(args) for _ in range(copies - 1)]
+        self.pristine, self.inplace = pristine, list(inplace)
+        self.index = 0
+
+    @property
+    def current(self) -> dict:
+        return self.sets[self.index]
+
+    def advance(self) -> dict:
+        used = self.sets[self.index]
+        for n in self.inplace:
+            used[n].copy_(self.pristine[n])
+        self.index = (self.index + 1) % len(self.sets)
+        return self.sets[self.index]
+
+
+def rotation_copies(set_bytes: int, cache_size: int, subjects: int) -> int:
+    """Copies per subject so that the subjects' copies together hold twice the cache."""
+    if set_bytes <= 0 or subjects < 1:
+        return 2
+    return max(2, -(-2 * cache_size // (set_bytes * subjects)))
+
+
+def _clone_tensors(args: dict) -> dict:
+    """New storage for every tensor, with the same sizes, strides and values."""
+
+    def clone(v):
+        if not isinstance(v, torch.Tensor):
+            return v
+        try:
+            out = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
+            return out.copy_(v)
+        except RuntimeError:  # overlapping strides (an expanded tensor): a dense copy
+            return v.clone()
+
+    return {k: clone(v) for k, v in args.items()}
 
 
 def tensor_bytes(inputs: dict) -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from kernelab.bench import integrity
-from kernelab.bench.cache import Flush, cache_bytes, tensor_bytes
+from kernelab.bench.cache import Flush, Rotation, cache_bytes, rotation_copies, tensor_bytes
 from kernelab.bench.roofline import Ceilings, roofline
 from kernelab.bench.stats import StopRule, stable, summarize
 from kernelab.bench.telemetry import NoTelemetry, energy_per_call
@@ -34,6 +34,10 @@ CPU_MAX_ROWS = 128
 
 #: Wall time aimed at per batch of samples (between two looks at the stopping rule).
 BATCH_S = 0.02
+#: At most this many samples per batch on the host: a case that converges after a few
+#: hundred samples then spans a dozen rounds or more, and compare reads from its rounds how
+#: far the machine moves (ledger/compare.py); a device timer syncs once a batch, so keeps 200.
+HOST_BATCH_MAX = 25
 #: A hot-mode sample holds enough back-to-back calls to last at least this long.
 HOT_SAMPLE_S = 1e-4
 WARMUP_MAX_S = 1.0
@@ -197,7 +201,10 @@ class _Run:
     def __init__(self, subject: Subject, args: dict):
         self.subject, self.args = subject, args
         self.pristine = integrity.clone_inputs(args)
-        self.call = lambda: subject.fn(**args)
+        self.call = lambda: subject.fn(**self.args)  # the set in use (see Rotation)
+        self.rotation: Rotation | None = None
+        #: [round, index of the batch's first sample]: which samples each round took
+        self.batches: list[list[int]] = []
         self.samples: list[float] = []
         self.elapsed = 0.0  # in the timer, flushes included
         self.wall = 0.0  # in the sampling loop, bookkeeping included
@@ -252,32 +259,36 @@ def bench_case(
     bound = roofline(cost, 1.0, ceilings, dtype)["bound"] or "memory"
     mode = cfg.mode if cfg.mode != "auto" else ("cold" if bound == "memory" else "hot")
     inplace = [n for n in op.contract.inplace if isinstance(inputs.get(n), torch.Tensor)]
-    flush = None
-    if mode == "cold" and set_bytes < 2 * cache_size:
-        flush = Flush(device, cache_size)
-    cold_how = (
-        "none (hot)"
-        if mode == "hot"
-        else (
-            f"flush {flush.nbytes / 2**20:.0f} MiB between samples"
-            if flush
-            else "working set exceeds 2x cache"
-        )
-    )
-
+    cold = mode == "cold" and set_bytes < 2 * cache_size
+    # a GPU writes 2x L2 between samples; the host rotates copies of the arguments (cache.py)
+    flush = Flush(device, cache_size) if cold and timer.kind != "host" else None
     runs = []
     for s in subjects:
         args = s.prepare(dict(inputs)) if s.prepare else inputs
         runs.append(_Run(s, args))
+    rotated = 0
+    if cold and flush is None:
+        for run in runs:
+            copies = rotation_copies(tensor_bytes(run.args), cache_size, len(runs))
+            run.rotation = Rotation(run.args, copies, run.pristine, inplace)
+            rotated += copies * tensor_bytes(run.args)
+    cold_how = "none (hot)" if mode == "hot" else "working set exceeds 2x cache"
+    if flush is not None:
+        cold_how = f"flush {flush.nbytes / 2**20:.0f} MiB between samples"
+    elif rotated:
+        cold_how = f"rotating input copies, {rotated / 2**20:.0f} MiB in all"
 
     def before_for(run):
         def before():
+            if run.rotation is not None:  # restores the set just used, then takes the next
+                run.args = run.rotation.advance()
+                return
             for n in inplace:
                 run.args[n].copy_(run.pristine[n])
             if flush is not None:
                 flush()
 
-        return before if (inplace or flush) else None
+        return before if (inplace or flush or run.rotation) else None
 
     # warm-up: first call alone (compilation, autotuning), then batches until stable
     for run in list(runs):
@@ -301,9 +312,8 @@ def bench_case(
             if stable(prev, med):
                 break
             prev = med
-        run.batch = max(3, min(200, rule.max_samples, int(BATCH_S / max(med * run.calls, 1e-7))))
-        if flush is not None and timer.kind == "host":
-            run.batch = max(3, min(run.batch, 20))  # a host flush costs milliseconds
+        most = HOST_BATCH_MAX if timer.kind == "host" else 200
+        run.batch = max(3, min(most, rule.max_samples, int(BATCH_S / max(med * run.calls, 1e-7))))
         run.metrics["warmup_s"] = spent
         before = before_for(run)
         if before is not None:
@@ -329,12 +339,14 @@ def bench_case(
             early = integrity.snapshot(result) if run.done and not lazy else None
             if telemetry.throttle():
                 run.throttled += len(xs)
+            run.batches.append([rnd - 1, len(run.samples)])
             run.samples.extend(xs)
             run.wall += time.perf_counter() - t0
             if run.done:
                 run.metrics.update(summary.as_dict())
                 run.metrics["sampling_wall_s"] = run.wall
                 run.metrics["converged"] = rule.converged(summary, run.elapsed)
+                run.metrics["batches"] = run.batches
                 if lazy:
                     run.flags.append(f"wrong output of timed calls: {lazy}")
                 _after_loop(run, result, early, threads, ref, timer, inplace, lazy)
