@@ -34,10 +34,9 @@ CPU_MAX_ROWS = 128
 
 #: Wall time aimed at per batch of samples (between two looks at the stopping rule).
 BATCH_S = 0.02
-#: At most this many samples per batch on the host: a case that converges after a few
-#: hundred samples then spans a dozen rounds or more, and compare reads from its rounds how
-#: far the machine moves (ledger/compare.py); a device timer syncs once a batch, so keeps 200.
-HOST_BATCH_MAX = 25
+#: On the host, at most 25 samples a batch and at least 8 rounds before a converged case
+#: stops: compare reads from its rounds how far the machine moves (ledger/compare.py).
+HOST_BATCH_MAX, HOST_MIN_ROUNDS = 25, 8
 #: A hot-mode sample holds enough back-to-back calls to last at least this long.
 HOT_SAMPLE_S = 1e-4
 WARMUP_MAX_S = 1.0
@@ -334,7 +333,10 @@ def bench_case(
             xs, result = timer.samples(run.call, n, run.calls, before_for(run))
             run.elapsed += time.perf_counter() - t0
             summary = summarize([*run.samples, *xs])
-            run.done = rule.done(summary, run.elapsed)
+            rounds = len(run.batches) + 1 >= (HOST_MIN_ROUNDS if timer.kind == "host" else 1)
+            run.done = rule.done(summary, run.elapsed) and (
+                rounds or not rule.converged(summary, run.elapsed)
+            )
             lazy = integrity.not_plain(result) if run.done else None  # before any read
             early = integrity.snapshot(result) if run.done and not lazy else None
             if telemetry.throttle():
