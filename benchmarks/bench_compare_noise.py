@@ -1,13 +1,16 @@
 """How often ``kernelab compare`` calls identical code slower, on a quiet or a loaded machine.
 
-    python benchmarks/bench_compare_noise.py [--pairs 10] [--load] [--shape decode] [--mode hot]
+    python benchmarks/bench_compare_noise.py [--pairs 10] [--load] [--shape decode ...]
+        [--mode auto|cold|hot] [--ledger PATH]
 
 Times an RMSNorm candidate (``benchmarks/candidates/rmsnorm_same.py``) twice per pair with
 ``kernelab bench --candidate``, beside eager torch, and compares the two runs. Identical code
 must give 0 confirmed regressions. Each pair then times a planted 2x slowdown (the same
 function computing the norm twice, ``rmsnorm_twice.py``) against the first run of the pair:
 it must still be confirmed. ``--load`` keeps one other process spinning on a core for the
-whole run. Prints the machine, versions, load, and one line per pair.
+whole run. Prints the machine, versions, load, and one line per pair (with the load average
+then). Exit status 1 of a bench (a case marked invalid) is kept: an invalid case is counted,
+never a change.
 """
 
 from __future__ import annotations
@@ -41,13 +44,15 @@ def _kernelab(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def _bench(ledger: str, candidate: str, shape: str, label: str, mode: str) -> str:
+def _bench(ledger: str, candidate: str, shapes: list[str], label: str, mode: str) -> str:
+    filters = [a for s in shapes for a in ("--shape", s)]
     out = _kernelab(
         "bench", "--device", "cpu", "--op", "rmsnorm", "--candidate", candidate,
-        "--variant", "torch", "--shape", shape, "--dtype", "fp32", "--mode", mode,
-        "--ledger", ledger, "--label", label, "--json",
+        "--variant", "torch", *filters, "--dtype", "fp32", "--mode", mode,
+        "--ledger", ledger, "--label", label, "--json", "--ceilings", "stored",
     )  # fmt: skip
-    if out.returncode != 0:
+    # 1: a case was marked invalid (it is stored, and compare never calls it a change)
+    if out.returncode not in (0, 1) or not json.loads(out.stdout).get("run_id"):
         raise SystemExit(f"bench failed ({out.returncode}): {out.stderr[-2000:]}")
     return label
 
@@ -72,9 +77,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=10)
     ap.add_argument("--load", action="store_true", help="spin a process on another core")
-    ap.add_argument("--shape", default="decode", help="shape label filter for bench")
+    ap.add_argument(
+        "--shape", action="append", help="shape label filter for bench (repeatable; decode)"
+    )
+    ap.add_argument("--ledger", help="keep the runs in this ledger (default: a temporary one)")
     ap.add_argument("--mode", default="auto", choices=["auto", "cold", "hot"], help="bench mode")
     args = ap.parse_args()
+    args.shape = args.shape or ["decode"]
     import torch
 
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {sys.version.split()[0]}")
@@ -92,7 +101,7 @@ def main() -> None:
     t0 = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            ledger = str(Path(tmp) / "noise.sqlite")
+            ledger = args.ledger or str(Path(tmp) / "noise.sqlite")
             for i in range(args.pairs):
                 a = _bench(ledger, same, args.shape, f"a{i}", args.mode)
                 b = _bench(ledger, same, args.shape, f"b{i}", args.mode)
@@ -103,8 +112,9 @@ def main() -> None:
                 confirmed_total += cr
                 slow_cases += ns
                 print(
-                    f"pair {i + 1:2d}: identical: {fr} regression(s) of {n} {v_same}; "
-                    f"2x slower: {cr} of {ns} confirmed {v_slow}",
+                    f"pair {i + 1:2d} (load {os.getloadavg()[0]:.1f}, "
+                    f"{time.perf_counter() - t0:.0f} s): identical: {fr} regression(s) of {n} "
+                    f"{v_same}; 2x slower: {cr} of {ns} confirmed {v_slow}",
                     flush=True,
                 )
     finally:

@@ -135,6 +135,7 @@ def compare_result():
             median_a=1e-3,
             median_b=1.1e-3,
             ratio=1.1,
+            basis="vs torch",
             ci_low=1.05,
             ci_high=1.15,
             verdict="slower",

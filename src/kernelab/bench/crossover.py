@@ -286,7 +286,7 @@ def measure(
             study.points.append({"value": v, "verdict": "invalid", "note": "not timed"})
             continue
         ca, cb = by[variants[0]], by[variants[1]]
-        cmp = compare_cases(ca, cb)
+        cmp = compare_cases(ca, cb, same_run=True)
         study.points.append(
             {
                 "value": v,

@@ -36,6 +36,7 @@ _CSV_COLUMNS = [
     "ci_high",
     "noise",
     "spread",
+    "basis",
     "verdict",
     "regression",
     "note",
@@ -71,7 +72,8 @@ def compare_sheet(result, threshold: float) -> Sheet:
     a, b = result.run_a, result.run_b
     sheet = Sheet(
         f"compare: {a['id']} ({a.get('label') or '-'}) → {b['id']} "
-        f"({b.get('label') or '-'}), B/A of medians, {result.confidence:.0%} interval",
+        f"({b.get('label') or '-'}), B/A of medians (absolute, or over torch's round by "
+        f"round), {result.confidence:.0%} interval",
         [
             Col("variant"),
             Col("dtype"),
@@ -79,6 +81,7 @@ def compare_sheet(result, threshold: float) -> Sheet:
             Col("A", right=True, give="drop", step=3),
             Col("B", right=True, give="drop", step=2),
             Col("B/A", right=True),
+            Col("basis", give="drop", step=5),
             Col("interval", right=True),
             Col("verdict"),
             Col("note", give="below", step=1, hide_empty=True),
@@ -97,6 +100,7 @@ def compare_sheet(result, threshold: float) -> Sheet:
             fmt.seconds(c.median_a),
             fmt.seconds(c.median_b),
             fmt.ratio(c.ratio),
+            c.basis,
             "-" if c.ci_low is None else f"{c.ci_low:.3f}–{c.ci_high:.3f}",
             Text(verdict, style=_STYLE[c.verdict]),
             c.note or "",
@@ -133,7 +137,12 @@ def register(app: click.Group) -> None:
         runs, baseline, threshold, noise, confidence, kind, ledger_url, as_json, as_csv
     ):
         """Compare two runs case by case: ratio of medians with a bootstrap interval, verdict
-        faster / slower / ambiguous, and exit status 1 on a confirmed regression.
+        faster / slower / ambiguous / unreliable / invalid, and exit status 1 on a confirmed
+        regression (a "slower" beyond --threshold; never an unreliable or invalid case).
+
+        A variant timed beside eager torch is judged relative to it, round by round (the
+        machine's own moves divide out); a case whose stopping rule did not converge, or whose
+        change is within how far the machine moves between rounds, is unreliable.
 
         RUNS are the baseline then the candidate: run ids (or unique prefixes), labels, or
         'latest'. One run: the candidate, compared with --baseline. None: the latest run.

@@ -6,31 +6,49 @@ The rule (what ``kernelab compare`` prints and gates on)
 Cases of run A (baseline) and run B (candidate) are matched on (op, variant, shape_key,
 dtype, device, mode). For each pair:
 
-* ``ratio`` = median(B) / median(A) of the raw per-sample times (> 1: B is slower).
+* ``basis`` and ``ratio``. The bench times every variant of a case interleaved with eager
+  PyTorch (``REFERENCE_VARIANT``), code that is not under test, one batch of samples per
+  subject per round, and stores which samples each round took (``metrics["batches"]``). A
+  case other than the reference, with a converged, valid reference case in both runs, the
+  same torch version in both, and at least ``MIN_ROUNDS`` rounds shared with it in each, is
+  judged **relative to the reference** (basis "vs torch"): per round, the median of its
+  batch over the reference's median in the same round; ``ratio`` = median of those per-round
+  ratios in B / the same in A. Whatever slowed the whole process in a round (a neighbour on
+  the core, a lower clock, a cache trashed by a context switch) slows both and divides out;
+  two processes of the same code can differ by 20-40 % in absolute time on a loaded CPU.
+  Otherwise (the reference itself, groups without one, runs recorded before the bench
+  stored its rounds) the basis is "absolute": ``ratio`` = median(B) / median(A) of the raw
+  per-sample times (> 1: B is slower).
 * ``ci_low``, ``ci_high``: a percentile bootstrap interval of that ratio (``confidence``,
-  default 95 %), resampling each run's samples with replacement ``resamples`` times with a
-  fixed seed, so the same two runs always give the same interval.
+  default 95 %), resampling each run's values (per-round ratios, or samples) with
+  replacement ``resamples`` times with a fixed seed, so the same two runs always give the
+  same interval.
 * ``noise``: how far the same code moves between two timings of itself, estimated from each
-  run as the change between the medians of the first and second half of its samples (the
-  samples are stored in the order they were taken), and never below ``noise_floor``
-  (default 2 %). The larger of A's and B's estimates is used.
-* ``drift``: how far the machine itself moved between the two runs. The bench times every
-  variant of a case interleaved with eager PyTorch (``REFERENCE_VARIANT``), code that is not
-  under test; the change of that reference's median between the runs, for the same shape,
-  dtype, device and mode, is the drift of that group. For the reference's own cases (and
-  groups without one), the median drift over the other groups. Only converged, valid
-  reference cases count.
-* ``spread``: how far a median of this case can move between two runs on this machine, from
-  the evidence in both runs: the larger of the noise above and the sum of the two medians'
-  own confidence half-widths (``metrics["rel_ci"]``, what the stopping rule measured), plus
-  the drift (itself widened by the reference medians' half-widths).
+  run as the change between the medians of the first and second half of its values (stored
+  in the order taken), and never below ``noise_floor`` (default 2 %). The larger of A's and
+  B's estimates is used.
+* machine spread: how far a run's median can land from another run's of the same code,
+  because the machine's state differs between them: from the rounds of each run, half the
+  ratio of the 90th to the 10th percentile of its per-round values, sqrt(p90 / p10) - 1
+  (per-round ratios on the "vs torch" basis, per-round medians on the absolute one); the
+  larger of A's and B's. A run whose rounds disagree by 30 % cannot tell a 10 % change.
+* ``drift`` (absolute basis only): how far the machine itself moved between the two runs:
+  the change of the reference's median between the runs, for the same shape, dtype, device
+  and mode, is the drift of that group. For the reference's own cases (and groups without
+  one), the median drift over the other groups. Only converged, valid reference cases count.
+* ``spread``: vs torch, the larger of the noise and the machine spread; absolute, the
+  larger of the noise, the sum of the two medians' own confidence half-widths (``metrics
+  ["rel_ci"]``, what the stopping rule measured) and the machine spread, plus the drift
+  (itself widened by the reference medians' half-widths).
 * verdict ``unreliable`` when either run's stopping rule did not converge (``metrics
   ["converged"]`` false: the noise target was not reached in the time allowed, as on a loaded
-  machine), or when the interval excludes 1 but the change is no larger than ``spread``: the
-  machine moves that much on its own, so the measurement cannot say. An unreliable case is
+  machine), or when the interval excludes 1 (and the change is beyond the noise floor) but
+  its near end is within ``spread``: the machine moves that much on its own, so the
+  measurement cannot say. An unreliable case is
   never faster or slower and never a regression.
-* verdict ``slower`` when the whole interval lies above 1 and ``ratio - 1 > spread``;
-  ``faster`` when the whole interval lies below 1 and ``1 - ratio > spread``; otherwise
+* verdict ``slower`` when the whole interval lies above 1 + ``spread`` (``ci_low - 1 >
+  spread``); ``faster`` when it lies below 1 - ``spread`` (``1 - ci_high > spread``);
+  otherwise
   ``ambiguous`` (the interval straddles 1, or the change is within the noise floor, or a run
   has fewer than ``MIN_SAMPLES`` samples). ``invalid`` when the bench marked either time
   invalid (``metrics["valid"]`` false, or a flag containing "invalid": below the
@@ -50,6 +68,8 @@ KEY_FIELDS = ("op", "variant", "shape_key", "dtype", "device", "mode")
 GROUP_FIELDS = ("op", "shape_key", "dtype", "device", "mode")
 REFERENCE_VARIANT = "torch"
 MIN_SAMPLES = 4
+#: Rounds a case needs in both runs to be judged against the reference, or to give a spread.
+MIN_ROUNDS = 6
 SEED = 20240611
 
 
@@ -115,6 +135,52 @@ def half_drift(samples) -> float:
     return float(abs(np.median(x[h:]) / np.median(x[:h]) - 1))
 
 
+def round_medians(case: dict) -> dict[int, float]:
+    """The median of each batch of samples, by the round it was taken in.
+
+    The bench stores, per case, ``metrics["batches"]``: ``[round, index of the batch's first
+    sample]`` for every batch, in the order taken; every subject of a case takes one batch per
+    round, interleaved. A case without that record (an older run), or with one that does not
+    fit its samples, has none.
+    """
+    batches = (case.get("metrics") or {}).get("batches")
+    samples = case.get("samples") or []
+    if not isinstance(batches, list) or not samples:
+        return {}
+    marks = []
+    for b in batches:
+        ok = isinstance(b, list | tuple) and len(b) == 2
+        if not ok or not all(isinstance(v, int) and not isinstance(v, bool) for v in b):
+            return {}
+        marks.append((int(b[0]), int(b[1])))
+    starts = [m[1] for m in marks]
+    if starts != sorted(starts) or starts[0] < 0 or starts[-1] >= len(samples):
+        return {}
+    out = {}
+    for i, (rnd, start) in enumerate(marks):
+        end = marks[i + 1][1] if i + 1 < len(marks) else len(samples)
+        if end > start:
+            out[rnd] = float(np.median(samples[start:end]))
+    return out
+
+
+def relative_rounds(case: dict, reference: dict) -> list[float]:
+    """Per round, this case's batch median over the reference's, both taken in that round."""
+    mine, ref = round_medians(case), round_medians(reference)
+    return [mine[k] / ref[k] for k in sorted(mine) if ref.get(k, 0) > 0]
+
+
+def round_spread(series) -> float:
+    """How far a run's median can land from another run's on the same machine: half the
+    ratio between the 90th and 10th percentiles of the per-round values (0: too few)."""
+    x = np.asarray(series, dtype=np.float64)
+    x = x[np.isfinite(x) & (x > 0)]
+    if x.size < MIN_ROUNDS:
+        return 0.0
+    lo, hi = np.quantile(x, [0.1, 0.9])
+    return float(np.sqrt(hi / lo) - 1)
+
+
 def _unconverged(case: dict) -> bool:
     """The stopping rule ended this case without reaching its noise target."""
     return (case.get("metrics") or {}).get("converged") is False
@@ -126,6 +192,11 @@ def _rel_ci(case: dict) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float) or not np.isfinite(v) or v < 0:
         return 0.0
     return float(v)
+
+
+def _unusable(case: dict) -> bool:
+    """A reference case that cannot serve as the machine term."""
+    return _unconverged(case) or _invalid(case)
 
 
 def _invalid(case: dict) -> bool:
@@ -156,6 +227,9 @@ class CaseComparison:
     regression: bool
     note: str = ""
     spread: float = 0.0
+    #: "absolute": B/A of the case's own medians; "vs torch": of its medians over the
+    #: reference variant's, round by round in each run (the machine term divided out)
+    basis: str = "absolute"
 
 
 @dataclass
@@ -206,21 +280,42 @@ def compare_cases(
     noise_floor: float = 0.02,
     resamples: int = 4000,
     drift: float = 0.0,
+    ref_a: dict | None = None,
+    ref_b: dict | None = None,
+    same_run: bool = False,
 ) -> CaseComparison:
     """Compare one baseline case ``a`` with one candidate case ``b`` (see the module rule).
 
     ``drift``: how far the machine moved between the two runs (a fraction), from
-    :func:`machine_drift`; 0 when unknown.
+    :func:`machine_drift`; 0 when unknown. ``ref_a``, ``ref_b``: the reference variant's cases
+    of the same group in each run, timed interleaved with ``a`` and ``b``; with them (and
+    enough rounds in both) the case is judged relative to the reference. ``same_run``: ``a``
+    and ``b`` are two subjects timed interleaved in one run (a crossover study), so no
+    machine spread between runs applies to them.
     """
     sa = a.get("samples") or []
     sb = b.get("samples") or []
     ma, mb = _median(a), _median(b)
-    noise = max(noise_floor, half_drift(sa), half_drift(sb))
-    spread = max(noise, _rel_ci(a) + _rel_ci(b)) + drift
+    ra = rb = []
+    if ref_a is not None and ref_b is not None and not any(map(_unusable, (ref_a, ref_b))):
+        ra, rb = relative_rounds(a, ref_a), relative_rounds(b, ref_b)
+    relative = min(len(ra), len(rb)) >= MIN_ROUNDS
+    if relative:  # the machine term is divided out; its spread is the per-round ratios'
+        xa, xb = ra, rb
+        machine = max(round_spread(ra), round_spread(rb))
+        noise = max(noise_floor, half_drift(ra), half_drift(rb))
+        spread = max(noise, machine)
+    else:
+        xa, xb = sa, sb
+        machine = 0.0
+        if not same_run:
+            machine = max(round_spread(list(round_medians(c).values())) for c in (a, b))
+        noise = max(noise_floor, half_drift(sa), half_drift(sb))
+        spread = max(noise, _rel_ci(a) + _rel_ci(b), machine) + drift
     ratio = lo = hi = None
     note = ""
     if ma and mb:
-        ratio = mb / ma
+        ratio = float(np.median(xb) / np.median(xa)) if relative else mb / ma
     if _invalid(a) or _invalid(b):
         verdict = "invalid"
         which = " and ".join(n for n, c in (("baseline", a), ("candidate", b)) if _invalid(c))
@@ -237,17 +332,29 @@ def compare_cases(
         verdict = "ambiguous"
         note = f"too few samples for an interval (need {MIN_SAMPLES} in each run)"
     else:
-        ratio, lo, hi = bootstrap_ratio(sa, sb, confidence, resamples)
+        ratio, lo, hi = bootstrap_ratio(xa, xb, confidence, resamples)
         if lo <= 1 <= hi:
             verdict, note = "ambiguous", "interval straddles 1"
         elif abs(ratio - 1) <= noise_floor:
             verdict, note = "ambiguous", f"change within noise ({noise_floor:.1%})"
-        elif abs(ratio - 1) <= spread:
+        elif (lo - 1 if ratio > 1 else 1 - hi) <= spread:  # the interval's near end
             verdict = "unreliable"
-            why = "the reference variant moved as much" if drift > noise else "run-to-run"
-            note = f"change {abs(ratio - 1):.1%} within the spread ({spread:.1%}, {why})"
+            if relative or machine >= max(noise, drift):
+                why = "the rounds of one run differ as much"
+            elif drift > noise:
+                why = "the reference variant moved as much"
+            else:
+                why = "run-to-run"
+            near = lo - 1 if ratio > 1 else 1 - hi
+            note = (
+                f"change {abs(ratio - 1):.1%} (at least {max(near, 0):.1%}) within the spread "
+                f"({spread:.1%}, {why})"
+            )
         else:
             verdict = "slower" if ratio > 1 else "faster"
+    if relative and verdict != "invalid":
+        basis = f"vs {REFERENCE_VARIANT}, {len(ra)}/{len(rb)} rounds"
+        note = f"{basis}; {note}" if note else basis
     regression = verdict == "slower" and ratio is not None and ratio > 1 + threshold
     return CaseComparison(
         op=b["op"],
@@ -269,6 +376,7 @@ def compare_cases(
         regression=regression,
         note=note,
         spread=spread,
+        basis=f"vs {REFERENCE_VARIANT}" if relative else "absolute",
     )
 
 
@@ -348,6 +456,17 @@ def compare_runs(
     for c in run_b.get("cases", []):
         cases_b.setdefault(case_key(c), c)
     by_group, _ = machine_drift(cases_a, cases_b)
+    ref_versions = [
+        ((r.get("provenance") or {}).get("versions") or {}).get(REFERENCE_VARIANT)
+        for r in (run_a, run_b)
+    ]
+    same_reference = ref_versions[0] == ref_versions[1]
+    if not same_reference:
+        result.notes.append(
+            f"{REFERENCE_VARIANT} differs between the runs ({ref_versions[0]} vs "
+            f"{ref_versions[1]}): its variant is not the same code, so no case is judged "
+            "relative to it"
+        )
     seen = set()
     for c in run_b.get("cases", []):
         key = case_key(c)
@@ -356,8 +475,14 @@ def compare_runs(
         seen.add(key)
         if key in cases_a:
             drift = _drift_for(c, by_group)
+            refs = (None, None)
+            if c.get("variant") != REFERENCE_VARIANT and same_reference:
+                ref_key = (*key[:1], REFERENCE_VARIANT, *key[2:])
+                refs = (cases_a.get(ref_key), cases_b.get(ref_key))
             result.cases.append(
-                compare_cases(cases_a[key], c, threshold, confidence, noise_floor, resamples, drift)
+                compare_cases(
+                    cases_a[key], c, threshold, confidence, noise_floor, resamples, drift, *refs
+                )
             )
         else:
             result.only_b.append(_key_dict(c))
