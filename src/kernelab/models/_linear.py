@@ -291,33 +291,45 @@ _CALL = {
 
 
 @contextmanager
+def forwards_replaced(pairs):
+    """Within the block, each module of ``pairs`` (an iterable of (module, forward), consumed
+    inside) runs ``forward``; yields {id(module): forward}. After it, every module's own
+    forward (an instance attribute or none) is back."""
+    refs: dict[int, object] = {}
+    saved: list[tuple[torch.nn.Module, object]] = []
+    try:
+        for module, forward in pairs:
+            saved.append((module, vars(module).get("forward")))
+            object.__setattr__(module, "forward", forward)
+            refs[id(module)] = forward
+        yield refs
+    finally:
+        for module, own in reversed(saved):
+            if own is None:
+                object.__delattr__(module, "forward")
+            else:
+                object.__setattr__(module, "forward", own)
+
+
 def reference_forwards(model, blueprint, quantize):
     """Within the block, each projection of ``blueprint.linears`` computes its
     :meth:`PreparedLinear.reference` for ``quantize`` (a patched projection: of its own prepared
     weight; any other: of the weight prepared afresh). Yields {id(module): reference}."""
-    refs: dict[int, object] = {}
-    saved: list[tuple[torch.nn.Module, object]] = []
-    try:
-        for name, layer in model.named_modules():
-            if type(layer).__name__ != blueprint.layer_class:
+    return forwards_replaced(_references(model, blueprint, quantize))
+
+
+def _references(model, blueprint, quantize):
+    for name, layer in model.named_modules():
+        if type(layer).__name__ != blueprint.layer_class:
+            continue
+        for path in blueprint.linears:
+            try:
+                module = layer.get_submodule(path)
+            except AttributeError:
                 continue
-            for path in blueprint.linears:
-                try:
-                    module = layer.get_submodule(path)
-                except AttributeError:
-                    continue
-                if not isinstance(module, torch.nn.Linear):
-                    continue
-                prepared = vars(module).get("_kernelab_linear")
-                if prepared is None:
-                    prepared = prepare(module.weight, module.bias, quantize, f"{name}.{path}")
-                saved.append((module, vars(module).get("forward")))
-                object.__setattr__(module, "forward", prepared.reference)
-                refs[id(module)] = prepared.reference
-        yield refs
-    finally:
-        for module, forward in reversed(saved):
-            if forward is None:
-                object.__delattr__(module, "forward")
-            else:
-                object.__setattr__(module, "forward", forward)
+            if not isinstance(module, torch.nn.Linear):
+                continue
+            prepared = vars(module).get("_kernelab_linear")
+            if prepared is None:
+                prepared = prepare(module.weight, module.bias, quantize, f"{name}.{path}")
+            yield module, prepared.reference

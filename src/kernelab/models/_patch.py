@@ -231,31 +231,21 @@ def _moe_reference(module, experts, renormalize, hidden_states):
     return _fused_moe_fp8.fused_moe_fp8_torch(x, w1, w2, s1, s2, weights, ids).reshape(shape)
 
 
-@contextmanager
 def _moe_reference_forwards(model, blueprint: Blueprint, quantize):
     """Within the block, each MoE block ``patch`` puts on ``fused_moe_fp8`` computes
     :func:`_moe_reference` (of its own prepared experts when patched, else of experts
     quantized afresh, the same). Yields {id(module): reference}."""
-    refs: dict[int, object] = {}
-    saved: list[tuple[torch.nn.Module, object]] = []
+    return _linear.forwards_replaced(_moe_references(model, blueprint, quantize))
+
+
+def _moe_references(model, blueprint: Blueprint, quantize):
     act = getattr(model.config, "hidden_act", None)
-    try:
-        for _, module in model.named_modules() if quantize == "fp8-block" else ():
-            if type(module).__name__ != blueprint.moe_class or not _fusable_moe(module, act):
-                continue
-            experts = vars(module).get("_kernelab_fp8_experts") or _fp8_experts(module)
-            renorm = bool(getattr(module.gate, "norm_topk_prob", True))
-            saved.append((module, vars(module).get("forward")))
-            forward = partial(_moe_reference, module, experts, renorm)
-            object.__setattr__(module, "forward", forward)
-            refs[id(module)] = forward
-        yield refs
-    finally:
-        for module, forward in reversed(saved):
-            if forward is None:
-                object.__delattr__(module, "forward")
-            else:
-                object.__setattr__(module, "forward", forward)
+    for _, module in model.named_modules() if quantize == "fp8-block" else ():
+        if type(module).__name__ != blueprint.moe_class or not _fusable_moe(module, act):
+            continue
+        experts = vars(module).get("_kernelab_fp8_experts") or _fp8_experts(module)
+        renorm = bool(getattr(module.gate, "norm_topk_prob", True))
+        yield module, partial(_moe_reference, module, experts, renorm)
 
 
 @contextmanager
