@@ -477,6 +477,7 @@ def test_several_workers_read_exactly_what_one_reads(tmp_path, monkeypatch):
     path = _rich_trace(tmp_path)
     monkeypatch.setattr(_ingest, "_CHUNK_BYTES", 2048)  # dozens of chunks, shared unevenly
     monkeypatch.setattr(_ingest, "_PIECE_BYTES", 1000)
+    monkeypatch.setattr(_columns._Store, "FIRST", 1)  # the columns grow many times in every process
     one = load(path)
     assert one.ingest == {"workers": 1, "worker_peak_rss": []}
     assert one.malformed == 1 and one.unknown_categories == {"my_custom_category": 6}
@@ -535,3 +536,22 @@ def test_automatic_workers_fork_only_onto_idle_cpus(tmp_path, monkeypatch):
         monkeypatch.setattr(_ingest.os, "getloadavg", lambda v=load_1min: (v, v, v))
         assert _ingest._workers(path, None) == expected, load_1min
     assert _ingest._workers(path, 3) == 3  # asked for: as asked, whatever the load
+
+
+def test_column_store_grows_in_place_and_keeps_every_row(monkeypatch):
+    monkeypatch.setattr(_columns._Store, "FIRST", 3)
+    store = _columns._Store()
+    rng = np.random.default_rng(0)
+    chunks = []
+    for m in (1, 5, 0, 40, 2, 300, 7):  # grows past its capacity several times
+        chunk = {
+            k: rng.integers(-(2**31), 2**31, size=m).astype(dt)
+            for k, dt in _columns.COLUMNS.items()
+        }
+        assert store.append(chunk) == sum(len(c["kind"]) for c in chunks)
+        chunks.append(chunk)
+    cols = store.take()
+    for k, dt in _columns.COLUMNS.items():
+        assert cols[k].dtype == dt and len(cols[k]) == 355, k
+        assert np.array_equal(cols[k], np.concatenate([c[k] for c in chunks])), k
+    assert store.n == 0 and len(store.take()["ts"]) == 0

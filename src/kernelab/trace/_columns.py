@@ -24,6 +24,7 @@ from kernelab.trace._events import (
     SHAPED_OPS,
     Trace,
 )
+from kernelab.trace._store import COLUMNS, _Part, _Store
 from kernelab.trace._times import TIME_LIMIT_US, drop_outliers, times_ok
 
 try:  # a faster decoder that skips the fields we do not read; orjson does without it
@@ -238,32 +239,6 @@ _MEM_KEYS = ("Addr", "Bytes", "Total Allocated", "Total Reserved", "Device Type"
 MEMORY_COLUMNS = ("ts_us", "tid", "addr", "bytes", "allocated", "reserved", "device_type")
 MEMORY_COLUMNS += ("device_id",)
 
-#: The columns of a :class:`Trace` and their dtypes.
-COLUMNS = {
-    "kind": np.int8,
-    "name": np.int32,
-    "ts": np.int64,
-    "dur": np.int64,
-    "pid": np.int64,
-    "tid": np.int64,
-    "corr": np.int64,
-    "regs": np.int32,
-    "shmem": np.int64,
-    "block": np.int64,
-    "grid": np.int64,
-    "nbytes": np.int64,
-}
-
-
-class _Part:
-    """The columns of one chunk: which chunk (parts are put in file order at the end), the
-    microsecond base its times are relative to, and the shapes of its rows (by row)."""
-
-    __slots__ = ("arrays", "base_us", "chunk", "shapes")
-
-    def __init__(self, chunk: int, base_us: int, arrays: dict, shapes: dict):
-        self.chunk, self.base_us, self.arrays, self.shapes = chunk, base_us, arrays, shapes
-
 
 class _Columns:
     """Per-chunk numpy columns, concatenated at the end.
@@ -276,6 +251,7 @@ class _Columns:
         self.table: dict[str, int] = _Intern()
         self.kinds = _KindMap()
         self.parts: list[_Part] = []
+        self.store = _Store()
         self.unknown: dict[str, int] = {}
         self.malformed = 0
         self.out_of_range = 0
@@ -290,7 +266,9 @@ class _Columns:
         self.next_chunk += 1
 
     def _append(self, arrays: dict, shapes: dict) -> None:
-        self.parts.append(_Part(self.next_chunk - 1, self.base_us, arrays, shapes))
+        start = self.store.append(arrays)
+        n = len(arrays["kind"])
+        self.parts.append(_Part(self.next_chunk - 1, self.base_us, start, n, shapes))
 
     def add_raw(self, chunk: memoryview, memory: bool | None = False) -> bool:
         """Parse and append one JSON array of events (msgspec when installed, else orjson).
@@ -554,7 +532,7 @@ class _Columns:
                 {
                     "chunk": p.chunk,
                     "base_us": p.base_us,
-                    "n": len(p.arrays["kind"]),
+                    "n": p.n,
                     "shapes": [[i, d, t] for i, (d, t) in p.shapes.items()],
                 }
                 for p in self.parts
@@ -562,10 +540,11 @@ class _Columns:
             "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         }
         head = orjson.dumps(header)
+        store = self.store.cols
         body = (
-            memoryview(np.ascontiguousarray(p.arrays[k], dtype=dt)).cast("B")
+            memoryview(store[k][p.start : p.start + p.n]).cast("B")
             for p in self.parts
-            for k, dt in COLUMNS.items()
+            for k in COLUMNS
         )
         return [len(head).to_bytes(8, "little"), head, *body]
 
@@ -583,7 +562,8 @@ class _Columns:
                 pos += nbytes
             arrays["name"] = remap[arrays["name"]]
             shapes = {i: (d, t) for i, d, t in p["shapes"]}
-            self.parts.append(_Part(p["chunk"], p["base_us"], arrays, shapes))
+            start = self.store.append(arrays)
+            self.parts.append(_Part(p["chunk"], p["base_us"], start, p["n"], shapes))
         if pos != len(payload):
             raise ValueError("worker payload: length does not match its header")
         for cat, count in header["unknown"].items():
@@ -601,12 +581,15 @@ class _Columns:
         parts = sorted(self.parts, key=lambda p: p.chunk)
         bases = [p.base_us for p in parts if p.base_us is not None]
         base_us = min(bases) if bases else 0
-        offsets = np.cumsum([0] + [len(p.arrays["kind"]) for p in parts])
-        cols = {}
-        for k, dt in COLUMNS.items():  # one column at a time, each part's copy freed after it
-            cols[k] = np.concatenate([p.arrays.pop(k) for p in parts]) if parts else np.zeros(0, dt)
+        lengths = [p.n for p in parts]
+        offsets = np.cumsum([0, *lengths])
+        cols = self.store.take()
+        if [p.start for p in parts] != offsets[:-1].tolist():  # parts from several processes
+            order = np.concatenate([np.arange(p.start, p.start + p.n) for p in parts])
+            for k in COLUMNS:  # one column at a time into file order
+                cols[k] = cols[k][order]
         if len(set(bases)) > 1:  # parts decoded by several processes: one base for all
-            shift = np.repeat([(p.base_us - base_us) * 1000 for p in parts], np.diff(offsets))
+            shift = np.repeat([(p.base_us - base_us) * 1000 for p in parts], lengths)
             cols["ts"] += shift
         shapes: dict = {}
         for p, o in zip(parts, offsets.tolist(), strict=False):
