@@ -420,14 +420,25 @@ class _Columns:
             def getter(key):
                 return methodcaller("get", key, -1)
 
+        picked: dict[int, tuple] = {}
+
+        def pick(mask):
+            """The rows of ``mask`` and their args, picked once per mask (the mask is kept
+            with them, so its id is not reused while the table lives)."""
+            hit = picked.get(id(mask))
+            if hit is None:
+                idx = np.flatnonzero(mask)
+                hit = picked[id(mask)] = (mask, idx, _pick(args, idx))
+            return hit[1], hit[2]
+
         def sparse(mask, key, dtype=np.int64):
             out = np.full(n, -1, dtype=dtype)
-            idx = np.flatnonzero(mask)
+            idx, sub = pick(mask)
             if len(idx):
-                out[idx] = _read(_pick(args, idx), getter(key), dtype)
+                out[idx] = _read(sub, getter(key), dtype)
             return idx, out
 
-        _gpu_columns(part, kind_a, sparse, lambda m, k: _dims_product(args, m, getter(k)))
+        _gpu_columns(part, kind_a, sparse, lambda m, k: _dims_product(n, *pick(m), getter(k)))
         shapes = {}
         shaped_ids = [intern[x] for x in SHAPED_OPS if x in intern]
         if shaped_ids:
@@ -504,9 +515,11 @@ class _Columns:
                 out[idx] = _col([fn(v) for v in vals] if fn else vals, dtype)
             return idx, out
 
-        _gpu_columns(
-            part, kind_a, sparse, lambda m, k: _dims_product(args, m, methodcaller("get", k))
-        )
+        def dims(mask, key):
+            idx = np.flatnonzero(mask)
+            return _dims_product(n, idx, _pick(args, idx), methodcaller("get", key))
+
+        _gpu_columns(part, kind_a, sparse, dims)
         shapes = {}
         for i in np.flatnonzero(kind_a == CPU_OP):
             if names[i] in SHAPED_OPS:
@@ -652,13 +665,13 @@ def _int(v) -> int:
     return -1
 
 
-def _dims_product(args: list, mask: np.ndarray, get) -> np.ndarray:
-    """Product of a [x, y, z] launch dimension per masked row, -1 where absent."""
-    out = np.full(len(args), -1, dtype=np.int64)
-    idx = np.flatnonzero(mask)
+def _dims_product(n: int, idx: np.ndarray, args: list, get) -> np.ndarray:
+    """Product of a [x, y, z] launch dimension for the rows ``idx`` of ``n`` (``args``: theirs),
+    -1 where absent."""
+    out = np.full(n, -1, dtype=np.int64)
     if not len(idx):
         return out
-    vals = list(map(get, _pick(args, idx)))
+    vals = list(map(get, args))
     types = set(map(type, vals))
     if types != {list}:  # rows without a list (absent: some graph replays' kernels) stay -1
         # JSON decodes to plain lists only, so isinstance is type(v) is list here (C speed)
