@@ -555,3 +555,20 @@ def test_column_store_grows_in_place_and_keeps_every_row(monkeypatch):
         assert cols[k].dtype == dt and len(cols[k]) == 355, k
         assert np.array_equal(cols[k], np.concatenate([c[k] for c in chunks])), k
     assert store.n == 0 and len(store.take()["ts"]) == 0
+
+
+def test_shape_table_numbers_equal_shapes_once_however_written():
+    import msgspec
+
+    table = _columns._ShapeTable(msgspec.json.decode)
+    a = table.of([[8, 4096], [4096, 4096]], ["float", "float"])
+    assert table.of([[8, 4096], [4096, 4096]], ["float", "float"]) == a  # equal, new objects
+    b = table.of([[8, 4096], [4096, 4096]], ["c10::BFloat16", "c10::BFloat16"])
+    assert b != a and table.pairs[a] == ([[8, 4096], [4096, 4096]], ["float", "float"])
+    compact = (b"[[8,4096],[4096,4096]]", b'["float","float"]')
+    indented = (b"[\n  [8, 4096],\n  [4096, 4096]\n]", b'[ "float", "float" ]')
+    assert table.texts[compact] == a and table.texts[indented] == a
+    # Not both lists, or not JSON on its own: no shape, and nothing added.
+    assert table.of(None, ["float"]) == -1 and table.of([[1]], "float") == -1
+    assert table.texts[(b"[[1]", b"[]")] == -1 and table.texts[(b"{}", b"[]")] == -1
+    assert len(table.pairs) == 2

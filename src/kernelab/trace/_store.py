@@ -19,19 +19,19 @@ COLUMNS = {
     "block": np.int64,
     "grid": np.int64,
     "nbytes": np.int64,
+    "shape": np.int32,
 }
 
 
 class _Part:
     """One chunk's rows in the store: which chunk (rows are put in file order at the end),
-    the microsecond base its times are relative to, where its rows start in the store, how
-    many there are, and the shapes of its rows (by row within the chunk)."""
+    the microsecond base its times are relative to, where its rows start in the store and
+    how many there are."""
 
-    __slots__ = ("base_us", "chunk", "n", "shapes", "start")
+    __slots__ = ("base_us", "chunk", "n", "start")
 
-    def __init__(self, chunk: int, base_us: int, start: int, n: int, shapes: dict):
+    def __init__(self, chunk: int, base_us: int, start: int, n: int):
         self.chunk, self.base_us, self.start, self.n = chunk, base_us, start, n
-        self.shapes = shapes
 
 
 class _Store:
@@ -69,3 +69,44 @@ class _Store:
             col.resize(n, refcheck=False)
         self.cols, self.n = {k: np.empty(0, dtype=dt) for k, dt in COLUMNS.items()}, 0
         return cols
+
+
+class _ShapeTable:
+    """The distinct ``(input dims, input types)`` of the shaped ops, numbered as first seen;
+    a row's ``shape`` column holds its number (-1: none). Keyed by the values (``repr``), so
+    equal shapes written differently (indented, or read by another process) are one entry,
+    and by raw JSON texts for the decoder's rows (:attr:`texts`: a pair of texts -> the
+    number, each pair decoded once by ``decode``)."""
+
+    def __init__(self, decode=None):
+        self.pairs: list[tuple[list, list]] = []
+        self._ids: dict[str, int] = {}
+        self.texts = _ShapeTexts(self, decode)
+
+    def of(self, dims, types) -> int:
+        """The number of a shape (-1 unless both are lists)."""
+        if type(dims) is not list or type(types) is not list:
+            return -1
+        key = repr((dims, types))
+        i = self._ids.get(key)
+        if i is None:
+            i = self._ids[key] = len(self.pairs)
+            self.pairs.append((dims, types))
+        return i
+
+
+class _ShapeTexts(dict):
+    """(dims text, types text) -> the shape's number in the table (-1: no shape); a lookup
+    is one C-level call, a new pair of texts is decoded once."""
+
+    def __init__(self, table: _ShapeTable, decode):
+        super().__init__()
+        self.table, self.decode = table, decode
+
+    def __missing__(self, texts: tuple) -> int:
+        try:
+            i = self.table.of(self.decode(texts[0]), self.decode(texts[1]))
+        except ValueError:  # not valid JSON on its own: no shape
+            i = -1
+        self[texts] = i
+        return i
