@@ -24,6 +24,7 @@ from kernelab.trace._events import (
     SHAPED_OPS,
     Trace,
 )
+from kernelab.trace._store import COLUMNS, _Part, _ShapeTable, _Store
 from kernelab.trace._times import TIME_LIMIT_US, drop_outliers, times_ok
 
 try:  # a faster decoder that skips the fields we do not read; orjson does without it
@@ -186,33 +187,6 @@ else:
     _NO_ARGS = None
 
 
-def _shared(value, seen: dict):
-    """:func:`_plain`, one object per distinct raw JSON text: equal shapes are one object
-    (decoded once; analyses may key caches on its ``id``; never mutated)."""
-    if msgspec is not None and type(value) is msgspec.Raw:
-        key = bytes(value)
-        out = seen.get(key)
-        if out is None:
-            out = seen[key] = msgspec.json.decode(key)
-        return out
-    return value
-
-
-class _SharedText(dict):
-    """Raw JSON text -> its one decoded object (:func:`_shared`'s table)."""
-
-    def __missing__(self, key: bytes):
-        out = self[key] = msgspec.json.decode(key)
-        return out
-
-
-def _shared_all(values: list, seen: dict) -> list:
-    """:func:`_shared` of every value; where all are raw JSON, in C-level passes."""
-    if msgspec is not None and values and set(map(type, values)) == {msgspec.Raw}:
-        return list(map(seen.__getitem__, map(bytes, values)))
-    return [_shared(x, seen) for x in values]
-
-
 def _plain(value):
     """An args value as plain JSON data (raw JSON decoded)."""
     if msgspec is not None and type(value) is msgspec.Raw:
@@ -238,32 +212,6 @@ _MEM_KEYS = ("Addr", "Bytes", "Total Allocated", "Total Reserved", "Device Type"
 MEMORY_COLUMNS = ("ts_us", "tid", "addr", "bytes", "allocated", "reserved", "device_type")
 MEMORY_COLUMNS += ("device_id",)
 
-#: The columns of a :class:`Trace` and their dtypes.
-COLUMNS = {
-    "kind": np.int8,
-    "name": np.int32,
-    "ts": np.int64,
-    "dur": np.int64,
-    "pid": np.int64,
-    "tid": np.int64,
-    "corr": np.int64,
-    "regs": np.int32,
-    "shmem": np.int64,
-    "block": np.int64,
-    "grid": np.int64,
-    "nbytes": np.int64,
-}
-
-
-class _Part:
-    """The columns of one chunk: which chunk (parts are put in file order at the end), the
-    microsecond base its times are relative to, and the shapes of its rows (by row)."""
-
-    __slots__ = ("arrays", "base_us", "chunk", "shapes")
-
-    def __init__(self, chunk: int, base_us: int, arrays: dict, shapes: dict):
-        self.chunk, self.base_us, self.arrays, self.shapes = chunk, base_us, arrays, shapes
-
 
 class _Columns:
     """Per-chunk numpy columns, concatenated at the end.
@@ -276,11 +224,12 @@ class _Columns:
         self.table: dict[str, int] = _Intern()
         self.kinds = _KindMap()
         self.parts: list[_Part] = []
+        self.store = _Store()
         self.unknown: dict[str, int] = {}
         self.malformed = 0
         self.out_of_range = 0
         self.memory: list[tuple[int, dict]] = []  # (chunk, columns) of [memory] instants
-        self.shape_text: dict[bytes, object] = _SharedText()  # raw shape JSON -> its object
+        self.shapes = _ShapeTable(msgspec.json.decode if msgspec is not None else None)
         self.base_us: int | None = None
         self.next_chunk = 0
         self.absorbed = False
@@ -289,8 +238,10 @@ class _Columns:
         """The next chunk is decoded elsewhere."""
         self.next_chunk += 1
 
-    def _append(self, arrays: dict, shapes: dict) -> None:
-        self.parts.append(_Part(self.next_chunk - 1, self.base_us, arrays, shapes))
+    def _append(self, arrays: dict) -> None:
+        start = self.store.append(arrays)
+        n = len(arrays["kind"])
+        self.parts.append(_Part(self.next_chunk - 1, self.base_us, start, n))
 
     def add_raw(self, chunk: memoryview, memory: bool | None = False) -> bool:
         """Parse and append one JSON array of events (msgspec when installed, else orjson).
@@ -324,7 +275,7 @@ class _Columns:
         if memory or memory is None:
             self._memory(events, structs)
         try:
-            part, shapes, unknown = self._fast(events, structs)
+            part, unknown = self._fast(events, structs)
         except (KeyError, TypeError, ValueError, AttributeError):
             if structs:
                 events = [_as_dict(e) for e in events]
@@ -334,7 +285,7 @@ class _Columns:
             return
         for cat, count in unknown.items():
             self.unknown[cat] = self.unknown.get(cat, 0) + count
-        self._append(part, shapes)
+        self._append(part)
 
     def _memory(self, events: list, structs: bool) -> None:
         """Keep the chunk's ``[memory]`` instants as columns (file order)."""
@@ -386,7 +337,7 @@ class _Columns:
             xs = [e for e in events if e["ph"] == "X"]
             field = itemgetter
         if not xs:
-            return None, {}, {}
+            return None, {}
         cat = field("cat")
         kind_all = np.fromiter(map(self.kinds.__getitem__, map(cat, xs)), np.int8, len(xs))
         unknown: dict[str, int] = {}
@@ -395,7 +346,7 @@ class _Columns:
             unknown[name] = unknown.get(name, 0) + 1
         keep = np.flatnonzero(kind_all >= 0)
         if not len(keep):
-            return None, {}, unknown
+            return None, unknown
         rows = xs if len(keep) == len(xs) else _pick(xs, keep)
         n = len(rows)
         if structs:  # float-typed fields: the decoder rejected strings, booleans and nulls
@@ -442,30 +393,42 @@ class _Columns:
             def getter(key):
                 return methodcaller("get", key, -1)
 
+        picked: dict[int, tuple] = {}
+
+        def pick(mask):
+            """The rows of ``mask`` and their args, picked once per mask (the mask is kept
+            with them, so its id is not reused while the table lives)."""
+            hit = picked.get(id(mask))
+            if hit is None:
+                idx = np.flatnonzero(mask)
+                hit = picked[id(mask)] = (mask, idx, _pick(args, idx))
+            return hit[1], hit[2]
+
         def sparse(mask, key, dtype=np.int64):
             out = np.full(n, -1, dtype=dtype)
-            idx = np.flatnonzero(mask)
+            idx, sub = pick(mask)
             if len(idx):
-                out[idx] = _read(_pick(args, idx), getter(key), dtype)
+                out[idx] = _read(sub, getter(key), dtype)
             return idx, out
 
-        _gpu_columns(part, kind_a, sparse, lambda m, k: _dims_product(args, m, getter(k)))
-        shapes = {}
+        _gpu_columns(part, kind_a, sparse, lambda m, k: _dims_product(n, *pick(m), getter(k)))
+        part["shape"] = shape = np.full(n, -1, dtype=np.int32)
         shaped_ids = [intern[x] for x in SHAPED_OPS if x in intern]
         if shaped_ids:
             rows_i = np.flatnonzero((kind_a == CPU_OP) & np.isin(name_a, shaped_ids, kind="table"))
             sub = _pick(args, rows_i)
-            shared = self.shape_text
-            dims_all = _shared_all(list(map(getter("Input Dims"), sub)), shared)
-            types_all = _shared_all(list(map(getter("Input type"), sub)), shared)
-            if set(map(type, dims_all)) == {list} and set(map(type, types_all)) == {list}:
-                pairs = zip(dims_all, types_all, strict=True)
-                shapes = dict(zip(rows_i.tolist(), pairs, strict=True))
+            dims_all = list(map(getter("Input Dims"), sub))
+            types_all = list(map(getter("Input type"), sub))
+            table = self.shapes
+            if msgspec is not None and set(map(type, chain(dims_all, types_all))) == {msgspec.Raw}:
+                # Raw JSON texts: each distinct pair of texts is decoded once (C-level passes)
+                texts = zip(map(bytes, dims_all), map(bytes, types_all), strict=True)
+                shape[rows_i] = np.fromiter(
+                    map(table.texts.__getitem__, texts), np.int32, len(rows_i)
+                )
             else:
-                for i, dims, types in zip(rows_i.tolist(), dims_all, types_all, strict=True):
-                    if type(dims) is list and type(types) is list:
-                        shapes[i] = (dims, types)
-        return part, shapes, unknown
+                shape[rows_i] = list(map(table.of, map(_plain, dims_all), map(_plain, types_all)))
+        return part, unknown
 
     def _careful(self, events: list) -> None:
         km = self.kinds
@@ -526,17 +489,17 @@ class _Columns:
                 out[idx] = _col([fn(v) for v in vals] if fn else vals, dtype)
             return idx, out
 
-        _gpu_columns(
-            part, kind_a, sparse, lambda m, k: _dims_product(args, m, methodcaller("get", k))
-        )
-        shapes = {}
-        for i in np.flatnonzero(kind_a == CPU_OP):
+        def dims(mask, key):
+            idx = np.flatnonzero(mask)
+            return _dims_product(n, idx, _pick(args, idx), methodcaller("get", key))
+
+        _gpu_columns(part, kind_a, sparse, dims)
+        part["shape"] = shape = np.full(n, -1, dtype=np.int32)
+        for i in np.flatnonzero(kind_a == CPU_OP).tolist():
             if names[i] in SHAPED_OPS:
                 a = args[i]
-                dims, types = a.get("Input Dims"), a.get("Input type")
-                if isinstance(dims, list) and isinstance(types, list):
-                    shapes[int(i)] = (dims, types)
-        self._append(part, shapes)
+                shape[i] = self.shapes.of(a.get("Input Dims"), a.get("Input type"))
+        self._append(part)
 
     def export(self) -> list:
         """These columns as byte strings to write, in order, for :meth:`absorb` in another
@@ -550,22 +513,23 @@ class _Columns:
             "malformed": self.malformed,
             "out_of_range": self.out_of_range,
             "memory": [[c, {k: v.tolist() for k, v in m.items()}] for c, m in self.memory],
+            "shapes": self.shapes.pairs,
             "parts": [
                 {
                     "chunk": p.chunk,
                     "base_us": p.base_us,
-                    "n": len(p.arrays["kind"]),
-                    "shapes": [[i, d, t] for i, (d, t) in p.shapes.items()],
+                    "n": p.n,
                 }
                 for p in self.parts
             ],
             "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         }
         head = orjson.dumps(header)
+        store = self.store.cols
         body = (
-            memoryview(np.ascontiguousarray(p.arrays[k], dtype=dt)).cast("B")
+            memoryview(store[k][p.start : p.start + p.n]).cast("B")
             for p in self.parts
-            for k, dt in COLUMNS.items()
+            for k in COLUMNS
         )
         return [len(head).to_bytes(8, "little"), head, *body]
 
@@ -574,6 +538,9 @@ class _Columns:
         size = int.from_bytes(payload[:8], "little")
         header = orjson.loads(payload[8 : 8 + size])
         remap = np.array([self.table[s] for s in header["strings"]], dtype=np.int32)
+        # the other process's shape numbers -> this one's; the extra last entry keeps -1
+        shape_remap = [self.shapes.of(d, t) for d, t in header["shapes"]]
+        shape_remap = np.array([*shape_remap, -1], dtype=np.int32)
         pos = 8 + size
         for p in header["parts"]:
             arrays = {}
@@ -582,8 +549,9 @@ class _Columns:
                 arrays[k] = np.frombuffer(payload, dtype=dt, count=p["n"], offset=pos)
                 pos += nbytes
             arrays["name"] = remap[arrays["name"]]
-            shapes = {i: (d, t) for i, d, t in p["shapes"]}
-            self.parts.append(_Part(p["chunk"], p["base_us"], arrays, shapes))
+            arrays["shape"] = shape_remap[arrays["shape"]]
+            start = self.store.append(arrays)
+            self.parts.append(_Part(p["chunk"], p["base_us"], start, p["n"]))
         if pos != len(payload):
             raise ValueError("worker payload: length does not match its header")
         for cat, count in header["unknown"].items():
@@ -601,17 +569,16 @@ class _Columns:
         parts = sorted(self.parts, key=lambda p: p.chunk)
         bases = [p.base_us for p in parts if p.base_us is not None]
         base_us = min(bases) if bases else 0
-        offsets = np.cumsum([0] + [len(p.arrays["kind"]) for p in parts])
-        cols = {}
-        for k, dt in COLUMNS.items():  # one column at a time, each part's copy freed after it
-            cols[k] = np.concatenate([p.arrays.pop(k) for p in parts]) if parts else np.zeros(0, dt)
+        lengths = [p.n for p in parts]
+        offsets = np.cumsum([0, *lengths])
+        cols = self.store.take()
+        if [p.start for p in parts] != offsets[:-1].tolist():  # parts from several processes
+            order = np.concatenate([np.arange(p.start, p.start + p.n) for p in parts])
+            for k in COLUMNS:  # one column at a time into file order
+                cols[k] = cols[k][order]
         if len(set(bases)) > 1:  # parts decoded by several processes: one base for all
-            shift = np.repeat([(p.base_us - base_us) * 1000 for p in parts], np.diff(offsets))
+            shift = np.repeat([(p.base_us - base_us) * 1000 for p in parts], lengths)
             cols["ts"] += shift
-        shapes: dict = {}
-        for p, o in zip(parts, offsets.tolist(), strict=False):
-            if p.shapes:  # row numbers of the part shifted by its offset, in C-level passes
-                shapes.update(zip(map(o.__add__, p.shapes), p.shapes.values(), strict=False))
         strings = list(self.table)
         if self.absorbed:  # name ids in order of first appearance, as one process assigns them
             ids, first = np.unique(cols["name"], return_index=True)
@@ -621,10 +588,7 @@ class _Columns:
             cols["name"] = remap[cols["name"]]
             strings = [strings[i] for i in order.tolist()]
         outliers = drop_outliers(cols, strings)
-        mask = outliers.pop("_mask", None)
-        if mask is not None:  # rows renumbered after the dropped ones
-            row = np.cumsum(~mask) - 1
-            shapes = {int(row[i]): v for i, v in shapes.items() if not mask[i]}
+        outliers.pop("_mask", None)
         # Times so far are relative to the first chunk's earliest event; make them relative
         # to the trace's earliest (whole microseconds), whatever the chunking.
         if len(cols["ts"]):
@@ -642,7 +606,7 @@ class _Columns:
             path=path,
             meta=meta,
             strings=strings,
-            shapes=shapes,
+            shape_table=self.shapes.pairs,
             unknown_categories=dict(self.unknown),
             malformed=self.malformed,
             out_of_range=self.out_of_range,
@@ -669,13 +633,13 @@ def _int(v) -> int:
     return -1
 
 
-def _dims_product(args: list, mask: np.ndarray, get) -> np.ndarray:
-    """Product of a [x, y, z] launch dimension per masked row, -1 where absent."""
-    out = np.full(len(args), -1, dtype=np.int64)
-    idx = np.flatnonzero(mask)
+def _dims_product(n: int, idx: np.ndarray, args: list, get) -> np.ndarray:
+    """Product of a [x, y, z] launch dimension for the rows ``idx`` of ``n`` (``args``: theirs),
+    -1 where absent."""
+    out = np.full(n, -1, dtype=np.int64)
     if not len(idx):
         return out
-    vals = list(map(get, _pick(args, idx)))
+    vals = list(map(get, args))
     types = set(map(type, vals))
     if types != {list}:  # rows without a list (absent: some graph replays' kernels) stay -1
         # JSON decodes to plain lists only, so isinstance is type(v) is list here (C speed)

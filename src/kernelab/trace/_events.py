@@ -142,7 +142,9 @@ class Trace:
     block: np.ndarray  # int64 threads per block, -1 if none
     grid: np.ndarray  # int64 blocks in the grid, -1 if none
     nbytes: np.ndarray  # int64 bytes of a memcpy / memset, -1 if none
-    shapes: dict[int, tuple[list, list]] = field(default_factory=dict)  # row -> (dims, types)
+    shape: np.ndarray  # int32 index into shape_table (a shaped op's inputs), -1 if none
+    #: The distinct (input dims, input types) of the shaped ops (cpu ops in SHAPED_OPS).
+    shape_table: list[tuple[list, list]] = field(default_factory=list)
     unknown_categories: dict[str, int] = field(default_factory=dict)
     malformed: int = 0  # 'X' events without a usable ts/dur/name
     out_of_range: int = 0  # 'X' events whose ts or dur overflows (skipped)
@@ -157,6 +159,13 @@ class Trace:
 
     def __len__(self) -> int:
         return len(self.kind)
+
+    @property
+    def shapes(self) -> dict[int, tuple[list, list]]:
+        """Row -> (input dims, input types) of every row with recorded shapes."""
+        table = self.shape_table
+        rows = np.flatnonzero(self.shape >= 0)
+        return {i: table[j] for i, j in zip(rows.tolist(), self.shape[rows].tolist(), strict=True)}
 
     @property
     def end(self) -> np.ndarray:

@@ -17,8 +17,6 @@ import contextlib
 import gc
 import os
 import signal
-import sys
-import threading
 import zlib
 from pathlib import Path
 
@@ -319,11 +317,6 @@ def _load_streaming(path: Path, cols: _Columns, rank: int = 0, workers: int = 1)
     return {**head, **trailer}
 
 
-#: Decompressed bytes of trace per decoding process, and the most processes used.
-_BYTES_PER_WORKER = 16 << 20
-_MAX_WORKERS = 4
-
-
 class _WorkerFailed(Exception):
     """A decoding process failed: the trace is read again by this process alone."""
 
@@ -337,33 +330,18 @@ def _decompressed_size(p: Path) -> int:
     return max(isize, 4 * p.stat().st_size)  # JSON compresses 5-20x; a wrapped size is small
 
 
-def _workers(p: Path, workers: int | None) -> int:
+def _workers(workers: int | None) -> int:
+    """Processes that decode: as asked, else ``KERNELAB_TRACE_WORKERS``, else one. One by
+    default because a forked decoder costs CPU time of its own (each process inflates and
+    cuts the whole stream, and the columns cross a pipe): it shortens the wall time only
+    where a CPU would otherwise be idle, and always lengthens the CPU time."""
     if workers is None:
         workers = _flags.trace_workers()
-    if workers is not None:
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"workers: expected a whole number of processes >= 1, got {workers!r}")
-        return workers if hasattr(os, "fork") else 1
-    # Automatic: fork only where it is safe and pays: Linux, no other threads in this
-    # process (torch starts native ones), several CPUs, a large trace.
-    if not sys.platform.startswith("linux") or threading.active_count() > 1:
+    if workers is None:
         return 1
-    if "torch" in sys.modules:
-        return 1
-    cpus = len(os.sched_getaffinity(0))
-    by_size = _decompressed_size(p) // _BYTES_PER_WORKER
-    return max(1, min(cpus, _MAX_WORKERS, by_size, 1 + _idle_cpus(cpus)))
-
-
-def _idle_cpus(cpus: int) -> int:
-    """CPUs beyond this process's that the last minute left idle (``os.getloadavg``): a
-    forked decoder costs CPU time of its own (it inflates and cuts the whole stream too) and
-    only pays where a CPU would otherwise wait; on a loaded machine the trace is read alone."""
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        return cpus - 1
-    return max(0, int(cpus - load - 0.5))
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers: expected a whole number of processes >= 1, got {workers!r}")
+    return workers if hasattr(os, "fork") else 1
 
 
 def _load_parallel(p: Path, cols: _Columns, workers: int) -> tuple[dict, list[int]]:
@@ -435,10 +413,10 @@ def load(path, *, workers: int | None = 1) -> Trace:
     """Read a Kineto trace (``.json`` or ``.json.gz``) into columns.
 
     ``workers``: processes that decode it: ``1`` (the default) this one alone; more fork
-    helpers (POSIX) that each decode a share of the chunks; ``None`` chooses
-    (``KERNELAB_TRACE_WORKERS``, else several for a large trace on a multi-core Linux
-    machine when the process runs no other threads; the command line does this). Raises
-    :class:`TraceError` (a ValueError) with one line for anything unreadable.
+    helpers (POSIX) that each decode a share of the chunks (shorter wall time on idle CPUs,
+    more CPU time); ``None``: ``KERNELAB_TRACE_WORKERS`` if set, else one (the command
+    line does this). Raises :class:`TraceError` (a ValueError) with one line for anything
+    unreadable.
     """
     p = Path(path)
     if not p.exists():
@@ -447,7 +425,7 @@ def load(path, *, workers: int | None = 1) -> Trace:
         raise TraceError(f"trace: {str(p)!r} is a folder, expected a .json or .json.gz file")
     if p.stat().st_size == 0:
         raise TraceError(f"trace: {str(p)!r} is empty (0 bytes)")
-    n = _workers(p, workers)
+    n = _workers(workers)
     cols = _Columns()
     peaks: list[int] = []
     enabled = gc.isenabled()

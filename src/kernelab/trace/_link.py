@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import cached_property
-from operator import itemgetter
 
 import numpy as np
 
@@ -154,16 +153,6 @@ def group_rows(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     group = np.empty(n, dtype=np.int64)
     group[order] = rank[sorted_group]
     return group, np.sort(firsts)
-
-
-def shape_keys(shapes: dict, rows: np.ndarray) -> tuple[list, np.ndarray, np.ndarray]:
-    """The ``(dims, types)`` of each row (all in ``shapes``) and the ``id`` of each: equal
-    shapes are often one object (ingest), so a cache keyed on ids does each shape once."""
-    pairs = list(map(shapes.__getitem__, rows.tolist()))
-    n = len(pairs)
-    dims = np.fromiter(map(id, map(itemgetter(0), pairs)), np.int64, n)
-    types = np.fromiter(map(id, map(itemgetter(1), pairs)), np.int64, n)
-    return pairs, dims, types
 
 
 def percentile(values: np.ndarray, q: float) -> float:

@@ -21,7 +21,7 @@ import sys
 import numpy as np
 
 from kernelab.trace._ingest import KERNEL
-from kernelab.trace._link import Links, group_rows, shape_keys
+from kernelab.trace._link import Links, group_rows
 from kernelab.trace.roofline import (
     ATTENTION,
     GEMM,
@@ -122,18 +122,18 @@ def fusion_candidates(links: Links, n: int = 10, registered: set[str] | None = N
     label_text = strings + group_names
     # Ops with shapes: bound from the cost model on the trace's device.
     lk = np.flatnonzero(linked)
-    has = np.fromiter(map(t.shapes.__contains__, op_rows[lk].tolist()), bool, len(lk))
-    shaped = lk[has]
+    shape = t.shape[op_rows[lk]]
+    shaped = lk[shape >= 0]
     if len(shaped):
-        pairs, dims_id, types_id = shape_keys(t.shapes, op_rows[shaped])
+        shape = shape[shape >= 0].astype(np.int64)
         devs = t.pid[gpu[kern[shaped]]]
-        # One cost per (op, shapes, device): equal shapes are often one object (ingest).
-        group, firsts = group_rows(op_name[shaped].astype(np.int64), dims_id, types_id, devs)
+        # One cost per (op, shapes, device).
+        group, firsts = group_rows(op_name[shaped].astype(np.int64), shape, devs)
         bound_g = np.zeros(len(firsts), dtype=np.int8)  # -1 unknown, 0 compute, 1 memory
         bytes_g = np.full(len(firsts), np.nan)
         for g, f in enumerate(firsts.tolist()):
             oname = strings[int(op_name[shaped[f]])]
-            dims, types = pairs[f]
+            dims, types = t.shape_table[shape[f]]
             dev = int(devs[f])
             if dev not in specs:
                 specs[dev] = match_device(props.get(dev, {}))

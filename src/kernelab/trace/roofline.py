@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from kernelab.trace._link import Links, group_rows, shape_keys
+from kernelab.trace._link import Links, group_rows
 
 US = 1e-3
 
@@ -165,7 +165,7 @@ def match_device(props: dict):
 def roofline(links: Links, n: int = 15) -> dict:
     """Ops with shapes and GPU time, grouped by (op, shapes, dtypes), placed on the roofline."""
     t = links.trace
-    if not t.shapes:
+    if not (t.shape >= 0).any():
         return {"ops": [], "note": "the trace has no recorded shapes (record_shapes=False)"}
     props = {p.get("id", i): p for i, p in enumerate(t.device_properties())}
     op_rows = links.gpu_op
@@ -180,19 +180,18 @@ def roofline(links: Links, n: int = 15) -> dict:
     op_dev = np.zeros(len(uniq), dtype=np.int64)
     op_dev[inv] = dev
     groups: dict[tuple, dict] = {}
-    has = np.fromiter(map(t.shapes.__contains__, uniq.tolist()), bool, len(uniq))
-    sel = np.flatnonzero(has)
+    sel = np.flatnonzero(t.shape[uniq] >= 0)
     if len(sel):
         rows = uniq[sel]
-        pairs, dims_id, types_id = shape_keys(t.shapes, rows)
+        shape = t.shape[rows].astype(np.int64)
         names = t.name[rows].astype(np.int64)
-        # One cost and text per (op, shapes, device): equal shapes are often one object.
-        group, firsts = group_rows(names, dims_id, types_id, op_dev[sel])
+        # One cost and text per (op, shapes, device).
+        group, firsts = group_rows(names, shape, op_dev[sel])
         time_g = np.bincount(group, weights=gpu_time[sel], minlength=len(firsts))
         calls_g = np.bincount(group, minlength=len(firsts))
         for g, f in enumerate(firsts.tolist()):
             name = t.strings[int(names[f])]
-            dims, types = pairs[f]
+            dims, types = t.shape_table[shape[f]]
             cost = op_cost(name, dims, types)
             if cost is None:
                 continue
