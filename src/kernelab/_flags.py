@@ -8,7 +8,7 @@
 | KERNELAB_CACHE_DIR  | where compiled-artifact and measurement caches live.                |
 | KERNELAB_DATA_DIR   | where the default ledger lives (else $XDG_DATA_HOME/kernelab).      |
 | KERNELAB_SHARED     | the folder with the shared device facts and traces (tests).         |
-| KERNELAB_TRACE_WORKERS | processes that decode a trace (1: one; unset: by size and CPUs). |
+| KERNELAB_TRACE_WORKERS | processes that decode a trace (unset: one).                       |
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def ledger_url() -> str | None:
 
 
 def trace_workers() -> int | None:
-    """Processes that decode a trace, if set (``None``: chosen automatically)."""
+    """Processes that decode a trace, if set (``None``: the default, one process)."""
     value = _get("KERNELAB_TRACE_WORKERS")
     if value is None:
         return None

@@ -38,8 +38,7 @@ def register(app: click.Group) -> None:
     @click.option(
         "--workers",
         type=click.IntRange(min=1),
-        help="Processes that decode a large trace [default: by its size and the CPUs; "
-        "KERNELAB_TRACE_WORKERS].",
+        help="Processes that decode a large trace [default: 1; KERNELAB_TRACE_WORKERS].",
     )
     @user_errors
     def summary_command(trace, as_json, top, short_us, perfetto, html, workers):

@@ -37,7 +37,7 @@ def run_summary(
     workers: int | None = None,
 ) -> int:
     """Summarise a trace file (or a folder of per-rank traces); returns the exit code.
-    ``workers``: processes decoding the file (``None``: chosen by size and CPUs); ``html``:
+    ``workers``: processes decoding the file (``None``: one, or KERNELAB_TRACE_WORKERS); ``html``:
     also write the summary as a self-contained page there."""
     if top < 1:
         raise ValueError(f"top: expected at least 1, got {top}")
