@@ -54,7 +54,9 @@ class MoEConfig:
     num_stages: int = 3
 
     @staticmethod
-    def default_for(pairs: int, experts: int, w4: bool = False, fp8: bool = False) -> MoEConfig:
+    def default_for(
+        pairs: int, experts: int, w4: bool = False, fp8: bool = False, mx4: bool = False
+    ) -> MoEConfig:
         # Rows per expert hit decide the tile: at decode (a few pairs per expert) the weight
         # read bounds the time and a 16-row tile (the smallest tensor-core M) wastes least on
         # padding; at prefill the tile grows to reuse each weight tile over more rows.
@@ -69,6 +71,10 @@ class MoEConfig:
             if per_expert <= 64:
                 return MoEConfig(64, 32, 128, 4, 3)
             return MoEConfig(64, 128, 64, 8, 3)
+        if mx4:
+            # mxfp4 decodes the bytes of both weight tiles to 16-bit values per K step beside
+            # the two accumulators, like int4
+            return MX4_CONFIGS[min(2, (per_expert > 16) + (per_expert > 64))]
         if per_expert <= 16:
             # K steps of 64: with 128, bf16 needed 72 KB of shared memory (gfx942 has 64) and
             # spilled on sm_90 in the shared expert's launches.
@@ -102,6 +108,14 @@ class MoEConfig:
             return 8 <= c.block_m * c.block_n // (32 * c.num_warps) <= 128
 
         return [c for c in space if keep(c)] or [MoEConfig.default_for(pairs, experts, w4, fp8)]
+
+
+#: mxfp4 experts' default tiles, by aligned pairs per expert hit: ≤ 16, ≤ 64, more.
+MX4_CONFIGS = (
+    MoEConfig(16, 64, 64, 4, 3),
+    MoEConfig(32, 64, 64, 4, 3),
+    MoEConfig(64, 64, 64, 8, 3),
+)
 
 
 # --- argument checks ------------------------------------------------------------------------
@@ -198,13 +212,15 @@ def align_call(topk_ids: torch.Tensor, experts: int, block_size: int) -> tuple[K
 @dataclass(frozen=True)
 class ExpertWeights:
     """One projection of every expert, dense ([E, N, K] as nn.Linear), int4 (codes
-    [E, K/2, N], scales and zeros [E, K/G, N]) or block-scaled e4m3 (values [E, N, K], float32
-    scales [E, ⌈N/128⌉, ⌈K/128⌉], no zeros)."""
+    [E, K/2, N], scales and zeros [E, K/G, N]), block-scaled e4m3 (values [E, N, K], float32
+    scales [E, ⌈N/128⌉, ⌈K/128⌉], no zeros) or mxfp4 (``mx4``: bytes [E, N, K/2], ue8m0
+    scales [E, N, K/32])."""
 
     b: torch.Tensor
     scales: torch.Tensor | None = None
     zeros: torch.Tensor | None = None
     group_size: int = 0
+    mx4: bool = False
 
     @property
     def w4(self) -> bool:
@@ -212,11 +228,11 @@ class ExpertWeights:
 
     @property
     def fp8(self) -> bool:
-        return self.scales is not None and self.zeros is None
+        return self.scales is not None and self.zeros is None and not self.mx4
 
     def strides(self) -> dict:
         b, s, z = self.b, self.scales, self.zeros
-        if self.fp8:
+        if self.fp8 or self.mx4:
             return dict(
                 stride_be=b.stride(0),
                 stride_bn=b.stride(1),
@@ -320,6 +336,7 @@ def gemm_call(
             MUL_WEIGHT=aligned is not None and not gate_up,
             W4=w.w4,
             FP8=w.fp8,
+            MX4=w.mx4,
             GROUP_SIZE=max(1, w.group_size),
             BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n,
@@ -388,8 +405,10 @@ def plan(
         return LaunchPlan(result=result)
     top_k = topk_ids.shape[1]
     numel = t * top_k
-    cfg = config or MoEConfig.default_for(numel, experts, w1.w4, w1.fp8)
+    cfg = config or MoEConfig.default_for(numel, experts, w1.w4, w1.fp8, w1.mx4)
     for w in (w1, w2):
+        if w.mx4 and cfg.block_k % w.group_size:
+            raise ValueError(f"config: block_k={cfg.block_k} must be a multiple of 32 for mxfp4")
         if w.group_size % cfg.block_k and (w.w4 or w.fp8):
             raise ValueError(
                 f"config: block_k={cfg.block_k} must divide group_size={w.group_size} for "
@@ -482,9 +501,9 @@ MOE_TOKENS = (1, 16, 64, 4096)
 INTERPRETER_DIMS = {"experts": 16, "hidden": 128, "intermediate": 128, "shared_intermediate": 64}
 
 
-def representative(**params) -> list[Shape]:
+def representative(models=MOE_MODELS, **params) -> list[Shape]:
     shapes = []
-    for name, e, k, h, i, si in MOE_MODELS:
+    for name, e, k, h, i, si in models:
         for t in MOE_TOKENS:
             phase = "decode" if t <= 64 else "prefill"
             dims = {"tokens": t, "experts": e, "topk": k, "hidden": h, "intermediate": i}

@@ -5,8 +5,9 @@ the ops live in ``_common`` and the op modules (``moe_topk``, ``moe_align``, ``f
 Helper, called from the grouped GEMM:
 
 - ``_expert_dot``: one K step of one expert's weight tile (bf16/fp16, int4 codes with
-  group-wise scales and zero points in the layout of ``kernelab.ops.packing``, or e4m3 with
-  128 × 128 block scales and e4m3 activations with 1 × 128 group scales).
+  group-wise scales and zero points in the layout of ``kernelab.ops.packing``, e4m3 with
+  128 × 128 block scales and e4m3 activations with 1 × 128 group scales, or mxfp4: packed
+  e2m1 with ue8m0 scales per 32 along K, decoded in registers by ``_e2m1_scaled``).
 
 Kernels:
 
@@ -199,6 +200,22 @@ def _moe_align_kernel(
 
 
 @kernel
+def _e2m1_scaled(q, s):
+    """float32 value of the e2m1 codes ``q`` (int32, 0..15: bit 3 the sign, bits 1-2 the
+    exponent, bit 0 the mantissa) times 2^(s − 127) for the ue8m0 bytes ``s`` (int32; 255 is
+    NaN). Twice an e2m1 magnitude is an integer: 0, 1 (subnormal) or (2 + m) · 2^(e − 1), so
+    the decode is integer arithmetic, one conversion and one multiply by the scale halved,
+    2^(s − 128), built from its bits (a subnormal for s < 2). Exact: at most 4 significant bits.
+    """
+    mag = q & 7
+    twice = tl.where(mag < 2, mag, (2 + (mag & 1)) << tl.maximum((mag >> 1) - 1, 0))
+    twice = tl.where((q & 8) != 0, -twice, twice)
+    half_bits = tl.where(s >= 2, (s - 1) << 23, (1 << 21) << tl.minimum(s, 1))
+    half = tl.where(s == 255, float("nan"), half_bits.to(tl.float32, bitcast=True))
+    return twice.to(tl.float32) * half
+
+
+@kernel
 def _expert_dot(
     acc,
     a,
@@ -218,6 +235,7 @@ def _expert_dot(
     K,
     W4: tl.constexpr,
     FP8: tl.constexpr,
+    MX4: tl.constexpr,
     GROUP_SIZE: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
@@ -226,7 +244,10 @@ def _expert_dot(
     high), S and Z its scales and zero points [K/G, N]; the K step lies in one group. FP8: B is
     its e4m3 [N, K] weight and S its float32 block scales [⌈N/G⌉, ⌈K/G⌉] (G = 128), ``a`` e4m3
     with ``sa`` its rows' scales of this K block: the e4m3 product summed on tensor cores in
-    float32, then times sa[m] · S[n // G, k0 // G] (the K step lies in one block)."""
+    float32, then times sa[m] · S[n // G, k0 // G] (the K step lies in one block). MX4: B is
+    its mxfp4 bytes [N, K/2] (k = 2i low nibble, 2i + 1 high) and S its ue8m0 scales
+    [N, K/32] (uint8); the weights decoded to a's dtype with their 32-group's scale applied
+    (exact for bfloat16) and multiplied on tensor cores (BLOCK_K a multiple of 32)."""
     if W4:
         kq = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         q = tl.load(
@@ -241,6 +262,22 @@ def _expert_dot(
         w_hi = ((q >> 4) - z[None, :]).to(a.dtype)
         a_even, a_odd = tl.split(tl.reshape(a, (a.shape[0], BLOCK_K // 2, 2)))
         acc += (tl.dot(a_even, w_lo) + tl.dot(a_odd, w_hi)) * s[None, :]
+    elif MX4:
+        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte i holds k = 2i and 2i + 1
+        kb_ok = (kb[:, None] < K // 2) & n_ok[None, :]
+        q = tl.load(
+            B + rn[None, :].to(tl.int64) * stride_bn + kb[:, None] * stride_bk, mask=kb_ok, other=0
+        ).to(tl.int32)
+        # the scale of each byte's 32-group (16 bytes share one), read where it is used
+        sb = tl.load(
+            S + rn[None, :].to(tl.int64) * stride_sn + (kb // 16)[:, None] * stride_sk,
+            mask=kb_ok,
+            other=127,
+        ).to(tl.int32)
+        w_even = _e2m1_scaled(q & 15, sb).to(a.dtype)
+        w_odd = _e2m1_scaled(q >> 4, sb).to(a.dtype)
+        a_even, a_odd = tl.split(tl.reshape(a, (a.shape[0], BLOCK_K // 2, 2)))
+        acc = tl.dot(a_odd, w_odd, tl.dot(a_even, w_even, acc))
     elif FP8:
         rk = k0 + tl.arange(0, BLOCK_K)
         b = tl.load(
@@ -304,6 +341,7 @@ def _fused_moe_kernel(
     MUL_WEIGHT: tl.constexpr,
     W4: tl.constexpr,
     FP8: tl.constexpr,
+    MX4: tl.constexpr,
     GROUP_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -320,7 +358,8 @@ def _fused_moe_kernel(
     the down projection, before the sum over top-k).
 
     FP8: A is e4m3 with float32 scales SA [rows of A, ⌈K/G⌉] (one per row and G = 128
-    columns), B e4m3 with block scales S (see ``_expert_dot``); BLOCK_K divides G.
+    columns), B e4m3 with block scales S (see ``_expert_dot``); BLOCK_K divides G. MX4: B
+    mxfp4 with ue8m0 scales S per 32 along K, A in float16/bfloat16 (weight-only).
 
     Bytes: each expert hit reads its weight tiles once per m-block (from L2 across m-blocks),
     A rows re-read per n tile, C written once.
@@ -383,6 +422,7 @@ def _fused_moe_kernel(
             K,
             W4,
             FP8,
+            MX4,
             GROUP_SIZE,
             BLOCK_K,
         )
@@ -406,6 +446,7 @@ def _fused_moe_kernel(
                 K,
                 W4,
                 FP8,
+                MX4,
                 GROUP_SIZE,
                 BLOCK_K,
             )
