@@ -54,7 +54,7 @@ def _decode_kernel(Out, Q, S, n):
     r = tl.arange(0, 512)
     q = tl.load(Q + r, mask=r < n, other=0).to(tl.int32)
     s = tl.load(S + r, mask=r < n, other=127).to(tl.int32)
-    tl.store(Out + r, kernels._e2m1_scaled(q, s), mask=r < n)
+    tl.store(Out + r, kernels._e2m1_twice(q) * kernels._ue8m0_half(s), mask=r < n)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # ±inf on purpose
@@ -183,11 +183,11 @@ def test_bad_arguments_raise_naming_the_argument(fn, case):
     assert words in str(info.value)
 
 
-#: Three experts, K = 64 in both projections (two scale groups in one K step), partial
-#: alignment blocks.
+#: Three experts, K = 128 and 96 (two K steps of 64, two scale groups each, the last one half
+#: masked), partial alignment blocks.
 VERIFY_SHAPE = Shape(
-    "mx groups T=9 E=3 k=2 64x64",
-    {"tokens": 9, "experts": 3, "topk": 2, "hidden": 64, "intermediate": 64},
+    "mx groups T=9 E=3 k=2 128x96",
+    {"tokens": 9, "experts": 3, "topk": 2, "hidden": 128, "intermediate": 96},
     batch_dim="tokens",
 )
 
@@ -195,14 +195,14 @@ MUTANTS = {
     "nibble order swapped": (
         "_expert_dot",
         (
-            ("w_even = _e2m1_scaled(q & 15, sb)", "w_even = _e2m1_scaled(q >> 4, sb)"),
-            ("w_odd = _e2m1_scaled(q >> 4, sb)", "w_odd = _e2m1_scaled(q & 15, sb)"),
+            ("w_even = (_e2m1_twice(q & 15) * f)", "w_even = (_e2m1_twice(q >> 4) * f)"),
+            ("w_odd = (_e2m1_twice(q >> 4) * f)", "w_odd = (_e2m1_twice(q & 15) * f)"),
         ),
     ),
-    # byte kb holds k = 2kb: its group is kb // 16; kb // 32 takes the previous group's scale
-    "wrong K group's scale": ("_expert_dot", (("(kb // 16)[:, None]", "(kb // 32)[:, None]"),)),
+    # the group of k0's byte offset (k0 // 2 // 32) in place of k0's own (k0 // 32)
+    "wrong K group's scale": ("_expert_dot", (("kg = k0 // 32 +", "kg = k0 // 64 +"),)),
     "scale exponent off by one": (
-        "_e2m1_scaled",
+        "_ue8m0_half",
         (("tl.where(s >= 2, (s - 1) << 23", "tl.where(s >= 2, s << 23"),),
     ),
     # an expert's run rounded down to whole blocks: its last, partial block of pairs is lost
@@ -241,10 +241,12 @@ def test_planted_defects_are_caught_by_verify(monkeypatch, tmp_path, name):
     mutant = getattr(kernels, kernel_name)
     for old, new in edits:
         mutant = mutate(mutant, old, new, tmp_path)
-    if kernel_name == "_e2m1_scaled":
-        monkeypatch.setattr(kernels, "_e2m1_scaled", mutant)
+    if kernel_name == "_ue8m0_half":
+        monkeypatch.setattr(kernels, "_ue8m0_half", mutant)
     elif kernel_name == "_expert_dot":
-        mutant.fn.__globals__["_e2m1_scaled"] = kernels._e2m1_scaled
+        mutant.fn.__globals__.update(
+            _e2m1_twice=kernels._e2m1_twice, _ue8m0_half=kernels._ue8m0_half
+        )
         monkeypatch.setattr(kernels, "_expert_dot", mutant)
     else:
         mutant.fn.__globals__["_expert_dot"] = kernels._expert_dot

@@ -10,15 +10,17 @@ Layouts (vLLM's and transformers' ``MixtralExperts`` / ``Qwen3MoeExperts``):
 - int4 expert weights, per expert the layout of ``kernelab.ops.packing`` for x·W with W [K, N]:
   ``w1_qweight`` [E, H/2, 2I], ``w1_scales`` / ``w1_zeros`` [E, H/G, 2I], and ``w2_*`` with
   K = I, N = H.
+- mxfp4 expert weights, the dense layout along K packed two per byte: ``w1`` uint8
+  [E, 2I, H/2] with ue8m0 ``w1_scale`` [E, 2I, H/32], ``w2`` [E, H, I/2] / [E, H, I/32].
 
-The fused path (``fused_moe``, ``fused_moe_w4a16``): align the pairs by expert (``moe_align``'s
-kernel), the gate+up grouped GEMM with silu(gate)·up fused into its epilogue (one
-[T·k, I] intermediate in x's dtype), the down grouped GEMM with each pair's routing weight
-applied in float32 before its rounding, and the sum over the k parts of each token (plus the
-shared expert's output). The routing weight multiplies the down projection's output, where
-vLLM's fused MoE (``mul_routed_weight`` on the second GEMM) and transformers' experts
-(``current_hidden_states * top_k_weights``) apply it: the down projection is linear, so this is
-the same product, and it keeps the intermediate independent of the weights.
+The fused path (``fused_moe``, ``fused_moe_w4a16``, ``fused_moe_mxfp4``): align the pairs by
+expert (``moe_align``'s kernel), the gate+up grouped GEMM with silu(gate)·up fused into its
+epilogue (one [T·k, I] intermediate in x's dtype), the down grouped GEMM with each pair's
+routing weight applied in float32 before its rounding, and the sum over the k parts of each
+token (plus the shared expert's output). The routing weight multiplies the down projection's
+output, where vLLM's fused MoE (``mul_routed_weight`` on the second GEMM) and transformers'
+experts (``current_hidden_states * top_k_weights``) apply it: the down projection is linear, so
+this is the same product, and it keeps the intermediate independent of the weights.
 """
 
 from __future__ import annotations
@@ -110,11 +112,14 @@ class MoEConfig:
         return [c for c in space if keep(c)] or [MoEConfig.default_for(pairs, experts, w4, fp8)]
 
 
-#: mxfp4 experts' default tiles, by aligned pairs per expert hit: ≤ 16, ≤ 64, more.
+#: mxfp4 experts' default tiles, by aligned pairs per expert hit: ≤ 16, ≤ 64, more. No spills
+#: on sm_80/sm_90/sm_100/gfx942 (triton 3.9); at prefill, K steps of 64 spilled on sm_80 (the
+#: gate+up launch: 3384 bytes a thread at 64x64/8 warps, 2736 at 4 warps), 32 do not; 32x64x64
+#: spilled 16 bytes there too.
 MX4_CONFIGS = (
     MoEConfig(16, 64, 64, 4, 3),
-    MoEConfig(32, 64, 64, 4, 3),
-    MoEConfig(64, 64, 64, 8, 3),
+    MoEConfig(32, 64, 32, 4, 3),
+    MoEConfig(64, 64, 32, 8, 3),
 )
 
 

@@ -7,7 +7,8 @@ Helper, called from the grouped GEMM:
 - ``_expert_dot``: one K step of one expert's weight tile (bf16/fp16, int4 codes with
   group-wise scales and zero points in the layout of ``kernelab.ops.packing``, e4m3 with
   128 × 128 block scales and e4m3 activations with 1 × 128 group scales, or mxfp4: packed
-  e2m1 with ue8m0 scales per 32 along K, decoded in registers by ``_e2m1_scaled``).
+  e2m1 with ue8m0 scales per 32 along K, decoded in registers by ``_e2m1_twice`` and
+  ``_ue8m0_half``).
 
 Kernels:
 
@@ -200,19 +201,22 @@ def _moe_align_kernel(
 
 
 @kernel
-def _e2m1_scaled(q, s):
-    """float32 value of the e2m1 codes ``q`` (int32, 0..15: bit 3 the sign, bits 1-2 the
-    exponent, bit 0 the mantissa) times 2^(s − 127) for the ue8m0 bytes ``s`` (int32; 255 is
-    NaN). Twice an e2m1 magnitude is an integer: 0, 1 (subnormal) or (2 + m) · 2^(e − 1), so
-    the decode is integer arithmetic, one conversion and one multiply by the scale halved,
-    2^(s − 128), built from its bits (a subnormal for s < 2). Exact: at most 4 significant bits.
-    """
+def _e2m1_twice(q):
+    """Twice the value of the e2m1 codes ``q`` (int32, 0..15: bit 3 the sign, bits 1-2 the
+    exponent e, bit 0 the mantissa m), as float32: an integer, 0, 1 (subnormal) or
+    (2 + m) · 2^(e − 1); integer arithmetic and one conversion, exact."""
     mag = q & 7
     twice = tl.where(mag < 2, mag, (2 + (mag & 1)) << tl.maximum((mag >> 1) - 1, 0))
-    twice = tl.where((q & 8) != 0, -twice, twice)
+    return tl.where((q & 8) != 0, -twice, twice).to(tl.float32)
+
+
+@kernel
+def _ue8m0_half(s):
+    """2^(s − 128), half the scale of the ue8m0 bytes ``s`` (int32), as float32 built from its
+    bits (a subnormal for s < 2), NaN for 255: times ``_e2m1_twice``, the scaled value, exact
+    (at most 4 significant bits) while it lies in float32's range."""
     half_bits = tl.where(s >= 2, (s - 1) << 23, (1 << 21) << tl.minimum(s, 1))
-    half = tl.where(s == 255, float("nan"), half_bits.to(tl.float32, bitcast=True))
-    return twice.to(tl.float32) * half
+    return tl.where(s == 255, float("nan"), half_bits.to(tl.float32, bitcast=True))
 
 
 @kernel
@@ -264,18 +268,23 @@ def _expert_dot(
         acc += (tl.dot(a_even, w_lo) + tl.dot(a_odd, w_hi)) * s[None, :]
     elif MX4:
         kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte i holds k = 2i and 2i + 1
-        kb_ok = (kb[:, None] < K // 2) & n_ok[None, :]
         q = tl.load(
-            B + rn[None, :].to(tl.int64) * stride_bn + kb[:, None] * stride_bk, mask=kb_ok, other=0
+            B + rn[None, :].to(tl.int64) * stride_bn + kb[:, None] * stride_bk,
+            mask=(kb[:, None] < K // 2) & n_ok[None, :],
+            other=0,
         ).to(tl.int32)
-        # the scale of each byte's 32-group (16 bytes share one), read where it is used
-        sb = tl.load(
-            S + rn[None, :].to(tl.int64) * stride_sn + (kb // 16)[:, None] * stride_sk,
-            mask=kb_ok,
+        # one scale per 32-group of k (16 bytes), made a factor once, spread over its bytes
+        kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        s = tl.load(
+            S + rn[None, :].to(tl.int64) * stride_sn + kg[:, None] * stride_sk,
+            mask=(kg[:, None] < K // 32) & n_ok[None, :],
             other=127,
         ).to(tl.int32)
-        w_even = _e2m1_scaled(q & 15, sb).to(a.dtype)
-        w_odd = _e2m1_scaled(q >> 4, sb).to(a.dtype)
+        half = _ue8m0_half(s)[:, None, :]
+        f = tl.broadcast_to(half, (BLOCK_K // 32, 16, half.shape[2]))
+        f = tl.reshape(f, (BLOCK_K // 2, half.shape[2]))
+        w_even = (_e2m1_twice(q & 15) * f).to(a.dtype)
+        w_odd = (_e2m1_twice(q >> 4) * f).to(a.dtype)
         a_even, a_odd = tl.split(tl.reshape(a, (a.shape[0], BLOCK_K // 2, 2)))
         acc = tl.dot(a_odd, w_odd, tl.dot(a_even, w_even, acc))
     elif FP8:
