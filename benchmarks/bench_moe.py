@@ -1,8 +1,10 @@
 """The fused mixture-of-experts layer at its representative shapes: the H200 floor of each,
-and, on a GPU, the time of kernelab's fused_moe (bf16/fp16) and fused_moe_fp8 (block-scaled
-e4m3 experts) against the floor, eager torch and vLLM's Triton fused MoE where installed.
+and, on a GPU, the time of kernelab's fused_moe (bf16/fp16), fused_moe_fp8 (block-scaled
+e4m3 experts) and fused_moe_mxfp4 (mxfp4 experts, 16-bit activations) against the floor, eager
+torch and vLLM's Triton fused MoE where installed.
 
-    PYTHONPATH=src python benchmarks/bench_moe.py [--op fused_moe|fused_moe_fp8|all]
+    PYTHONPATH=src python benchmarks/bench_moe.py
+        [--op fused_moe|fused_moe_fp8|fused_moe_mxfp4|all]
         [--dtype bf16] [--samples 30] [--only TEXT]
 
 Without a GPU it prints, per shape (Mixtral 8x7B, Qwen3-30B-A3B, DeepSeek-V3 at 1, 16, 64 and
@@ -15,7 +17,10 @@ window (cold cache), and prints the median, the share of the floor, and the targ
 verdict: fused_moe >= 1.0x vLLM's fused_experts at 16 and 4096 tokens on the Mixtral and
 Qwen3-MoE shapes; fused_moe_fp8 >= 1.0x vLLM's fused_experts(use_fp8_w8a8=True,
 block_shape=[128, 128]) at 16 and 4096 tokens on the DeepSeek-V3 and Mixtral shapes (its
-floors use the e4m3 peak and the bytes of e4m3 weights and float32 scales). The routing (ids
+floors use the e4m3 peak and the bytes of e4m3 weights and float32 scales). fused_moe_mxfp4
+(Mixtral, Qwen3-MoE and gpt-oss-120b-like shapes) has no external target here: its floors use
+the activations' 16-bit peak (weight-only: the products run in bf16/fp16) and the bytes of the
+packed e2m1 weights and ue8m0 scales; on a GPU it is timed against eager torch. The routing (ids
 and weights) is computed once, outside the timed region, for every variant alike
 (``check=False``: no host synchronisation).
 """
@@ -31,7 +36,7 @@ from _timing import MEASURED_COPY_H200, time_variants
 
 from kernelab import __version__
 from kernelab.hardware.devices import lookup
-from kernelab.ops import FUSED_MOE, FUSED_MOE_FP8
+from kernelab.ops import FUSED_MOE, FUSED_MOE_FP8, FUSED_MOE_MXFP4
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
@@ -41,9 +46,10 @@ DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 VLLM_TARGETS = {
     "fused_moe": tuple((m, t) for m in ("mixtral-8x7b", "qwen3-30b-a3b") for t in (16, 4096)),
     "fused_moe_fp8": tuple((m, t) for m in ("deepseek-v3", "mixtral-8x7b") for t in (16, 4096)),
+    "fused_moe_mxfp4": (),
 }
 VLLM_RATIO = 1.0
-OPS = {"fused_moe": FUSED_MOE, "fused_moe_fp8": FUSED_MOE_FP8}
+OPS = {"fused_moe": FUSED_MOE, "fused_moe_fp8": FUSED_MOE_FP8, "fused_moe_mxfp4": FUSED_MOE_MXFP4}
 
 
 def _cost(op, shape, dtype):
@@ -55,9 +61,10 @@ def _cost(op, shape, dtype):
             shape.label,
             {
                 **shape.dims,
-                "hidden": 16,
-                "intermediate": 16,
-                **({"shared_intermediate": 16} if "shared_intermediate" in shape.dims else {}),
+                # 32: the smallest size every MoE op takes (mxfp4's scale block)
+                "hidden": 32,
+                "intermediate": 32,
+                **({"shared_intermediate": 32} if "shared_intermediate" in shape.dims else {}),
             },
             shape.params,
         ),

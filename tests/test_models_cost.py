@@ -1,6 +1,7 @@
 """model-cost: a model's ops, FLOPs, bytes and floors from the ops' own cost models."""
 
 import json
+from dataclasses import replace
 
 import orjson
 import pytest
@@ -297,6 +298,32 @@ def test_the_fp8_recipe_runs_the_experts_on_fused_moe_fp8():
     calls = {o.name: (o.op, o.calls) for o in tiny.decode.ops}
     assert calls["post_norm"] == ("rmsnorm", 1)
     assert calls["dense_post_norm"] == ("rmsnorm_fp8_quant", 1)
+
+
+def test_the_mxfp4_recipe_runs_the_experts_on_fused_moe_mxfp4():
+    c = mc.cost("mixtral-8x7b", "h200", mc.Workload(recipe="mxfp4", batch=1, context=4096))
+    cfg = c.config
+    e, k, h, i = cfg.num_local_experts, cfg.num_experts_per_tok, cfg.hidden_size, 14336
+    experts = _row(c.decode, "experts")
+    assert experts.op == "fused_moe_mxfp4" and experts.calls == cfg.num_hidden_layers
+    # half a byte a weight plus one ue8m0 byte per 32, every expert in the footprint
+    per_expert = 3 * h * i // 2 + 3 * h * i // 32
+    assert experts.weight_bytes == e * per_expert
+    bf16 = _row(
+        mc.cost("mixtral-8x7b", "h200", mc.Workload(batch=1, context=4096)).decode, "experts"
+    )
+    assert k * per_expert <= experts.bytes < 0.27 * bf16.bytes
+    assert experts.flops == bf16.flops and experts.floor_s < 0.27 * bf16.floor_s
+    # weight-only: the projections on mx_gemm with bf16 activations, the router in bf16
+    assert _row(c.decode, "qkv").op == "mx_gemm" and _row(c.decode, "router").op == "gemm"
+    assert _row(c.decode, "in_norm").op == "rmsnorm"
+    prefill = _row(c.prefill, "experts")  # 2048 tokens: compute-bound at the bf16 peak
+    assert prefill.bound == "compute"
+    assert prefill.floor_s == _row(mc.cost("mixtral-8x7b", "h200").prefill, "experts").floor_s
+    with pytest.raises(mc.CostError, match="recipe mxfp4: fused_moe_mxfp4 has no shared"):
+        mc.cost(
+            replace(cfg, shared_expert_intermediate_size=64), "h200", mc.Workload(recipe="mxfp4")
+        )
 
 
 def test_set_turns_a_dense_config_into_an_moe():

@@ -157,15 +157,13 @@ def test_mxfp4_layers_whose_k_is_not_a_multiple_of_32_stay_dense_and_say_so():
     unpatch(model)
 
 
-def test_moe_experts_under_mxfp4_stay_in_16_bits_and_the_patch_says_so():
+def test_moe_experts_under_mxfp4_run_fused_moe_mxfp4_and_the_patch_has_nothing_to_say():
     model = build("tiny-mixtral", dtype=torch.bfloat16)
     state = patch(model, quantize="mxfp4")  # parity-checked on the CPU path
     assert state.replaced["moe"] == ["model.layers.0.mlp", "model.layers.1.mlp"]
-    assert state.notes == [
-        "experts not quantized under mxfp4: the 2 MoE block(s) run fused_moe on their own "
-        "16-bit expert weights"
-    ]
-    assert "note: experts not quantized under mxfp4" in repr(state)
+    assert state.notes == []  # experts and projections all in mxfp4
+    blocks = [model.get_submodule(n) for n in state.replaced["moe"]]
+    assert all("_kernelab_mxfp4_experts" in vars(b) for b in blocks)
     assert {p.kind for _, _, p in state.linears} == {"mxfp4"}
     unpatch(model)
     assert not patch(model).notes  # unquantized: nothing to say

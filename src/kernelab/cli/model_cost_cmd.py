@@ -37,7 +37,7 @@ def register(app: click.Group) -> None:
     @click.option("--batch", default="1", help="Decode batch sizes, comma-separated (1,64).")
     @click.option("--context", default=8192, type=click.IntRange(min=1), help="Keys per sequence.")
     @click.option("--prefill", default=2048, type=click.IntRange(min=1), help="Prompt tokens.")
-    @click.option("--recipe", default="bf16", help="GEMMs: bf16, fp8, w4a16 or w8a16.")
+    @click.option("--recipe", default="bf16", help="GEMMs: bf16, fp8, w4a16, w8a16 or mxfp4.")
     @click.option("--kv", default="bf16", help="KV cache: bf16 or fp8.")
     @click.option(
         "--set",

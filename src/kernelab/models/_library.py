@@ -171,6 +171,13 @@ def fused_moe_fp8(x, w1, w2, w1_scale, w2_scale, topk_weights, topk_ids):
     )  # fmt: skip
 
 
+def fused_moe_mxfp4(x, w1, w2, w1_scale, w2_scale, topk_weights, topk_ids):
+    return call(
+        "fused_moe_mxfp4", x, w1, w2, w1_scale, w2_scale, topk_weights, topk_ids,
+        check=x.device.type == "cpu",
+    )  # fmt: skip
+
+
 # The GEMMs: x [M, K] with a weight prepared by ``kernelab.models._linear`` → [M, N].
 
 

@@ -30,6 +30,7 @@ from kernelab.models._arch import DEFAULT_REPLACEMENTS, REPLACEMENTS, Blueprint,
 # The modules, not the functions of the same names that shadow them as package attributes.
 _fp8_gemm = importlib.import_module("kernelab.ops.matmul.fp8_gemm")
 _fused_moe_fp8 = importlib.import_module("kernelab.ops.moe.fused_moe_fp8")
+_fused_moe_mxfp4 = importlib.import_module("kernelab.ops.moe.fused_moe_mxfp4")
 
 _STATE = "_kernelab_patch"
 
@@ -186,9 +187,10 @@ def _mlp_forward(self, x):
 
 def _moe_forward(self, hidden_states):
     """The sparse MoE block: router logits (the block's own linear), ``moe_topk`` (softmax,
-    renormalised as the block's router does), ``fused_moe`` on the experts' own weights, or
+    renormalised as the block's router does), ``fused_moe`` on the experts' own weights,
     ``fused_moe_fp8`` on the block-scaled e4m3 experts prepared at patch time
-    (``quantize="fp8-block"``). In training mode (router jitter) the block's own forward runs."""
+    (``quantize="fp8-block"``) or ``fused_moe_mxfp4`` on mxfp4 experts (``quantize="mxfp4"``).
+    In training mode (router jitter) the block's own forward runs."""
     if self.training:
         return type(self).forward(self, hidden_states)
     shape = hidden_states.shape
@@ -197,9 +199,13 @@ def _moe_forward(self, hidden_states):
     logits = F.linear(x, gate.weight)
     weights, ids = _library.moe_topk(logits, gate.top_k, self._kernelab_renormalize)
     fp8 = self.__dict__.get("_kernelab_fp8_experts")
+    mx = self.__dict__.get("_kernelab_mxfp4_experts")
     if fp8 is not None:
         w1, s1, w2, s2 = fp8
         y = _library.fused_moe_fp8(x, w1, w2, s1, s2, weights, ids)
+    elif mx is not None:
+        w1, s1, w2, s2 = mx
+        y = _library.fused_moe_mxfp4(x, w1, w2, s1, s2, weights, ids)
     else:
         y = _library.fused_moe(x, experts.gate_up_proj, experts.down_proj, weights, ids)
     return y.reshape(shape)
@@ -216,11 +222,37 @@ def _fp8_experts(module) -> tuple[torch.Tensor, ...]:
     return q1, s1, q2, s2
 
 
-def _moe_reference(module, experts, renormalize, hidden_states):
-    """What a block on ``fused_moe_fp8`` stands for, in plain torch: the block's router
-    (softmax in float32, top-k, renormalised as the block does) and the fp8 recipe on the
-    quantize-dequantized experts, activations quantized per 1 x 128 group as the kernels do
-    (``fused_moe_fp8_torch``)."""
+def _mx_experts(module) -> tuple[torch.Tensor, ...] | None:
+    """The block's expert weights as ``fused_moe_mxfp4`` reads them, quantized once to mxfp4
+    (``packing.quantize_mxfp4_experts``): (w1, w1_scale, w2, w2_scale); None when H or I is
+    not a multiple of the 32-value scale block (the experts then stay 16-bit)."""
+    experts = module.experts
+    w1, w2 = experts.gate_up_proj.detach(), experts.down_proj.detach()
+    if w1.shape[2] % ops.packing.MX_BLOCK or w2.shape[2] % ops.packing.MX_BLOCK:
+        return None
+    q1, s1 = ops.packing.quantize_mxfp4_experts(w1)
+    q2, s2 = ops.packing.quantize_mxfp4_experts(w2)
+    return q1, s1, q2, s2
+
+
+#: quantize → (the MoE op, the block attribute holding its prepared experts, the preparation,
+#: the recipe in eager torch)
+_MOE_QUANT = {
+    "fp8-block": (
+        "fused_moe_fp8", "_kernelab_fp8_experts", _fp8_experts, _fused_moe_fp8.fused_moe_fp8_torch
+    ),
+    "mxfp4": (
+        "fused_moe_mxfp4", "_kernelab_mxfp4_experts", _mx_experts,
+        _fused_moe_mxfp4.fused_moe_mxfp4_torch,
+    ),
+}  # fmt: skip
+
+
+def _moe_reference(module, experts, renormalize, recipe, hidden_states):
+    """What a block on a quantized MoE op stands for, in plain torch: the block's router
+    (softmax in float32, top-k, renormalised as the block does) and the op's recipe on the
+    quantize-dequantized experts (``fused_moe_fp8_torch``: activations quantized per 1 x 128
+    group as the kernels do; ``fused_moe_mxfp4_torch``: the activations as they are)."""
     shape = hidden_states.shape
     x = hidden_states.reshape(-1, shape[-1])
     probs = torch.softmax(F.linear(x, module.gate.weight).float(), dim=-1)
@@ -228,11 +260,11 @@ def _moe_reference(module, experts, renormalize, hidden_states):
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     w1, s1, w2, s2 = experts
-    return _fused_moe_fp8.fused_moe_fp8_torch(x, w1, w2, s1, s2, weights, ids).reshape(shape)
+    return recipe(x, w1, w2, s1, s2, weights, ids).reshape(shape)
 
 
 def _moe_reference_forwards(model, blueprint: Blueprint, quantize):
-    """Within the block, each MoE block ``patch`` puts on ``fused_moe_fp8`` computes
+    """Within the block, each MoE block ``patch`` puts on a quantized MoE op computes
     :func:`_moe_reference` (of its own prepared experts when patched, else of experts
     quantized afresh, the same). Yields {id(module): reference}."""
     return _linear.forwards_replaced(_moe_references(model, blueprint, quantize))
@@ -240,18 +272,24 @@ def _moe_reference_forwards(model, blueprint: Blueprint, quantize):
 
 def _moe_references(model, blueprint: Blueprint, quantize):
     act = getattr(model.config, "hidden_act", None)
-    for _, module in model.named_modules() if quantize == "fp8-block" else ():
+    if quantize not in _MOE_QUANT:
+        return
+    _, attr, prepare, recipe = _MOE_QUANT[quantize]
+    for _, module in model.named_modules():
         if type(module).__name__ != blueprint.moe_class or not _fusable_moe(module, act):
             continue
-        experts = vars(module).get("_kernelab_fp8_experts") or _fp8_experts(module)
+        experts = vars(module).get(attr) or prepare(module)
+        if experts is None:
+            continue  # kept 16-bit: fused_moe, checked against the original block
         renorm = bool(getattr(module.gate, "norm_topk_prob", True))
-        yield module, partial(_moe_reference, module, experts, renorm)
+        yield module, partial(_moe_reference, module, experts, renorm, recipe)
 
 
 @contextmanager
 def reference_forwards(model, blueprint: Blueprint, quantize):
     """The quantize-dequantize references of a quantized patch: the projections'
-    (``_linear.reference_forwards``) and the fp8 MoE blocks'. Yields {id(module): reference}."""
+    (``_linear.reference_forwards``) and the quantized MoE blocks'. Yields
+    {id(module): reference}."""
     with ExitStack() as stack:
         refs = dict(stack.enter_context(_linear.reference_forwards(model, blueprint, quantize)))
         refs.update(stack.enter_context(_moe_reference_forwards(model, blueprint, quantize)))
@@ -402,8 +440,8 @@ def apply(model, replacements=DEFAULT_REPLACEMENTS, quantize=None) -> PatchState
                     continue  # not the block fused_moe computes: it stays as it is
                 renorm = getattr(module.gate, "norm_topk_prob", True)  # Mixtral: always
                 _set(state, module, "_kernelab_renormalize", bool(renorm))
-                if quantize == "fp8-block" and _op("fused_moe_fp8") is not None:
-                    _set(state, module, "_kernelab_fp8_experts", _fp8_experts(module))
+                if quantize in _MOE_QUANT and _op(_MOE_QUANT[quantize][0]) is not None:
+                    _quantize_experts(state, name, module, quantize)
                 _set(state, module, "forward", types.MethodType(_moe_forward, module))
                 _replaced(state, "moe", name)
         if "rope" in replacements and _op("rope") is not None:
@@ -412,16 +450,25 @@ def apply(model, replacements=DEFAULT_REPLACEMENTS, quantize=None) -> PatchState
                 _replaced(state, "rope", f"{bp.modeling_module}.{bp.rope_function}")
         if linear:
             _patch_linears(state, layers)
-        if quantize == "mxfp4" and state.replaced.get("moe"):
-            state.notes.append(
-                f"experts not quantized under mxfp4: the {len(state.replaced['moe'])} MoE "
-                "block(s) run fused_moe on their own 16-bit expert weights"
-            )
     except Exception:
         _restore(state)
         raise
     object.__setattr__(model, _STATE, state)
     return state
+
+
+def _quantize_experts(state: PatchState, name: str, module, quantize: str) -> None:
+    _, attr, prepare, _ = _MOE_QUANT[quantize]
+    experts = prepare(module)
+    if experts is None:
+        _, two_i, h = module.experts.gate_up_proj.shape
+        state.notes.append(
+            f"{name}: experts not quantized under {quantize}: hidden {h} or intermediate "
+            f"{two_i // 2} is not a multiple of {ops.packing.MX_BLOCK}; fused_moe runs on the "
+            "16-bit expert weights"
+        )
+        return
+    _set(state, module, attr, experts)
 
 
 def _restore(state: PatchState) -> None:

@@ -25,7 +25,10 @@ the first layer's input norm is counted with a residual it does not have: H elem
 token). Prefill attends with ``attention_prefill`` over the new tokens; decode with
 ``paged_attention`` over the cache. The fp8 recipe quantizes the GEMM inputs: the norms become
 ``rmsnorm_fp8_quant`` and the other GEMM inputs pass through ``fp8_quant``. The lm head and
-sampling see only the last token of each sequence. Sliding windows are not modelled (every
+sampling see only the last token of each sequence. The mxfp4 recipe is weight-only, as gpt-oss
+is served: the projections run ``mx_gemm`` on bf16 activations (a projection whose K is not a
+multiple of 32 stays on the bf16 ``gemm``, as ``patch(quantize="mxfp4")`` keeps it dense; a
+projection's bias, added after the GEMM, is not costed). Sliding windows are not modelled (every
 key is read). In a mixture of experts the routed layers replace the dense MLP with
 
     router GEMM → moe_topk → fused_moe (align, gate_up, silu_and_mul, down, weighted sum,
@@ -33,9 +36,11 @@ key is read). In a mixture of experts the routed layers replace the dense MLP wi
 
 (``fused_moe_w4a16`` under the w4a16 recipe, ``fused_moe_fp8`` — block-scaled e4m3 experts,
 activations quantized per 128 columns inside it — under fp8, where the norm before a routed
-block writes bf16 for the router and the op; kernelab has no int8 MoE op, so w8a16 is refused
-for an MoE config), costed by those ops' own models: an expert's weights
-are read once if any token routes to it, so decode at a small batch reads only the experts hit.
+block writes bf16 for the router and the op, ``fused_moe_mxfp4`` under mxfp4 — bf16 on experts
+whose H or I is not a multiple of 32; kernelab has no int8 MoE op, so w8a16 is refused
+for an MoE config, and w4a16 and mxfp4 are refused with a shared expert), costed by those
+ops' own models: an expert's weights are read once if any token routes to it, so decode at a
+small batch reads only the experts hit.
 The memory footprint counts every expert. Multi-head latent attention (DeepSeek-V2/V3) is
 refused: it is not the grouped-query attention modelled here.
 """
@@ -61,21 +66,25 @@ from kernelab.models.model_config import (
 from kernelab.ops._model.contract import Cost
 
 #: GEMM precision recipes: the op each runs on, and the dtype whose peak bounds its FLOPs.
-RECIPES = ("bf16", "fp8", "w4a16", "w8a16")
+RECIPES = ("bf16", "fp8", "w4a16", "w8a16", "mxfp4")
 KV_DTYPES = ("bf16", "fp8")
-_GEMM_OP = {"bf16": "gemm", "fp8": "fp8_gemm", "w4a16": "w4a16_gemm", "w8a16": "w8a16_gemm"}
+_GEMM_OP = {"bf16": "gemm", "fp8": "fp8_gemm", "w4a16": "w4a16_gemm", "w8a16": "w8a16_gemm",
+            "mxfp4": "mx_gemm"}  # fmt: skip
 #: Inputs of the ops that are weights (read from memory at every call, stored once).
 _WEIGHT_ARGS = ("b", "qweight", "scales", "zeros", "scale_b", "weight", "bias", "w1", "w2",
                 "shared_w1", "shared_w2", "w1_qweight", "w1_scales", "w1_zeros", "w2_qweight",
                 "w2_scales", "w2_zeros", "w1_scale", "w2_scale", "shared_w1_scale",
-                "shared_w2_scale")  # fmt: skip
+                "shared_w2_scale", "b_scale")  # fmt: skip
 #: The MoE op of each GEMM recipe (None: kernelab has none).
 _MOE_OP = {
     "bf16": "fused_moe",
     "w4a16": "fused_moe_w4a16",
     "fp8": "fused_moe_fp8",
     "w8a16": None,
+    "mxfp4": "fused_moe_mxfp4",
 }
+#: The scale block of mxfp4 (K of its GEMMs and H, I of its experts are multiples of it).
+MX_BLOCK = 32
 #: The ops of a step that run once per model, not once per layer.
 MODEL_OPS = ("embedding", "final_norm", "lm_head", "sampling")
 #: A KV-cache block, in tokens (vLLM's default).
@@ -284,12 +293,16 @@ def sampling_cost(rows: int, vocab: int, element_size: int) -> Cost:
 
 
 def _gemm(name, m, n, k, recipe, ceilings, calls, bias: bool = False) -> OpCost:
+    if recipe == "mxfp4" and k % MX_BLOCK:
+        recipe = "bf16"  # kept dense, as the patch keeps it
     op_name = _GEMM_OP[recipe]
     params = {"layout": "nk", "bias": bias, "residual": False}
     if recipe == "w4a16":
         params["group_size"] = 128
     if recipe == "fp8":
         params = {"bias": bias, "scaling": "row"}
+    if recipe == "mxfp4":
+        params = {"fmt": "mxfp4", "quantize_a": False}
     shape = _shape(name, {"M": m, "N": n, "K": k}, params)
     cost, inputs = _op_cost(op_name, shape, ACT_DTYPE)
     peak_dtype = torch.float8_e4m3fn if recipe == "fp8" else ACT_DTYPE
@@ -317,13 +330,13 @@ def _block_of(config: ModelConfig, recipe: str = "bf16") -> str:
     if _MOE_OP[recipe] is None:
         raise CostError(
             f"config {config.name}: recipe {recipe}: kernelab has no {recipe} MoE op (the "
-            "experts run on fused_moe in bf16, fused_moe_w4a16 or fused_moe_fp8); use recipe "
-            "bf16, w4a16 or fp8"
+            "experts run on fused_moe in bf16, fused_moe_w4a16, fused_moe_fp8 or "
+            "fused_moe_mxfp4); use recipe bf16, w4a16, fp8 or mxfp4"
         )
-    if config.shared_expert_intermediate_size and recipe == "w4a16":
+    if config.shared_expert_intermediate_size and recipe in ("w4a16", "mxfp4"):
         raise CostError(
-            f"config {config.name}: recipe w4a16: fused_moe_w4a16 has no shared expert; use "
-            "recipe bf16"
+            f"config {config.name}: recipe {recipe}: {_MOE_OP[recipe]} has no shared expert; "
+            "use recipe bf16"
         )
     return "moe"
 
@@ -367,7 +380,10 @@ def _moe_rows(config: ModelConfig, w: Workload, tokens: int, ceilings, layers: i
         params["shared"] = True
     if w.recipe == "w4a16":
         params["group_size"] = 128
-    rows.append(_simple("experts", _MOE_OP[w.recipe], dims, params, ceilings, layers))
+    op_name = _MOE_OP[w.recipe]
+    if op_name == "fused_moe_mxfp4" and (h % MX_BLOCK or dims["intermediate"] % MX_BLOCK):
+        op_name = "fused_moe"  # the experts stay 16-bit, as the patch keeps them
+    rows.append(_simple("experts", op_name, dims, params, ceilings, layers))
     return rows
 
 

@@ -49,6 +49,11 @@ from kernelab.ops.matmul.w4a16 import W4A16_GEMM, w4a16_gemm, w4a16_ref
 from kernelab.ops.matmul.w8a16 import W8A16_GEMM, w8a16_gemm, w8a16_ref
 from kernelab.ops.moe.fused_moe import FUSED_MOE, fused_moe, fused_moe_ref
 from kernelab.ops.moe.fused_moe_fp8 import FUSED_MOE_FP8, fused_moe_fp8, fused_moe_fp8_ref
+from kernelab.ops.moe.fused_moe_mxfp4 import (
+    FUSED_MOE_MXFP4,
+    fused_moe_mxfp4,
+    fused_moe_mxfp4_ref,
+)
 from kernelab.ops.moe.fused_moe_w4a16 import (
     FUSED_MOE_W4A16,
     fused_moe_w4a16,

@@ -349,6 +349,8 @@ def dequantize_fp8_block_experts(values, scales, dtype=torch.float64) -> torch.T
 #   low nibble and 2i + 1 in the high nibble (the order Triton's tl.dot_scaled and the tensor
 #   cores read); a weight [N, K] is uint8 [N, K/2] with scales uint8 [N, K/32].
 # - mxfp8: values e4m3 [N, K] with the same scales.
+# - a stack of mxfp4 expert weights [E, N, K] (``fused_moe_mxfp4``): values [E, N, K/2],
+#   scales [E, N, K/32] (``quantize_mxfp4_experts``).
 #
 # Quantization (the spec's rule): the block's shared exponent is ⌊log2 max|x|⌋ − emax, emax the
 # element format's largest exponent (2 for e2m1, 8 for e4m3); values x / 2^exponent rounded to
@@ -439,6 +441,24 @@ def dequantize_mx(values, scales, fmt: str, dtype=torch.float64) -> torch.Tensor
     factor = torch.exp2(scales.to(dtype) - 127)
     factor = torch.where(scales == MX_NAN_SCALE, torch.nan, factor)
     return v * factor.repeat_interleave(MX_BLOCK, dim=-1)
+
+
+def quantize_mxfp4_experts(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stack of expert weights [E, N, K] (nn.Linear layout per expert, K a multiple of 32) →
+    (values uint8 [E, N, K/2], scales uint8 [E, N, K/32]) in mxfp4: every row of every expert
+    as ``quantize_mx(·, "mxfp4")`` (a scale block never spans two rows, so a gate+up weight
+    [2I, H] quantizes as its two halves would)."""
+    _check.tensor("w", w, dtypes=(*_check.FLOATS, torch.float64), ndim=3)
+    e, n, k = w.shape
+    if k % MX_BLOCK:
+        raise ValueError(f"w: K = {k} is not a multiple of the {MX_BLOCK}-value scale block")
+    values, scales = quantize_mx(w.reshape(e * n, k), "mxfp4")
+    return values.reshape(e, n, k // 2), scales.reshape(e, n, k // MX_BLOCK)
+
+
+def dequantize_mxfp4_experts(values, scales, dtype=torch.float64) -> torch.Tensor:
+    """[E, N, K] in ``dtype``: each expert as ``dequantize_mx(·, "mxfp4")``."""
+    return dequantize_mx(values, scales, "mxfp4", dtype)
 
 
 # --- nvfp4 ----------------------------------------------------------------------------------

@@ -10,15 +10,17 @@ Layouts (vLLM's and transformers' ``MixtralExperts`` / ``Qwen3MoeExperts``):
 - int4 expert weights, per expert the layout of ``kernelab.ops.packing`` for x·W with W [K, N]:
   ``w1_qweight`` [E, H/2, 2I], ``w1_scales`` / ``w1_zeros`` [E, H/G, 2I], and ``w2_*`` with
   K = I, N = H.
+- mxfp4 expert weights, the dense layout along K packed two per byte: ``w1`` uint8
+  [E, 2I, H/2] with ue8m0 ``w1_scale`` [E, 2I, H/32], ``w2`` [E, H, I/2] / [E, H, I/32].
 
-The fused path (``fused_moe``, ``fused_moe_w4a16``): align the pairs by expert (``moe_align``'s
-kernel), the gate+up grouped GEMM with silu(gate)·up fused into its epilogue (one
-[T·k, I] intermediate in x's dtype), the down grouped GEMM with each pair's routing weight
-applied in float32 before its rounding, and the sum over the k parts of each token (plus the
-shared expert's output). The routing weight multiplies the down projection's output, where
-vLLM's fused MoE (``mul_routed_weight`` on the second GEMM) and transformers' experts
-(``current_hidden_states * top_k_weights``) apply it: the down projection is linear, so this is
-the same product, and it keeps the intermediate independent of the weights.
+The fused path (``fused_moe``, ``fused_moe_w4a16``, ``fused_moe_mxfp4``): align the pairs by
+expert (``moe_align``'s kernel), the gate+up grouped GEMM with silu(gate)·up fused into its
+epilogue (one [T·k, I] intermediate in x's dtype), the down grouped GEMM with each pair's
+routing weight applied in float32 before its rounding, and the sum over the k parts of each
+token (plus the shared expert's output). The routing weight multiplies the down projection's
+output, where vLLM's fused MoE (``mul_routed_weight`` on the second GEMM) and transformers'
+experts (``current_hidden_states * top_k_weights``) apply it: the down projection is linear, so
+this is the same product, and it keeps the intermediate independent of the weights.
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ class MoEConfig:
     num_stages: int = 3
 
     @staticmethod
-    def default_for(pairs: int, experts: int, w4: bool = False, fp8: bool = False) -> MoEConfig:
+    def default_for(
+        pairs: int, experts: int, w4: bool = False, fp8: bool = False, mx4: bool = False
+    ) -> MoEConfig:
         # Rows per expert hit decide the tile: at decode (a few pairs per expert) the weight
         # read bounds the time and a 16-row tile (the smallest tensor-core M) wastes least on
         # padding; at prefill the tile grows to reuse each weight tile over more rows.
@@ -69,6 +73,10 @@ class MoEConfig:
             if per_expert <= 64:
                 return MoEConfig(64, 32, 128, 4, 3)
             return MoEConfig(64, 128, 64, 8, 3)
+        if mx4:
+            # mxfp4 decodes the bytes of both weight tiles to 16-bit values per K step beside
+            # the two accumulators, like int4
+            return MX4_CONFIGS[min(2, (per_expert > 16) + (per_expert > 64))]
         if per_expert <= 16:
             # K steps of 64: with 128, bf16 needed 72 KB of shared memory (gfx942 has 64) and
             # spilled on sm_90 in the shared expert's launches.
@@ -102,6 +110,17 @@ class MoEConfig:
             return 8 <= c.block_m * c.block_n // (32 * c.num_warps) <= 128
 
         return [c for c in space if keep(c)] or [MoEConfig.default_for(pairs, experts, w4, fp8)]
+
+
+#: mxfp4 experts' default tiles, by aligned pairs per expert hit: ≤ 16, ≤ 64, more. No spills
+#: on sm_80/sm_90/sm_100/gfx942 (triton 3.9); at prefill, K steps of 64 spilled on sm_80 (the
+#: gate+up launch: 3384 bytes a thread at 64x64/8 warps, 2736 at 4 warps), 32 do not; 32x64x64
+#: spilled 16 bytes there too.
+MX4_CONFIGS = (
+    MoEConfig(16, 64, 64, 4, 3),
+    MoEConfig(32, 64, 32, 4, 3),
+    MoEConfig(64, 64, 32, 8, 3),
+)
 
 
 # --- argument checks ------------------------------------------------------------------------
@@ -198,13 +217,15 @@ def align_call(topk_ids: torch.Tensor, experts: int, block_size: int) -> tuple[K
 @dataclass(frozen=True)
 class ExpertWeights:
     """One projection of every expert, dense ([E, N, K] as nn.Linear), int4 (codes
-    [E, K/2, N], scales and zeros [E, K/G, N]) or block-scaled e4m3 (values [E, N, K], float32
-    scales [E, ⌈N/128⌉, ⌈K/128⌉], no zeros)."""
+    [E, K/2, N], scales and zeros [E, K/G, N]), block-scaled e4m3 (values [E, N, K], float32
+    scales [E, ⌈N/128⌉, ⌈K/128⌉], no zeros) or mxfp4 (``mx4``: bytes [E, N, K/2], ue8m0
+    scales [E, N, K/32])."""
 
     b: torch.Tensor
     scales: torch.Tensor | None = None
     zeros: torch.Tensor | None = None
     group_size: int = 0
+    mx4: bool = False
 
     @property
     def w4(self) -> bool:
@@ -212,11 +233,11 @@ class ExpertWeights:
 
     @property
     def fp8(self) -> bool:
-        return self.scales is not None and self.zeros is None
+        return self.scales is not None and self.zeros is None and not self.mx4
 
     def strides(self) -> dict:
         b, s, z = self.b, self.scales, self.zeros
-        if self.fp8:
+        if self.fp8 or self.mx4:
             return dict(
                 stride_be=b.stride(0),
                 stride_bn=b.stride(1),
@@ -320,6 +341,7 @@ def gemm_call(
             MUL_WEIGHT=aligned is not None and not gate_up,
             W4=w.w4,
             FP8=w.fp8,
+            MX4=w.mx4,
             GROUP_SIZE=max(1, w.group_size),
             BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n,
@@ -388,8 +410,10 @@ def plan(
         return LaunchPlan(result=result)
     top_k = topk_ids.shape[1]
     numel = t * top_k
-    cfg = config or MoEConfig.default_for(numel, experts, w1.w4, w1.fp8)
+    cfg = config or MoEConfig.default_for(numel, experts, w1.w4, w1.fp8, w1.mx4)
     for w in (w1, w2):
+        if w.mx4 and cfg.block_k % w.group_size:
+            raise ValueError(f"config: block_k={cfg.block_k} must be a multiple of 32 for mxfp4")
         if w.group_size % cfg.block_k and (w.w4 or w.fp8):
             raise ValueError(
                 f"config: block_k={cfg.block_k} must divide group_size={w.group_size} for "
@@ -482,9 +506,9 @@ MOE_TOKENS = (1, 16, 64, 4096)
 INTERPRETER_DIMS = {"experts": 16, "hidden": 128, "intermediate": 128, "shared_intermediate": 64}
 
 
-def representative(**params) -> list[Shape]:
+def representative(models=MOE_MODELS, **params) -> list[Shape]:
     shapes = []
-    for name, e, k, h, i, si in MOE_MODELS:
+    for name, e, k, h, i, si in models:
         for t in MOE_TOKENS:
             phase = "decode" if t <= 64 else "prefill"
             dims = {"tokens": t, "experts": e, "topk": k, "hidden": h, "intermediate": i}

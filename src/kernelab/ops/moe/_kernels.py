@@ -5,8 +5,10 @@ the ops live in ``_common`` and the op modules (``moe_topk``, ``moe_align``, ``f
 Helper, called from the grouped GEMM:
 
 - ``_expert_dot``: one K step of one expert's weight tile (bf16/fp16, int4 codes with
-  group-wise scales and zero points in the layout of ``kernelab.ops.packing``, or e4m3 with
-  128 × 128 block scales and e4m3 activations with 1 × 128 group scales).
+  group-wise scales and zero points in the layout of ``kernelab.ops.packing``, e4m3 with
+  128 × 128 block scales and e4m3 activations with 1 × 128 group scales, or mxfp4: packed
+  e2m1 with ue8m0 scales per 32 along K, decoded in registers by ``_e2m1_twice`` and
+  ``_ue8m0_half``).
 
 Kernels:
 
@@ -199,6 +201,25 @@ def _moe_align_kernel(
 
 
 @kernel
+def _e2m1_twice(q):
+    """Twice the value of the e2m1 codes ``q`` (int32, 0..15: bit 3 the sign, bits 1-2 the
+    exponent e, bit 0 the mantissa m), as float32: an integer, 0, 1 (subnormal) or
+    (2 + m) · 2^(e − 1); integer arithmetic and one conversion, exact."""
+    mag = q & 7
+    twice = tl.where(mag < 2, mag, (2 + (mag & 1)) << tl.maximum((mag >> 1) - 1, 0))
+    return tl.where((q & 8) != 0, -twice, twice).to(tl.float32)
+
+
+@kernel
+def _ue8m0_half(s):
+    """2^(s − 128), half the scale of the ue8m0 bytes ``s`` (int32), as float32 built from its
+    bits (a subnormal for s < 2), NaN for 255: times ``_e2m1_twice``, the scaled value, exact
+    (at most 4 significant bits) while it lies in float32's range."""
+    half_bits = tl.where(s >= 2, (s - 1) << 23, (1 << 21) << tl.minimum(s, 1))
+    return tl.where(s == 255, float("nan"), half_bits.to(tl.float32, bitcast=True))
+
+
+@kernel
 def _expert_dot(
     acc,
     a,
@@ -218,6 +239,7 @@ def _expert_dot(
     K,
     W4: tl.constexpr,
     FP8: tl.constexpr,
+    MX4: tl.constexpr,
     GROUP_SIZE: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
@@ -226,7 +248,10 @@ def _expert_dot(
     high), S and Z its scales and zero points [K/G, N]; the K step lies in one group. FP8: B is
     its e4m3 [N, K] weight and S its float32 block scales [⌈N/G⌉, ⌈K/G⌉] (G = 128), ``a`` e4m3
     with ``sa`` its rows' scales of this K block: the e4m3 product summed on tensor cores in
-    float32, then times sa[m] · S[n // G, k0 // G] (the K step lies in one block)."""
+    float32, then times sa[m] · S[n // G, k0 // G] (the K step lies in one block). MX4: B is
+    its mxfp4 bytes [N, K/2] (k = 2i low nibble, 2i + 1 high) and S its ue8m0 scales
+    [N, K/32] (uint8); the weights decoded to a's dtype with their 32-group's scale applied
+    (exact for bfloat16) and multiplied on tensor cores (BLOCK_K a multiple of 32)."""
     if W4:
         kq = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         q = tl.load(
@@ -241,6 +266,27 @@ def _expert_dot(
         w_hi = ((q >> 4) - z[None, :]).to(a.dtype)
         a_even, a_odd = tl.split(tl.reshape(a, (a.shape[0], BLOCK_K // 2, 2)))
         acc += (tl.dot(a_even, w_lo) + tl.dot(a_odd, w_hi)) * s[None, :]
+    elif MX4:
+        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte i holds k = 2i and 2i + 1
+        q = tl.load(
+            B + rn[None, :].to(tl.int64) * stride_bn + kb[:, None] * stride_bk,
+            mask=(kb[:, None] < K // 2) & n_ok[None, :],
+            other=0,
+        ).to(tl.int32)
+        # one scale per 32-group of k (16 bytes), made a factor once, spread over its bytes
+        kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        s = tl.load(
+            S + rn[None, :].to(tl.int64) * stride_sn + kg[:, None] * stride_sk,
+            mask=(kg[:, None] < K // 32) & n_ok[None, :],
+            other=127,
+        ).to(tl.int32)
+        half = _ue8m0_half(s)[:, None, :]
+        f = tl.broadcast_to(half, (BLOCK_K // 32, 16, half.shape[2]))
+        f = tl.reshape(f, (BLOCK_K // 2, half.shape[2]))
+        w_even = (_e2m1_twice(q & 15) * f).to(a.dtype)
+        w_odd = (_e2m1_twice(q >> 4) * f).to(a.dtype)
+        a_even, a_odd = tl.split(tl.reshape(a, (a.shape[0], BLOCK_K // 2, 2)))
+        acc = tl.dot(a_odd, w_odd, tl.dot(a_even, w_even, acc))
     elif FP8:
         rk = k0 + tl.arange(0, BLOCK_K)
         b = tl.load(
@@ -304,6 +350,7 @@ def _fused_moe_kernel(
     MUL_WEIGHT: tl.constexpr,
     W4: tl.constexpr,
     FP8: tl.constexpr,
+    MX4: tl.constexpr,
     GROUP_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -320,7 +367,8 @@ def _fused_moe_kernel(
     the down projection, before the sum over top-k).
 
     FP8: A is e4m3 with float32 scales SA [rows of A, ⌈K/G⌉] (one per row and G = 128
-    columns), B e4m3 with block scales S (see ``_expert_dot``); BLOCK_K divides G.
+    columns), B e4m3 with block scales S (see ``_expert_dot``); BLOCK_K divides G. MX4: B
+    mxfp4 with ue8m0 scales S per 32 along K, A in float16/bfloat16 (weight-only).
 
     Bytes: each expert hit reads its weight tiles once per m-block (from L2 across m-blocks),
     A rows re-read per n tile, C written once.
@@ -383,6 +431,7 @@ def _fused_moe_kernel(
             K,
             W4,
             FP8,
+            MX4,
             GROUP_SIZE,
             BLOCK_K,
         )
@@ -406,6 +455,7 @@ def _fused_moe_kernel(
                 K,
                 W4,
                 FP8,
+                MX4,
                 GROUP_SIZE,
                 BLOCK_K,
             )
