@@ -48,10 +48,10 @@ SERVE_BENCH = [
     "--output-len", "32", "--page-size", "64", "--json", "--label", "gpu-check",
 ]  # fmt: skip
 SERVE_BENCH_S = 120
-#: With 24 ops, a GPU gets ~6 s of bench per op (its budget stops starting cases, so each op
+#: With 25 ops, a GPU gets ~5 s of bench per op (its budget stops starting cases, so each op
 #: still times its first cases); a rehearsal ~9 s of CPU per op.
 GPU = dict(budget_s=420.0, verify_s=120.0, report_reserve=45.0 + SERVE_BENCH_S, min_per_op=5.0)
-#: On a 2-core CPU the rehearsal's verify of all 24 ops took 85-113 s and each bench step 6-10 s
+#: On a 2-core CPU the rehearsal's verify of 24 ops took 85-113 s and each bench step 6-10 s
 #: (most of it starting the CLI): 150 s for verify, 450 s in all.
 REHEARSAL = dict(budget_s=450.0, verify_s=150.0, report_reserve=10.0, min_per_op=3.0)
 #: What a rehearsal adds to a step's arguments: small, interpreter-free, repeatable.
