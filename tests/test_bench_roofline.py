@@ -188,3 +188,25 @@ def test_a_cost_without_compute_format_keeps_the_case_dtype():
     c = roofline.datasheet(H200)
     assert c.compute_peak(Cost(1e12, 1e9), torch.bfloat16) == (pytest.approx(989e12), "bfloat16")
     assert c.compute_peak(Cost(1e12, 1e9, "float4_e2m1fn_x2"), "bfloat16")[1] == "float8_e4m3fn"
+
+
+def test_cpu_copy_ceiling_is_the_best_of_all_threads_and_one(monkeypatch):
+    """With another process busy on a core, a copy split over every core waits for its slowest
+    part while a one-thread kernel is not slowed: the ceiling takes the better of the two."""
+
+    class _Timer:
+        def sync(self):
+            pass
+
+        def samples(self, fn, n, calls=1, before=None, after=None):
+            fn()
+            return [0.5 if torch.get_num_threads() == 1 else 2.0] * n, None  # one thread faster
+
+    monkeypatch.setattr(roofline, "timer_for", lambda dev: _Timer())
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert roofline.measure_copy("cpu", 1 << 16, samples=3) == 2 * (1 << 16) / 0.5
+        assert torch.get_num_threads() == 2  # restored
+    finally:
+        torch.set_num_threads(before)
