@@ -288,8 +288,10 @@ class Rotation:
         }
 
     def held_bytes(self) -> int:
-        """Bytes of arguments its places hold: the slots and their copies."""
-        return sum(tensor_bytes(c.args) for c in self.copies)
+        """Bytes of arguments its places hold: the slots and their copies (each copy holds
+        what its slot does; a copy's views share one block per argument)."""
+        per_slot = [tensor_bytes(a) for a in self.slots]
+        return sum(per_slot[c.slot] for c in self.copies)
 
     @property
     def current(self) -> _State:
