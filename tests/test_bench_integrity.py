@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from kernelab.bench import BenchConfig, Ceilings, StopRule, Subject
+from kernelab.bench import BenchConfig, Ceilings, StopRule, Subject, rotation
 from kernelab.bench.runner import bench_case
 from kernelab.bench.timers import HostTimer
 from kernelab.hardware import detect
@@ -151,10 +151,18 @@ def test_hot_data_in_cache_is_not_held_to_the_memory_floor():
 
 
 @pytest.mark.parametrize("mode", ["cold", "auto"])
-def test_memory_bound_defaults_to_cold_with_a_flush(mode):
+def test_memory_bound_defaults_to_cold_with_rotating_copies(mode):
     case = run(SMALL, mode=mode)["torch"]
-    assert case["mode"] == "cold" and case["cold_cache"].startswith("flush")
+    assert case["mode"] == "cold" and case["cold_cache"].startswith("rotate")
     assert case["metrics"]["calls_per_sample"] == 1
+    assert case["metrics"]["rotation"]["copies"] >= 2
+
+
+def test_cold_mode_flushes_where_copies_cannot_do(monkeypatch):
+    monkeypatch.setattr(rotation, "copies_for_cold", lambda *a: None)  # too many, or no memory
+    case = run(SMALL, mode="cold")["torch"]
+    assert case["cold_cache"].startswith("flush") and case["metrics"]["valid"]
+    assert case["metrics"]["rotation"]["copies"] == case["metrics"]["rotation"]["input_sets"]
 
 
 def test_in_place_residual_is_restored_and_checked():

@@ -4,9 +4,9 @@ sets), work on a thread that already existed and load left running between calls
 per thread), for rmsnorm, gemm, rope, silu_and_mul and softmax. The honest candidates, written
 differently from the references, are never flagged.
 
-Cold mode flushes a small buffer here (the runner's cache size is patched): what is checked
-does not depend on the flush's size, and a flush of twice this machine's last-level cache
-would take most of each test's time."""
+Cold mode rotates copies of the inputs holding twice a small cache here (the runner's cache
+size is patched): what is checked does not depend on the cache's size, and copies of twice
+this machine's last-level cache would take most of each test's time."""
 
 import sys
 import threading
@@ -53,7 +53,7 @@ def small_flush(monkeypatch):
     monkeypatch.setattr(runner, "cache_bytes", lambda info: (1 << 20, "test"))
 
 
-def _bench(file, fn, op_name, shape=None):
+def _bench(file, fn, op_name, shape=None, mode="auto"):
     """Bench the candidate ``file:fn`` against eager torch; cases by variant. The candidate's
     module is stopped afterwards (its threads ended)."""
     op, default, dtype = CASES[op_name]
@@ -63,7 +63,7 @@ def _bench(file, fn, op_name, shape=None):
             Subject("candidate", fn, "candidate"),
             Subject("torch", op.variants["torch"].fn, "torch"),
         ]
-        cfg = BenchConfig(rule=RULE, energy_window_s=0)
+        cfg = BenchConfig(rule=RULE, energy_window_s=0, mode=mode)
         cases = bench_case(
             op, shape or default, dtype, subjects, detect("cpu"), HostTimer(), GENEROUS, cfg
         )
@@ -79,18 +79,21 @@ def _flags(case, prefix):
 
 
 @pytest.mark.parametrize(
-    "file, fn, op",
+    "file, fn, op, mode",
     [
-        ("rmsnorm_version_cache.py", "rmsnorm_candidate", "rmsnorm"),
-        ("gemm_version_cache.py", "gemm_candidate", "gemm"),
-        ("rmsnorm_sampled_cache.py", "rmsnorm_candidate", "rmsnorm"),
-        ("gemm_sampled_cache.py", "gemm_candidate", "gemm"),
-        ("rope_version_cache.py", "rope_candidate", "rope"),  # in place, integer positions
-        ("silu_sampled_cache.py", "silu_and_mul_candidate", "silu_and_mul"),
+        ("rmsnorm_version_cache.py", "rmsnorm_candidate", "rmsnorm", "auto"),
+        ("gemm_version_cache.py", "gemm_candidate", "gemm", "auto"),
+        ("rmsnorm_version_cache.py", "rmsnorm_candidate", "rmsnorm", "hot"),
+        # one entry, keyed on the address: in cold mode each sample is at another address, so
+        # it never hits (and is timed honestly); hot mode is where it cheats
+        ("rmsnorm_sampled_cache.py", "rmsnorm_candidate", "rmsnorm", "hot"),
+        ("gemm_sampled_cache.py", "gemm_candidate", "gemm", "auto"),
+        ("rope_version_cache.py", "rope_candidate", "rope", "auto"),  # in place, integer positions
+        ("silu_sampled_cache.py", "silu_and_mul_candidate", "silu_and_mul", "hot"),
     ],
 )
-def test_caches_that_survive_fresh_inputs_are_caught_in_the_timed_loop(file, fn, op):
-    cases = _bench(file, fn, op)
+def test_caches_that_survive_fresh_inputs_are_caught_in_the_timed_loop(file, fn, op, mode):
+    cases = _bench(file, fn, op, mode=mode)
     cand = cases["candidate"]
     # the fresh-input checks alone do not see them: they recompute on a copy_ of new values
     assert not _flags(cand, "results cached by pointer"), cand["flags"]

@@ -188,3 +188,54 @@ def test_a_cost_without_compute_format_keeps_the_case_dtype():
     c = roofline.datasheet(H200)
     assert c.compute_peak(Cost(1e12, 1e9), torch.bfloat16) == (pytest.approx(989e12), "bfloat16")
     assert c.compute_peak(Cost(1e12, 1e9, "float4_e2m1fn_x2"), "bfloat16")[1] == "float8_e4m3fn"
+
+
+class _FakeCopy:
+    """A host copy on a fake clock: each chunk takes ``ns_per_byte`` (by thread count) except
+    every ``preempt``-th, which is cut by a time slice of another process (100x longer)."""
+
+    def __init__(self, n, ns_per_byte, preempt=0):
+        self.n, self.ns_per_byte, self.preempt = n, ns_per_byte, preempt
+        self.now, self.chunks = 0, 0
+
+    def numel(self):
+        return self.n
+
+    def __getitem__(self, sl):
+        return self
+
+    def copy_(self, other):
+        self.chunks += 1
+        per = self.ns_per_byte[torch.get_num_threads() == 1]
+        slow = 100 if self.preempt and self.chunks % self.preempt == 0 else 1
+        self.now += int(roofline.COPY_CHUNK * per * slow)
+
+    def clock(self):
+        return self.now
+
+
+def _fake_rate(monkeypatch, ns_per_byte, preempt=0, threads=2):
+    fake = _FakeCopy(64 * roofline.COPY_CHUNK, ns_per_byte, preempt)
+    monkeypatch.setattr(roofline.time, "perf_counter_ns", fake.clock)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        rate = roofline._host_copy_rate(fake, fake, passes=2)
+        assert torch.get_num_threads() == threads  # restored
+    finally:
+        torch.set_num_threads(before)
+    return rate
+
+
+def test_cpu_copy_ceiling_ignores_chunks_cut_by_other_processes(monkeypatch):
+    """One chunk in three preempted (a loaded host): the rate is the unpreempted chunks', where
+    the whole copy's would be ~34x lower."""
+    rate = _fake_rate(monkeypatch, (0.1, 0.1), preempt=3)
+    assert rate == pytest.approx(2 / 0.1 * 1e9)
+
+
+def test_cpu_copy_ceiling_is_the_best_of_all_threads_and_one(monkeypatch):
+    """With another process busy on a core, a copy split over both waits for its slowest part
+    while a one-thread kernel is not slowed: the ceiling takes the better of the two."""
+    rate = _fake_rate(monkeypatch, (0.4, 0.1))  # (all threads, one thread) ns per byte
+    assert rate == pytest.approx(2 / 0.1 * 1e9)

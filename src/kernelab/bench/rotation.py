@@ -17,6 +17,11 @@ inputs never change. So the timed loop itself changes them, outside the timed wi
 - slot 0 is the subject's own buffers; in cold mode further slots at new addresses, holding
   another seed's values, are added while all of them fit in ``ROTATION_BYTES`` (hot mode keeps
   one slot: a second address would make its samples cold);
+- in cold mode the slots are also copied to new addresses until the copies hold twice the
+  last-level cache (:func:`kernelab.bench.cache.copies_for_cold`): the samples visit the
+  copies in a shuffled order, each copy in one of its slot's states, moved to the next state
+  after its visit (outside the timed window, a whole cycle before its next use, by then
+  evicted): every sample reads inputs that are not in the cache, with no flush;
 - the last output of a random subset of samples is copied (outside the timed window) with the
   state it was computed from, and checked after the loop against that state's reference.
 
@@ -35,7 +40,7 @@ import time
 import torch
 
 from kernelab.bench import integrity
-from kernelab.bench.cache import tensor_bytes
+from kernelab.bench.cache import copies_for_cold, replicate, tensor_bytes
 from kernelab.numerics import bits
 
 #: Fraction of each data input's elements that differ between a slot's two states.
@@ -138,39 +143,143 @@ class _State:
 
     @property
     def label(self) -> str:
-        how = "its own buffers" if self.slot == 0 else f"input set {self.slot}, new addresses"
+        how = "its own values" if self.slot == 0 else f"input set {self.slot}"
         return f"{how}, {'partial update' if self.index else 'as written'}"
 
 
-class Rotation:
-    """The states one subject cycles through in its timed loop (see the module docstring)."""
+class _Copy:
+    """One place a subject's arguments live: the slot's own buffers or a copy of them at new
+    addresses (cold mode); it holds one of its slot's states at a time."""
+
+    __slots__ = ("alias", "args", "held", "slot")
+
+    def __init__(self, slot: int, args: dict, held: int = 0):
+        self.slot, self.args, self.held = slot, args, held
+        #: through .data (0-dim tensors as one-element views): writes that leave the version
+        #: counters alone
+        self.alias = {
+            n: _as_1d_view(t.data) for n, t in args.items() if isinstance(t, torch.Tensor)
+        }
+
+
+class Places:
+    """Where the subjects that take the same arguments live: the slots' buffers and, in cold
+    mode, copies of them at new addresses, each copy holding one of its slot's states; one
+    cycle through them shared by those subjects, so that between two visits of a copy all the
+    others were read, whichever subject read them.
+
+    The copies are visited in a fixed shuffled order (slot 0's own buffers first), so that no
+    copy follows its neighbour in memory; after its visit a copy moves to its slot's next
+    state, outside the timed window and a whole cycle before it is used again. Slot 0's own
+    buffers are written right before each use instead: subjects with different prepared forms
+    may still share some of them (in hot mode, the only place, every sample then writes its
+    state first, as it must)."""
 
     def __init__(self, slots: list[dict], states: list[_State], inplace, pristine, seed: int):
         self.slots, self.states = slots, states
         self.inplace, self.pristine = inplace, pristine  # per slot: in-place args before a call
+        self.of_slot = [[s for s in states if s.slot == k] for k in range(len(slots))]
+        self.copies = [_Copy(k, a) for k, a in enumerate(slots)]
+        self.order = list(range(len(self.copies)))
+        self.rng = random.Random(seed)
         self.pos = -1
-        #: the slots' tensors through .data (0-dim ones as one-element views): writes that
-        #: leave the version counters alone
-        self.alias = [
-            {n: _as_1d_view(t.data) for n, t in a.items() if isinstance(t, torch.Tensor)}
-            for a in slots
-        ]
         #: why a slot keeps one state only (its prepared states cannot share buffers)
         self.notes: list[str] = []
-        self.spent = 0.0  # seconds in advance() and keep(), left out of the stopping rule's
+
+    def spread(self, total: int) -> None:
+        """Copies of the slots at new addresses, ``total`` places in all with the slots' own
+        buffers, visited in a shuffled order (slot 0's buffers first). Copy j of a slot starts
+        in its state j mod (its states), so that both states are met from the first cycle."""
+        extra = max(0, total - len(self.slots))
+        n = len(self.slots)
+        for k in range(n):
+            count = extra // n + (k < extra % n)
+            for j, args in enumerate(replicate(self.slots[k], count), start=1):
+                c = _Copy(k, args)
+                if j % len(self.of_slot[k]):
+                    self._write(c, j % len(self.of_slot[k]))
+                self.copies.append(c)
+        rest = list(range(1, len(self.copies)))
+        self.rng.shuffle(rest)
+        self.order = [0, *rest]
+
+    def state(self, c: _Copy) -> _State:
+        return self.of_slot[c.slot][c.held]
+
+    def _write(self, c: _Copy, held: int) -> None:
+        """``c`` to its slot's state ``held``: in-place arguments restored whole, then the
+        state's values written."""
+        c.held = held
+        for n in self.inplace:
+            c.args[n].copy_(self.pristine[c.slot][n])
+        for n, (idx, values) in self.of_slot[c.slot][held].writes.items():
+            c.alias[n].index_put_(idx, values)  # through .data: the version stays
+
+    def next(self) -> _Copy:
+        """The copy used last to its next state, then the next copy, ready for a call."""
+        own = self.copies[0]
+        if self.pos >= 0:
+            c = self.copies[self.order[self.pos % len(self.copies)]]
+            held = (c.held + 1) % len(self.of_slot[c.slot])
+            if c is own:
+                c.held = held  # written right before its next use (below)
+            else:
+                self._write(c, held)
+        self.pos += 1
+        c = self.copies[self.order[self.pos % len(self.copies)]]
+        if c is own:
+            self._write(c, c.held)
+        return c
+
+    def first(self) -> _Copy:
+        """Slot 0's own buffers in their first state (the inputs as written); the cycle goes
+        on from where it was."""
+        own = self.copies[0]
+        self._write(own, 0)
+        return own
+
+
+class Rotation:
+    """One subject's timed loop over :class:`Places` (see the module docstring): the copy each
+    sample used, and the outputs kept to be checked against its state's reference."""
+
+    def __init__(self, places: Places, seed: int):
+        self.places = places
+        self._at: _Copy = places.copies[0]
         self.rng = random.Random(seed)
+        self.notes: list[str] = []
+        self.spent = 0.0  # seconds in advance() and keep(), left out of the stopping rule's
         self.seen = 0
         self.room = 0  # copies kept at most, from the size of the first
         self.kept: list[tuple[_State, tuple, dict]] = []
         self.checked = 0  # timed outputs checked, and the states they were computed from
         self.checked_states: set = set()
 
+    @property
+    def slots(self) -> list[dict]:
+        return self.places.slots
+
+    @property
+    def states(self) -> list[_State]:
+        return self.places.states
+
+    @property
+    def copies(self) -> list[_Copy]:
+        return self.places.copies
+
+    @property
+    def inplace(self) -> list[str]:
+        return self.places.inplace
+
     def summary(self) -> dict:
-        """What the rotation did, for the case's metrics: input sets (slots), states, the
-        elements a partial update changed, the timed outputs checked and their states."""
+        """What the rotation did, for the case's metrics: input sets (slots), the copies of
+        them the samples rotate through (shared with the subjects that take the same
+        arguments), states, the elements a partial update changed, the timed outputs checked
+        and their states."""
         partial = [s for s in self.states if s.index]
         return {
             "input_sets": len(self.slots),
+            "copies": len(self.copies),
             "states": len(self.states),
             "changed_elements": sum(i[0].numel() for s in partial for i, _ in s.writes.values()),
             "changed_inputs": sorted({n for s in partial for n in s.writes}),
@@ -178,26 +287,26 @@ class Rotation:
             "checked_states": len(self.checked_states),
         }
 
+    def held_bytes(self) -> int:
+        """Bytes of arguments its places hold: the slots and their copies (each copy holds
+        what its slot does; a copy's views share one block per argument)."""
+        per_slot = [tensor_bytes(a) for a in self.slots]
+        return sum(per_slot[c.slot] for c in self.copies)
+
     @property
     def current(self) -> _State:
-        return self.states[max(self.pos, 0)]
+        return self.places.state(self._at)
 
     @property
     def args(self) -> dict:
-        return self.slots[self.current.slot]
+        return self._at.args
 
     def advance(self) -> dict:
-        """Write the next state into its slot (outside the timed window); its arguments."""
+        """The next place's arguments in its state (outside the timed window)."""
         t0 = time.perf_counter()
-        self.pos = (self.pos + 1) % len(self.states)
-        state = self.current
-        args, alias = self.slots[state.slot], self.alias[state.slot]
-        for n in self.inplace:
-            args[n].copy_(self.pristine[state.slot][n])
-        for n, (idx, values) in state.writes.items():
-            alias[n].index_put_(idx, values)  # through .data: the version stays
+        self._at = self.places.next()
         self.spent += time.perf_counter() - t0
-        return args
+        return self.args
 
     def keep(self, result) -> None:
         """Maybe keep a copy of this sample's output and in-place arguments, for :meth:`check`
@@ -224,30 +333,31 @@ class Rotation:
         else:
             self.kept[j] = self._item(result)
 
-    def check(self, result, call) -> tuple[str | None, str | None]:
+    def check(self, result) -> tuple[str | None, str | None]:
         """(wrong output, cached) flags from the kept outputs and ``result``, the loop's last
-        output, each against the reference of the state it was computed from. Wrong on the
-        subject's own inputs as written is a wrong output; wrong only on the other states, a
-        cache. Without a kept output on the first state, ``call`` is made on it once more."""
+        output, each against the reference of the state it was computed from. A wrong output
+        that is right for another state of the rotation is a result of earlier inputs: a
+        cache; one right for none, a wrong output (which wins when there are both)."""
         items = [*self.kept, self._item(result)]
         self.kept = []
         self.checked += len(items)
         self.checked_states |= {(state.slot, state.index) for state, _, _ in items}
-        wrong = [(state, state.ref.check(r, args)) for state, r, args in items]
-        base = [w for state, w in wrong if state.slot == state.index == 0]
-        other = [(state, w) for state, w in wrong if w and (state.slot or state.index)]
-        if other and not base:
-            args = self.reset()
-            base = [self.current.ref.check(call(), args)]
-        bad_base = [w for w in base if w]
-        if bad_base:
-            return f"wrong output of timed calls: {bad_base[0]}", None
-        if not other:
+        stale, wrong = [], []
+        for state, r, args in items:
+            why = state.ref.check(r, args)
+            if why is None:
+                continue
+            earlier = any(o is not state and o.ref.check(r, args) is None for o in self.states)
+            (stale if earlier else wrong).append((state, why))
+        if wrong:
+            return f"wrong output of timed calls: {wrong[0][1]}", None
+        if not stale:
             return None, None
-        state, why = other[0]
+        state, why = stale[0]
         return None, (
-            f"{FLAG}: {len(other)} of {len(items)} checked timed outputs wrong for the inputs "
-            f"they were computed from ({state.label}): {why}"
+            f"{FLAG}: {len(stale)} of {len(items)} checked timed outputs wrong for the inputs "
+            f"they were computed from and right for other inputs of the rotation "
+            f"({state.label}): {why}"
         )
 
     def _item(self, result) -> tuple:
@@ -255,14 +365,20 @@ class Rotation:
         return self.current, integrity.snapshot(result), args
 
     def reset(self) -> dict:
-        """Slot 0 back to its first state (the subject's own inputs, as written)."""
-        self.pos = -1
-        return self.advance()
+        """The subject's own buffers back to their first state (its inputs, as written)."""
+        t0 = time.perf_counter()
+        self._at = self.places.first()
+        self.spent += time.perf_counter() - t0
+        return self.args
 
 
-def build(op, shape, dtype, device, inputs, ref, runs, seed: int, cold: bool):
+def build(op, shape, dtype, device, inputs, ref, runs, seed: int, cold: bool, cache_size: int = 0):
     """One :class:`Rotation` per run (its ``subject`` and ``args``); ``inputs`` are the
-    case's inputs and ``ref`` their reference."""
+    case's inputs and ``ref`` their reference. With a ``cache_size`` (cold mode), the slots
+    are copied to new addresses until each :class:`Places` holds twice the cache
+    (:func:`cache.copies_for_cold`; none where a flush must do instead), the copies of a slot
+    starting in its two states alternately. Runs called on the same arguments (no prepared
+    form) share one :class:`Places`: one set of copies, one cycle."""
     gen = torch.Generator().manual_seed(seed + 7919)
     set_bytes = max(1, tensor_bytes(inputs))
     n_slots = 1
@@ -279,9 +395,15 @@ def build(op, shape, dtype, device, inputs, ref, runs, seed: int, cold: bool):
         second = partial(first, other, names, gen)
         states_in.append((first, first_ref, second, integrity.Reference.build(op, second, dtype)))
     inplace = [n for n in op.contract.inplace if isinstance(inputs.get(n), torch.Tensor)]
+    shared: dict[int, Places] = {}  # subjects called on the case's own arguments share places
     out = []
     for run in runs:
         prep = run.subject.prepare
+        key = id(run.args)
+        if key in shared:
+            out.append(Rotation(shared[key], seed))
+            out[-1].notes = shared[key].notes
+            continue
         slots, states, pristine, notes = [], [], [], []
         for s, (first, first_ref, second, second_ref) in enumerate(states_in):
             a = run.args if s == 0 else prep(integrity.clone_inputs(first)) if prep else None
@@ -299,7 +421,16 @@ def build(op, shape, dtype, device, inputs, ref, runs, seed: int, cold: bool):
                 )
                 continue
             states.append(_State(s, 1, second_ref, {n: (i, y) for n, (i, _, y) in diffs.items()}))
-        rot = Rotation(slots, states, inplace, pristine, seed)
-        rot.notes = notes
-        out.append(rot)
+        places = Places(slots, states, inplace, pristine, seed)
+        places.notes = notes
+        if prep is None:
+            shared[key] = places
+        out.append(Rotation(places, seed))
+        out[-1].notes = notes
+    groups = list({id(r.places): r.places for r in out}.values())
+    if cache_size:
+        each = [tensor_bytes(p.slots[0]) for p in groups]
+        copies = copies_for_cold(each, cache_size, device)
+        for p in groups:
+            p.spread(copies or 1)
     return out

@@ -202,32 +202,19 @@ def bench_case(
     bound = roofline(cost, 1.0, ceilings, dtype)["bound"] or "memory"
     mode = cfg.mode if cfg.mode != "auto" else ("cold" if bound == "memory" else "hot")
     inplace = [n for n in op.contract.inplace if isinstance(inputs.get(n), torch.Tensor)]
-    flush = None
-    if mode == "cold" and set_bytes < 2 * cache_size:
-        flush = Flush(device, cache_size)
-    cold_how = (
-        "none (hot)"
-        if mode == "hot"
-        else (
-            f"flush {flush.nbytes / 2**20:.0f} MiB between samples"
-            if flush
-            else "working set exceeds 2x cache"
-        )
-    )
-
     runs = []
     for s in subjects:
         args = s.prepare(dict(inputs)) if s.prepare else inputs
         runs.append(_Run(s, args))
+    cold = mode == "cold" and set_bytes < 2 * cache_size  # else hot, or already past the cache
+    flush = None
 
     def before_for(run):
         def before():
             for n in inplace:
                 run.args[n].copy_(run.pristine[n])
-            if flush is not None:
-                flush()
 
-        return before if (inplace or flush) else None
+        return before if inplace else None
 
     watch = threads.Watch(threads.torch_workers())
     # warm-up: first call alone (compilation, autotuning), then batches until stable
@@ -260,7 +247,16 @@ def bench_case(
         if before is not None:
             before()  # restore in-place arguments after warm-up
     watch.mark(None)
-    rots = rotation.build(op, shape, dtype, device, inputs, ref, runs, cfg.seed, flush is not None)
+    rots = rotation.build(
+        op, shape, dtype, device, inputs, ref, runs, cfg.seed, cold, cache_size if cold else 0
+    )
+    cold_how = "none (hot)" if mode == "hot" else "working set exceeds 2x cache"
+    if cold and all(len(r.copies) == len(r.slots) for r in rots):
+        flush = Flush(device, cache_size)  # copies could not do (too many, or no memory)
+        cold_how = f"flush {flush.nbytes / 2**20:.0f} MiB between samples"
+    elif cold:
+        held = sum(r.held_bytes() for r in {id(r.places): r for r in rots}.values())
+        cold_how = f"rotate copies of the inputs ({held / 2**20:.0f} MiB)"
     for run, rot in zip(runs, rots, strict=True):
         run.rotation = rot
         run.flags.extend(f"rotation: {note}" for note in rot.notes)  # a warning, not invalid
@@ -411,7 +407,7 @@ def _after_loop(run, result, early, alive, timer, inplace, lazy=None) -> None:
     if not lazy and not integrity.bitwise_equal(early, integrity.snapshot(result)):
         run.flags.append("work left running after return: outputs changed after the call")
     if not lazy:  # each checked timed output against the inputs it was computed from
-        run.flags.extend(f for f in run.rotation.check(result, run.call) if f)
+        run.flags.extend(f for f in run.rotation.check(result) if f)
     run.current = run.rotation.reset()  # the subject's own inputs, as written
     changed, spawned = False, 0
     if not lazy:
