@@ -42,6 +42,7 @@ import torch
 from kernelab.bench import integrity
 from kernelab.bench.cache import copies_for_cold, replicate, tensor_bytes
 from kernelab.numerics import bits
+from kernelab.ops._model import changeable
 
 #: Fraction of each data input's elements that differ between a slot's two states.
 PARTIAL_FRACTION = 0.01
@@ -56,23 +57,6 @@ CHECK_P = 1.0
 MAX_CHECKS = 32
 CHECK_BYTES = 64 * 2**20
 FLAG = "results cached by version counter or sampled elements"
-
-
-def changeable(op, inputs: dict) -> list[str]:
-    """The non-empty tensor inputs a partial update may change: those ``op`` declares as data
-    (``Contract.data_inputs``), or every floating-point one when it declares none."""
-    declared = getattr(op.contract, "data_inputs", None)
-    if declared is None:
-        return [
-            n for n, t in inputs.items()
-            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()
-        ]  # fmt: skip
-    unknown = [n for n in declared if n not in inputs]
-    if unknown:
-        raise ValueError(
-            f"data_inputs: op {op.name!r} declares {unknown}, not among its inputs {list(inputs)}"
-        )
-    return [n for n in declared if isinstance(inputs[n], torch.Tensor) and inputs[n].numel()]
 
 
 def partial(

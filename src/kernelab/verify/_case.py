@@ -14,11 +14,15 @@ Each trial draws fresh inputs from one distribution (the last trial also holds N
 - Each later trial (or, with one trial, one extra draw): new values written into the same
   buffers, one call: all the checks of call 1, and a wrong result bitwise equal to the
   previous (right) result is a cached result.
-- After the first trial without NaN/Inf, a partial update: a few random elements of the
-  largest floating-point input (1 in 4096, at least one; positions and values, from another
-  input distribution, drawn from the run seed) changed in place in the same buffers, one
-  call. A cache keyed on the address plus a few sampled elements, or on anything but every
-  element, returns the previous result here. Its values are judged on the whole tensor and,
+- After the first trial without NaN/Inf, a partial update: a few random elements of every
+  input the op declares as data (``Contract.data_inputs``, the rule bench's rotating input
+  sets follow; by default every floating-point input), 1 in 4096 of each, at least one
+  (positions and values, from another input distribution, drawn from the run seed), changed
+  in place in the same buffers, one call. Prepared parameters (a quantized weight and its
+  scales, a rotary table) keep their values: the changed inputs are always a set a caller
+  can hold, and a cache of the data keyed on its address plus a few sampled elements, or on
+  anything but every element, returns the previous result here (however it keys the
+  prepared parameters). Its values are judged on the whole tensor and,
   sharply, on the output elements whose reference changed.
 - Last, the allocating path: the same (partially updated) contents in fresh allocations, the
   candidate called without ``out=`` (it must allocate and return its outputs), judged the
@@ -38,6 +42,7 @@ import torch
 
 from kernelab.numerics import error
 from kernelab.ops import as_tuple
+from kernelab.ops._model import changeable
 from kernelab.ops._runtime.inputs import DISTRIBUTIONS
 from kernelab.verify import _buffers, _checks
 from kernelab.verify._tolerance import tolerance
@@ -192,10 +197,12 @@ class _Trial:
         if self.use_out:
             self.outs = [_buffers.output(n, s, d, dev) for n, s, d, dev in exp.specs]
 
-    def load(self, inputs: dict) -> None:
-        """Write ``inputs``' values into the guarded input buffers (same addresses)."""
+    def load(self, inputs: dict, names=None) -> None:
+        """Write ``inputs``' values into the guarded input buffers (same addresses); only
+        those of ``names`` when given."""
         for k, g in self.guards.items():
-            g.view.copy_(inputs[k])
+            if names is None or k in names:
+                g.view.copy_(inputs[k])
 
     def call(self, exp: _Expected, poison: int, label: str):
         """Call the subject; check contract, canaries, inputs. Returns {target: tensor}."""
@@ -350,38 +357,31 @@ def run_case(
     return case
 
 
-PARTIAL_EVERY = 4096  # elements of the largest input per changed element (at least one)
+PARTIAL_EVERY = 4096  # elements of each changed input per changed element (at least one)
 
 
-def partial_update(inputs: dict, fresh: dict, seed: int) -> tuple[dict, dict]:
-    """``inputs`` with a few random elements of the largest floating-point tensor taken from
+def partial_update(op, inputs: dict, fresh: dict, seed: int) -> tuple[dict, dict]:
+    """``inputs`` with a few random elements of each data input (``changeable``) taken from
     ``fresh`` (another draw of the same op and shape). Returns (new inputs, {name: indices}).
 
-    One tensor, few elements: any cache that does not look at every element of it misses
-    the change with high probability (a cache sampling s of its n elements sees a change with
-    probability about s / PARTIAL_EVERY, or s / n for small tensors), and the outputs that
-    depend on those elements must follow.
+    Few elements of each: any cache that does not look at every element of its data misses
+    the change with high probability (a cache sampling s of an input's n elements sees a
+    change with probability about s / PARTIAL_EVERY, or s / n for small tensors), and the
+    outputs that depend on those elements must follow.
     """
     gen = torch.Generator().manual_seed(seed)
-    floats = [
-        (v.numel(), name)
-        for name, v in inputs.items()
-        if isinstance(v, torch.Tensor)
-        and v.is_floating_point()
-        and v.numel()
-        and isinstance(fresh.get(name), torch.Tensor)
-        and fresh[name].shape == v.shape
-    ]
-    if not floats:
-        return dict(inputs), {}
-    numel, name = max(floats)
-    v = inputs[name]
-    n = max(1, numel // PARTIAL_EVERY)
-    flat = torch.randperm(numel, generator=gen)[:n]
-    idx = tuple(i.to(v.device) for i in torch.unravel_index(flat, v.shape))
-    new = v.clone()
-    new[idx] = fresh[name][idx]
-    return {**inputs, name: new}, {name: idx}
+    new, where = dict(inputs), {}
+    for name in changeable(op, inputs):
+        v, f = inputs[name], fresh.get(name)
+        if not isinstance(f, torch.Tensor) or (f.shape, f.dtype) != (v.shape, v.dtype):
+            continue  # another draw with another layout: nothing to take element by element
+        n = max(1, v.numel() // PARTIAL_EVERY)
+        flat = torch.randperm(v.numel(), generator=gen)[:n]
+        idx = tuple(i.to(v.device) for i in torch.unravel_index(flat, v.shape))
+        new[name] = v.clone()
+        new[name][idx] = f[idx]
+        where[name] = idx
+    return new, where
 
 
 def _changed_mask(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor | None:
@@ -461,18 +461,20 @@ def _partial_and_allocating(case, op, subject, device, trial, exp, inputs, shape
     dists = distributions_of(op)
     other = dists[(dists.index(dist) + 1) % len(dists)]
     fresh = op.inputs(shape, dtype, device, seed=pseed, dist=other)
-    new, where = partial_update(inputs, fresh, pseed)
+    new, where = partial_update(op, inputs, fresh, pseed)
     if not where:
         return None
     t = len(case.trials)
     case.trials.append(
         {"seed": pseed, "dist": f"{dist}, changed from {other}", "specials": None,
          "kind": "partial update",
-         "changed": {k: int(i[0].numel()) for k, i in where.items()}}
+         "changed": {k: int(new[k][i].numel()) for k, i in where.items()}}
     )  # fmt: skip
     exp_new = expected(op, new, baseline, dtype, device)
     trial.trial, trial.inputs = t, new
-    trial.load(inputs)  # restore the in-place arguments; the rest already holds these values
+    # restore the in-place arguments only: the rest already holds these values, and a
+    # prepared parameter is not written at all (its version counter does not move)
+    trial.load(inputs, op.contract.inplace)
     for name, idx in where.items():
         if name in trial.guards:
             trial.guards[name].view[idx] = new[name][idx]  # a few elements, in place
@@ -484,7 +486,7 @@ def _partial_and_allocating(case, op, subject, device, trial, exp, inputs, shape
     case.trials.append(
         {"seed": pseed, "dist": f"{dist}, changed from {other}", "specials": None,
          "kind": "allocating",
-         "changed": {k: int(i[0].numel()) for k, i in where.items()}}
+         "changed": {k: int(new[k][i].numel()) for k, i in where.items()}}
     )  # fmt: skip
     alloc = _Trial(case, op, subject, device, False, t + 1)
     alloc.setup({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in new.items()},

@@ -12,6 +12,7 @@ from kernelab.ops import FUSED_MOE_FP8, Shape, fp8_quant, fused_moe_fp8
 from kernelab.ops import packing as _packing
 from kernelab.ops.moe.fused_moe_fp8 import (
     MoEConfig,
+    fused_moe_fp8_ref,
     fused_moe_fp8_torch,
     fused_moe_fp8_triton,
     quantize_activations,
@@ -22,9 +23,11 @@ from tests.opcheck import check, clone
 
 mc = importlib.import_module("kernelab.ops.moe._common")
 kernels = importlib.import_module("kernelab.ops.moe._kernels")
+fused_moe_fp8_module = importlib.import_module("kernelab.ops.moe.fused_moe_fp8")
 OP = FUSED_MOE_FP8
 EDGE = {s.label.split(" T=")[0]: s for s in OP.shapes("edge")}
 E4M3 = torch.float8_e4m3fn
+FNUZ = torch.float8_e4m3fnuz
 
 
 @pytest.mark.parametrize(
@@ -125,10 +128,11 @@ def _bad(inputs):
         ({"x": inputs["x"].float()}, TypeError, "x: expected dtype"),
         ({"shared_w1": inputs["w1"][:1]}, ValueError, "expected all four"),
         ({"topk_ids": inputs["topk_ids"].float()}, TypeError, "topk_ids: expected dtype"),
+        ({"fp8_dtype": FNUZ}, TypeError, "fp8_dtype: expected None or w1's dtype"),
     ]
 
 
-@pytest.mark.parametrize("case", range(9))
+@pytest.mark.parametrize("case", range(10))
 @pytest.mark.parametrize("fn", [fused_moe_fp8_triton, fused_moe_fp8_torch], ids=["triton", "torch"])
 def test_bad_arguments_raise_naming_the_argument(fn, case):
     inputs = _small()
@@ -252,3 +256,75 @@ def test_planted_defects_are_caught_by_verify(monkeypatch, tmp_path, name):
 def test_the_kernels_pass_verify_on_the_same_cases():
     report = _verify()
     assert report.passed, [f.line() for c in report.cases for f in c.failures]
+
+
+# --- AMD's flavour: float8_e4m3fnuz (largest value 240) -----------------------------------------
+
+#: gfx942's recipe on the CPU: the weights in e4m3fnuz (the shape names it), so the activations
+#: are quantized to it too; H = 160: a full and a short activation group.
+FNUZ_SHAPE = Shape(
+    "fnuz T=6 E=4 k=2 160x64",
+    {"tokens": 6, "experts": 4, "topk": 2, "hidden": 160, "intermediate": 64},
+    {"fp8": "e4m3fnuz"},
+    batch_dim="tokens",
+)
+
+
+def _fnuz_inputs():
+    inputs = OP.inputs(FNUZ_SHAPE, torch.bfloat16, "cpu", seed=3)
+    inputs["x"][:3].mul_(400.0)  # groups whose activations exceed 240 (and 448)
+    return inputs
+
+
+def _rel(a, b):
+    return float((a.double() - b).norm() / b.norm())
+
+
+def test_the_reference_quantizes_activations_to_the_flavour_of_the_inputs():
+    inputs = _fnuz_inputs()
+    assert inputs["w1"].dtype == FNUZ and inputs["fp8_dtype"] == FNUZ
+    assert float(inputs["x"].abs().amax()) > 448
+    (ref,), _ = OP.run_reference(inputs)  # on float64 copies: the flavour comes by fp8_dtype
+    f64 = {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v
+           for k, v in inputs.items()}  # fmt: skip
+    assert torch.equal(ref, fused_moe_fp8_ref(**{**f64, "fp8_dtype": FNUZ}))
+    fn_ref = fused_moe_fp8_ref(**{**f64, "fp8_dtype": E4M3})
+    assert torch.equal(fused_moe_fp8_ref(**{**f64, "fp8_dtype": None}), fn_ref)
+    # eager torch and the kernels make fnuz's quantization: near the fnuz reference, and the
+    # e4m3fn recipe (what the reference made of float64 weights) is 10x further off
+    for fn in (fused_moe_fp8_torch, fused_moe_fp8_triton):
+        got = fn(**clone(inputs))
+        assert _rel(got, ref) < 1e-2
+        assert _rel(got, fn_ref) > 10 * _rel(got, ref), fn.__name__
+    # without fp8_dtype the eager recipe takes the weights' own flavour
+    no_arg = {**clone(inputs), "fp8_dtype": None}
+    assert torch.equal(fused_moe_fp8_torch(**no_arg), fused_moe_fp8_torch(**clone(inputs)))
+
+
+def _fn_recipe_on_fnuz_weights(**kw):
+    """A planted candidate: the e4m3fn activation quantization on e4m3fnuz weights (the
+    reference's old recipe for float64 copies of AMD's weights)."""
+    x, w1 = kw["x"], kw["w1"]
+    shared = (kw["shared_w1"], kw["shared_w2"], kw["shared_w1_scale"], kw["shared_w2_scale"])
+    args = (x, w1, kw["w2"], kw["w1_scale"], kw["w2_scale"], kw["topk_weights"])
+    ids = kw["topk_ids"].long()
+    y = fused_moe_fp8_module._loop(*args, ids, shared, torch.float32, E4M3).to(x.dtype)
+    return y if kw.get("out") is None else kw["out"].copy_(y)
+
+
+def _verify_fnuz(fn):
+    return verify_candidate(fn, "fused_moe_fp8", shapes=[FNUZ_SHAPE], dtypes=[torch.bfloat16],
+                            device="cpu", seed=23, trials=1)  # fmt: skip
+
+
+@pytest.mark.parametrize("fn", [fused_moe_fp8_torch, fused_moe_fp8_triton], ids=["torch", "triton"])
+def test_verify_holds_fnuz_inputs_to_the_fnuz_recipe(fn):
+    report = _verify_fnuz(fn)
+    assert report.passed, [f.line() for c in report.cases for f in c.failures]
+
+
+def test_verify_refuses_the_e4m3fn_recipe_on_fnuz_weights():
+    report = _verify_fnuz(_fn_recipe_on_fnuz_weights)
+    failures = [f for c in report.cases for f in c.failures]
+    assert not report.passed and failures
+    assert {f.cls for f in failures} == {"wrong values"}, [f.line() for f in failures]

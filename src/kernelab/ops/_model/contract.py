@@ -82,9 +82,10 @@ class Contract:
     #: The inputs that carry per-call data (activations, states, a KV cache, positions), as
     #: opposed to prepared parameters made once from other values and reused (a quantized
     #: weight with its scales, a per-tensor scale, a rotary table): the only inputs a partial
-    #: update may change (bench's rotating input sets take a few of their elements from
-    #: another draw of the op's inputs; changing a scale without the values it was derived
-    #: with would leave an input set no real caller holds). None: every floating-point
+    #: update may change (bench's rotating input sets and verify's partial-update trial take
+    #: a few of their elements from another draw of the op's inputs; changing a scale without
+    #: the values it was derived with would leave an input set no real caller holds; see
+    #: :func:`changeable`). None: every floating-point
     #: input. An integer input named here must be valid element by element (any element may
     #: take any value another draw gives it, whatever the others hold: positions, not block
     #: tables or expert ids).
@@ -155,3 +156,20 @@ class Contract:
         if derived >= floor:
             return derived, f"{self.k:g}x eager torch"
         return floor, "floor"
+
+
+def changeable(op, inputs: dict) -> list[str]:
+    """The non-empty tensor inputs a partial update may change: those ``op`` declares as data
+    (``Contract.data_inputs``), or every floating-point one when it declares none."""
+    declared = getattr(op.contract, "data_inputs", None)
+    if declared is None:
+        return [
+            n for n, t in inputs.items()
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()
+        ]  # fmt: skip
+    unknown = [n for n in declared if n not in inputs]
+    if unknown:
+        raise ValueError(
+            f"data_inputs: op {op.name!r} declares {unknown}, not among its inputs {list(inputs)}"
+        )
+    return [n for n in declared if isinstance(inputs[n], torch.Tensor) and inputs[n].numel()]

@@ -29,10 +29,14 @@ The recipe (vLLM's ``fused_experts(use_fp8_w8a8=True, block_shape=[128, 128])``,
 ``fused_moe_fp8_ref`` makes roundings 1 and 2 exactly as the kernels do (the same float32
 arithmetic, on its float64 values: the intermediate is rounded to float32 first, as the kernel
 stores it) and computes everything else in float64, so the contract measures the kernels'
-accumulation and output rounding, not the format's quantization error. The
-reference sees float64 copies of the weights, not their e4m3 flavour: it quantizes activations
-to ``float8_e4m3fn`` unless it is given e4m3 weights, so a reference for AMD's
-``float8_e4m3fnuz`` (gfx942, largest value 240) needs the weights in their own dtype.
+accumulation and output rounding, not the format's quantization error.
+
+The activations are quantized to the weights' e4m3 flavour: ``float8_e4m3fn`` (largest value
+448) on NVIDIA, ``float8_e4m3fnuz`` (240) on AMD gfx942. The reference sees float64 copies of
+the weights, not their flavour, so the flavour travels as an argument: ``fp8_dtype`` (None:
+``w1``'s dtype; the kernels and eager torch refuse one that is not ``w1``'s). The op's inputs
+always name it, so the reference verify and bench build quantizes as the kernels do on every
+device; called without it on float64 weights, the reference takes ``float8_e4m3fn``.
 
 The ladder: ``fp8_quant``'s kernel, ``_moe_align_kernel``, ``_fused_moe_kernel`` with
 constexpr FP8 (gate+up), ``fp8_quant``'s kernel on the intermediate, ``_fused_moe_kernel``
@@ -51,6 +55,7 @@ import torch
 from kernelab.ops import packing
 from kernelab.ops._model import Contract, Op, Shape, Variant, register
 from kernelab.ops._runtime import check as _check
+from kernelab.ops._runtime import fp8 as _fp8
 from kernelab.ops._runtime import inputs as _inputs
 from kernelab.ops._runtime.triton import use_triton
 from kernelab.ops.matmul.fp8_gemm import E4M3, e4m3_for, fp8_supported
@@ -65,9 +70,11 @@ MoEConfig = mc.MoEConfig
 # --- the recipe's quantization, reference, eager ----------------------------------------------
 
 
-def _fp8_of(w: torch.Tensor) -> torch.dtype:
-    """The e4m3 flavour activations are quantized to: the weights' own (float8_e4m3fn when
-    the reference is given float64 copies)."""
+def _fp8_of(w: torch.Tensor, fp8_dtype=None) -> torch.dtype:
+    """The e4m3 flavour activations are quantized to: ``fp8_dtype`` when given, else the
+    weights' own (float8_e4m3fn for float64 copies of the weights)."""
+    if fp8_dtype is not None:
+        return fp8_dtype
     return w.dtype if w.dtype in E4M3 else E4M3[0]
 
 
@@ -86,8 +93,7 @@ def _mlp(xq, w1, s1, w2, s2, fp8, dtype) -> torch.Tensor:
     return inner @ packing.dequantize_fp8_block(w2, s2, dtype).t()
 
 
-def _loop(x, w1, w2, w1_scale, w2_scale, topk_weights, topk_ids, shared, dtype):
-    fp8 = _fp8_of(w1)
+def _loop(x, w1, w2, w1_scale, w2_scale, topk_weights, topk_ids, shared, dtype, fp8):
     xq = quantize_activations(x, fp8, dtype)
     y = torch.zeros(x.shape, dtype=dtype, device=x.device)
     for e in range(w1.shape[0]):
@@ -116,11 +122,14 @@ def fused_moe_fp8_ref(
     shared_w2_scale=None,
     check=True,
     out=None,
+    fp8_dtype=None,
 ):
     """The recipe one expert at a time: the two activation quantizations as the kernels make
-    them, the rest in x's dtype (float64 as verify runs it)."""
+    them, in the e4m3 flavour ``fp8_dtype`` names (see the module docstring), the rest in x's
+    dtype (float64 as verify runs it)."""
     shared = (shared_w1, shared_w2, shared_w1_scale, shared_w2_scale)
-    y = _loop(x, w1, w2, w1_scale, w2_scale, topk_weights, topk_ids, shared, x.dtype)
+    fp8 = _fp8_of(w1, fp8_dtype)
+    y = _loop(x, w1, w2, w1_scale, w2_scale, topk_weights, topk_ids, shared, x.dtype, fp8)
     return y if out is None else out.copy_(y)
 
 
@@ -138,12 +147,14 @@ def fused_moe_fp8_torch(
     shared_w2_scale=None,
     check=True,
     out=None,
+    fp8_dtype=None,
 ):
     """Eager PyTorch: the recipe in float32 over the experts hit, rounded once to x's dtype."""
     args = dict(locals())
     _validate(**args)
     shared = (shared_w1, shared_w2, shared_w1_scale, shared_w2_scale)
-    y = _loop(x, w1, w2, w1_scale, w2_scale, topk_weights, topk_ids.long(), shared, torch.float32)
+    ids = topk_ids.long()
+    y = _loop(x, w1, w2, w1_scale, w2_scale, topk_weights, ids, shared, torch.float32, w1.dtype)
     y = y.to(x.dtype)
     return y if out is None else out.copy_(y)
 
@@ -176,6 +187,7 @@ def _validate(
     shared_w2_scale=None,
     check=True,
     out=None,
+    fp8_dtype=None,
 ) -> None:
     _check.tensor("x", x, dtypes=(torch.float16, torch.bfloat16), ndim=2)
     h = x.shape[1]
@@ -186,6 +198,11 @@ def _validate(
             f"w1: expected (E >= 1, 2·I, H={h}) with gate and up rows, got {tuple(w1.shape)}"
         )
     fp8 = w1.dtype
+    if fp8_dtype is not None and fp8_dtype != fp8:
+        raise TypeError(
+            f"fp8_dtype: expected None or w1's dtype {fp8} (the activations are quantized to the "
+            f"weights' e4m3 flavour), got {fp8_dtype!r}"
+        )
     _check_fp8("w1", w1, w1_scale, (e, two_i, h), "(E, 2·I, H)", x, fp8)
     _check_fp8("w2", w2, w2_scale, (e, h, two_i // 2), "(E, H, I)", x, fp8)
     shared = (shared_w1, shared_w2, shared_w1_scale, shared_w2_scale)
@@ -230,6 +247,7 @@ def _plan(
     shared_w2_scale=None,
     check=True,
     out=None,
+    fp8_dtype=None,
     config=None,
 ):
     """The launches for these (validated) arguments (see ``_common.plan``)."""
@@ -269,6 +287,7 @@ def fused_moe_fp8_triton(
     shared_w2_scale=None,
     check=True,
     out=None,
+    fp8_dtype=None,
     config=None,
 ):
     """Launch the Triton kernels (natively on GPUs, through the interpreter on CPU tensors)."""
@@ -294,11 +313,13 @@ def fused_moe_fp8(
     shared_w2_scale=None,
     check=True,
     out=None,
+    fp8_dtype=None,
 ):
     """x [T, H] (float16/bfloat16) through the block-scaled e4m3 experts ``topk_ids`` [T, k]
     picks, weighted by ``topk_weights`` (+ a shared expert) → [T, H] in x's dtype; layouts
     and the recipe in the module docstring. ``check`` checks the ids on the host (a sync);
-    without it an id outside [0, E) contributes nothing. Triton on CUDA/ROCm; torch on CPU
+    without it an id outside [0, E) contributes nothing. ``fp8_dtype``: None or the weights'
+    e4m3 flavour, which the activations are quantized to. Triton on CUDA/ROCm; torch on CPU
     (interpreter with KERNELAB_INTERPRET=1)."""
     args = dict(locals())
     if isinstance(x, torch.Tensor) and use_triton(x):
@@ -332,7 +353,8 @@ def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
     d, p = shape.dims, shape.params
     e, h, i = d["experts"], d["hidden"], d["intermediate"]
     ue8m0 = bool(p.get("ue8m0", False))
-    fp8 = e4m3_for(device)
+    # the device's flavour; a shape may name one ("e4m3fnuz": AMD's recipe, on any device)
+    fp8 = _fp8.BY_NAME[p["fp8"]] if "fp8" in p else e4m3_for(device)
     weights, ids = mc.routing(shape, device, gen)
     x = mc.activations(shape, dtype, device, gen, dist)
     if device.type != "meta" and x.numel() and dist == "normal":
@@ -362,6 +384,7 @@ def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
         "shared_w1_scale": shared["shared_w1_scale"],
         "shared_w2_scale": shared["shared_w2_scale"],
         "check": True,
+        "fp8_dtype": fp8,
     }
 
 
@@ -472,6 +495,7 @@ def _vllm_fused_experts_fp8():
         shared_w2_scale=None,
         check=True,
         out=None,
+        fp8_dtype=None,
     ):
         y = experts(x, w1, w2, w1_scale, w2_scale, topk_weights, topk_ids)
         if shared_w1 is not None:  # the shared expert as one expert every token takes, weight 1
