@@ -3,12 +3,18 @@ on version counters or sampled elements) and CPU time per thread (work on anothe
 background load), on the CPU, without and with another process spinning on a core.
 
     python benchmarks/bench_integrity_alarms.py [--runs 15] [--planted-runs 5] [--json]
+        [--mode hot|cold|auto]
 
 Each run benches one candidate from ``benchmarks/candidates/`` beside eager torch (one case,
 in this process). Honest candidates: a false alarm is any flag of these classes on the
 candidate or on torch. Planted cheats: caught when the candidate carries its class's flag.
 ``--runs`` is per honest candidate and condition (five honest candidates: 5 × runs per
-condition). Prints the machine, versions and the load average around each condition.
+condition). Prints the machine, versions and the load average around each condition, and
+each cheat's median time over eager torch's (what the cheat gained).
+
+``--mode hot`` (the default) is where the caches and pools can pay. In cold mode each sample
+reads a copy of the inputs at another address (bench/cache.py): a cache or a pool keyed on
+addresses never hits, so there is nothing to catch (the cheat's time is torch's).
 """
 
 from __future__ import annotations
@@ -87,7 +93,10 @@ def _start_spinner() -> int:
     return int(out.stdout.split()[0])
 
 
-def bench_one(file: str, op_name: str, seed: int) -> dict:
+MODE = {"mode": "hot"}
+
+
+def bench_one(file: str, op_name: str, seed: int, times: dict | None = None) -> dict:
     op, shape, dtype = OPS[op_name]
     fn = load_callable(f"{HERE / 'candidates' / file}:{op_name}_candidate")
     try:
@@ -95,8 +104,10 @@ def bench_one(file: str, op_name: str, seed: int) -> dict:
             Subject("candidate", fn, "candidate"),
             Subject("torch", op.variants["torch"].fn, "torch"),
         ]
-        cfg = BenchConfig(rule=RULE, energy_window_s=0, seed=seed)
+        cfg = BenchConfig(rule=RULE, energy_window_s=0, seed=seed, mode=MODE["mode"])
         cases = bench_case(op, shape, dtype, subjects, detect("cpu"), HostTimer(), CEIL, cfg)
+        if times is not None:
+            times.update({c["variant"]: c["metrics"]["median_s"] for c in cases})
     finally:
         stop = getattr(sys.modules[fn.__module__], "stop", None)
         if stop is not None:
@@ -120,12 +131,15 @@ def condition(runs: int, planted_runs: int, loaded: bool) -> dict:
                 n += bool(bad)
                 examples += [f"{file}: {b[:100]}" for b in bad[:1]]
             alarms[file] = n
-        caught = {}
+        caught, gain = {}, {}
         for file, op, cls in PLANTED:
+            times: dict = {}
             caught[file] = sum(
-                any(f.startswith(cls) for f in bench_one(file, op, seed=r)["candidate"])
+                any(f.startswith(cls) for f in bench_one(file, op, r, times)["candidate"])
                 for r in range(planted_runs)
             )
+            if times.get("torch"):
+                gain[file] = times["candidate"] / times["torch"]  # the last run's
     finally:
         if spinner is not None:
             os.kill(spinner, signal.SIGTERM)
@@ -137,6 +151,8 @@ def condition(runs: int, planted_runs: int, loaded: bool) -> dict:
         "false_alarm_examples": examples[:5],
         "planted_runs": planted_runs,
         "caught": caught,
+        "candidate_over_torch": gain,
+        "mode": MODE["mode"],
         "loadavg_before": load0,
         "loadavg_after": os.getloadavg(),
         "seconds": time.perf_counter() - t0,
@@ -148,6 +164,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=15, help="per honest candidate, condition")
     parser.add_argument("--planted-runs", type=int, default=5)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--mode", default="hot", choices=["hot", "cold", "auto"])
     parser.add_argument(
         "--conditions", default="idle,loaded", help="idle, loaded or both (comma-separated)"
     )
@@ -161,6 +178,7 @@ def main() -> None:
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
     }
+    MODE["mode"] = args.mode
     wanted = {c.strip() for c in args.conditions.split(",")}
     if not wanted or wanted - {"idle", "loaded"}:
         raise SystemExit(f"--conditions: expected idle and/or loaded, got {args.conditions!r}")
@@ -176,12 +194,14 @@ def main() -> None:
     for r in results:
         what = "another process spinning on a core" if r["loaded"] else "no added load"
         la0, la1 = r["loadavg_before"][0], r["loadavg_after"][0]
-        print(f"\n{what} (load average {la0:.1f} -> {la1:.1f}, {r['seconds']:.0f} s)")
+        print(f"\n{what}, {r['mode']} mode (load {la0:.1f} -> {la1:.1f}, {r['seconds']:.0f} s)")
         print(f"  honest: {r['false_alarms']} false alarm(s) in {r['honest_runs']} runs")
         for e in r["false_alarm_examples"]:
             print(f"    {e}")
         for file, n in r["caught"].items():
-            print(f"  {file:30} caught {n}/{r['planted_runs']}")
+            ratio = r["candidate_over_torch"].get(file)
+            gained = f"  (its median / torch's {ratio:.2f})" if ratio else ""
+            print(f"  {file:30} caught {n}/{r['planted_runs']}{gained}")
 
 
 if __name__ == "__main__":

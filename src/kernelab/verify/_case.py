@@ -27,6 +27,10 @@ Each trial draws fresh inputs from one distribution (the last trial also holds N
 - Last, the allocating path: the same (partially updated) contents in fresh allocations, the
   candidate called without ``out=`` (it must allocate and return its outputs), judged the
   same way: a candidate right only when handed its output buffer fails here.
+- A subject that runs through an interpreter (kernelab's Triton variants on CPU, a user's
+  kernel launched there) gets these last two calls on one dtype of each shape, the dtypes
+  taken in turn over the shapes (``verify/_runner.py``): they made each of its capped cases
+  five calls instead of three.
 """
 
 from __future__ import annotations
@@ -302,8 +306,11 @@ def run_case(
     trials: int,
     baseline: Callable | None,
     dist_offset: int = 0,
+    extra: bool = True,
 ) -> CaseResult:
-    """Verify ``subject`` on one shape and dtype (see the module docstring)."""
+    """Verify ``subject`` on one shape and dtype (see the module docstring). ``extra``: make
+    the partial-update and allocating calls too (a caller may take them on one dtype of a
+    shape only, for a subject that runs through an interpreter)."""
     started = time.perf_counter()
     case = CaseResult(
         op.name, subject.name, shape_set, shape.label, shape.key, str(dtype).removeprefix("torch.")
@@ -346,7 +353,7 @@ def run_case(
                 break
             trial.judge(exp, got, "new values", previous=previous)
             previous = (exp, got)
-        if not partial_done and where is None and not case.failures:
+        if extra and not partial_done and where is None and not case.failures:
             # from inputs without NaN/Inf, so that every changed element moves some output
             partial_done = True
             previous = _partial_and_allocating(
