@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from pathlib import Path
 
 import torch
+
+from kernelab._host import memory_available
 
 #: Used when a device's cache size cannot be found: larger than any L2 in the table.
 FALLBACK_CACHE_BYTES = 128 * 2**20
@@ -116,20 +117,14 @@ def copies_for_cold(set_bytes: list[int], cache_size: int, device) -> int | None
 
 
 def free_memory(device) -> int:
-    """Bytes free now on ``device``: MemAvailable on the host, the CUDA driver's count on a
-    GPU (0 where neither can be read: no copies then)."""
+    """Bytes free now on ``device``: the host's available memory, the CUDA driver's count on a
+    GPU (0 where that cannot be read: no copies then)."""
     device = torch.device(device)
     if device.type == "cuda":
         with contextlib.suppress(Exception):
             return int(torch.cuda.mem_get_info(device)[0])
         return 0
-    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    with contextlib.suppress(ValueError, OSError):
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    return 0
+    return memory_available()
 
 
 def replicate(args: dict, count: int) -> list[dict]:

@@ -7,13 +7,13 @@ where stored; datasheet peaks from :mod:`kernelab.hardware` otherwise; every res
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from kernelab._host import torch_threads
 from kernelab.bench.timers import timer_for
 from kernelab.ops._model import dtype_name
 
@@ -197,7 +197,7 @@ def _host_copy_rate(src: torch.Tensor, dst: torch.Tensor, passes: int) -> float:
     n = src.numel()
     clock = time.perf_counter_ns
     for threads in (torch.get_num_threads(), 1):
-        with _threads(threads):
+        with torch_threads(threads):
             for _ in range(passes):
                 start = clock()
                 for lo in range(0, n, COPY_CHUNK):
@@ -208,16 +208,6 @@ def _host_copy_rate(src: torch.Tensor, dst: torch.Tensor, passes: int) -> float:
                 whole = max(whole, 2 * n / max(clock() - start, 1) * 1e9)
     rates.sort()
     return max(whole, rates[min(len(rates) - 1, int(COPY_QUANTILE * len(rates)))])
-
-
-@contextlib.contextmanager
-def _threads(n: int):
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def measure_matmul(device, n: int, dtype: torch.dtype, samples: int = 5) -> float:

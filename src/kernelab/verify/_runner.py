@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -10,6 +9,8 @@ from contextlib import contextmanager
 
 import torch
 
+from kernelab._host import memory_available as host_memory_available
+from kernelab._host import torch_threads
 from kernelab._loader import check_signature
 from kernelab.ops import Op, all_ops, get
 from kernelab.ops._model import dtype_name
@@ -122,12 +123,8 @@ def cpu_threads(device):
     if torch.device(device).type != "cpu":
         yield
         return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def run_subject(
@@ -240,18 +237,6 @@ def _run_full(report, op, subject, shape_sets, dtypes, device, cap, baseline, pr
 
 #: Share of the host's available memory a case's float64 reference may take.
 REFERENCE_MEMORY_SHARE = 0.25
-
-
-def host_memory_available() -> int:
-    """Bytes of host memory available now (MemAvailable; the physical total where unknown)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def reference_too_big(op: Op, shape, dtype) -> str | None:
