@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from kernelab import _flags
+from kernelab._host import torch_threads
 
 
 def pytest_collection_modifyitems(config, items):
@@ -37,3 +38,12 @@ def shared_dir():
 def interpret(monkeypatch):
     """Public ops on CPU run their Triton kernels through the interpreter."""
     monkeypatch.setenv("KERNELAB_INTERPRET", "1")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch on one intra-op thread for a module's tests (``pytestmark``): tiny models gain
+    nothing from intra-op threads, and on a loaded machine their spinning costs orders of
+    magnitude; the tests check results, not speed."""
+    with torch_threads(1):
+        yield

@@ -24,14 +24,7 @@ from kernelab.numerics import error  # noqa: E402
 TINY = ("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a loaded machine their spinning
-    costs orders of magnitude; the tests check results, not speed."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 import re
 
 import pytest
-import torch
 
 pytest.importorskip("transformers")
 
@@ -16,14 +15,7 @@ SMALL = ["--preset", "tiny-llama", "--device", "cpu", "--repeats", "1", "--max-t
 SMALL += ["--prompt-tokens", "4", "--decode-tokens", "2"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a loaded machine their spinning
-    costs orders of magnitude; the tests check results, not speed."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_model_bench_stores_timings_and_a_decode_step_profile(tmp_path):

@@ -16,12 +16,7 @@ from kernelab.numerics import error  # noqa: E402
 MOE = ("tiny-mixtral", "tiny-qwen3-moe")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _moe_blocks(model):

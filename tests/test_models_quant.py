@@ -26,14 +26,7 @@ from kernelab.numerics import error  # noqa: E402
 ALL = ("rmsnorm", "fused_residual", "mlp", "rope", "linear")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a loaded machine their spinning
-    costs orders of magnitude; the tests check results, not speed."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # bfloat16: the Triton GEMMs through the interpreter; float32: the ops' torch references (the

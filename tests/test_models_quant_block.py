@@ -13,13 +13,7 @@ from kernelab.models._arch import blueprint_for  # noqa: E402
 from kernelab.numerics import error  # noqa: E402
 from kernelab.ops import packing  # noqa: E402
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # bfloat16 through the interpreter (fp8_quant's groups, fp8_block_gemm, mx_gemm); float32 and
