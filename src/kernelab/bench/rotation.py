@@ -231,7 +231,6 @@ class Rotation:
         self.places = places
         self._at: _Copy = places.copies[0]
         self.rng = random.Random(seed)
-        self.notes: list[str] = []
         self.spent = 0.0  # seconds in advance() and keep(), left out of the stopping rule's
         self.seen = 0
         self.room = 0  # copies kept at most, from the size of the first
@@ -242,6 +241,11 @@ class Rotation:
     @property
     def slots(self) -> list[dict]:
         return self.places.slots
+
+    @property
+    def notes(self) -> list[str]:
+        """Why a slot keeps one state only (its places')."""
+        return self.places.notes
 
     @property
     def states(self) -> list[_State]:
@@ -386,7 +390,6 @@ def build(op, shape, dtype, device, inputs, ref, runs, seed: int, cold: bool, ca
         key = id(run.args)
         if key in shared:
             out.append(Rotation(shared[key], seed))
-            out[-1].notes = shared[key].notes
             continue
         slots, states, pristine, notes = [], [], [], []
         for s, (first, first_ref, second, second_ref) in enumerate(states_in):
@@ -410,7 +413,6 @@ def build(op, shape, dtype, device, inputs, ref, runs, seed: int, cold: bool, ca
         if prep is None:
             shared[key] = places
         out.append(Rotation(places, seed))
-        out[-1].notes = notes
     groups = list({id(r.places): r.places for r in out}.values())
     if cache_size:
         each = [tensor_bytes(p.slots[0]) for p in groups]
