@@ -149,6 +149,25 @@ def test_each_cycle_visits_every_copy_once_each_in_its_next_state(op_name):
     assert rot.args is inputs and (rot.current.slot, rot.current.index) == (0, 0)
 
 
+@pytest.mark.parametrize("op_name", ["rmsnorm", "silu_and_mul"])
+@pytest.mark.parametrize("places", [9, 40])
+def test_consecutive_samples_read_different_states(op_name, places):
+    """A loop that stops after three samples (a slow host, a short time limit) still checks
+    outputs of both states: the order takes them in turn, as far as their counts allow."""
+    _, _, rot = _rotation(op_name, places)
+    index = []
+    for _ in range(2 * len(rot.copies)):
+        rot.advance()
+        index.append(rot.current.index)
+    n = len(rot.copies)
+    held1 = sum(1 for i in index[:n] if i)
+    turns = 2 * held1 + 1  # copy 0 in state 0, then one of each until the state-1 copies end
+    assert index[:turns] == [i % 2 for i in range(turns)], index[:n]
+    assert n - turns <= len(rot.slots)  # at most one more state-0 start per slot
+    # a cycle later every copy is in its other state: the turns go on
+    assert index[n : n + turns] == [1 - i % 2 for i in range(turns)], index[n:]
+
+
 def test_hot_mode_keeps_the_subjects_own_buffers():
     _, _, rot = _rotation("rmsnorm", 1)
     assert len(rot.copies) == len(rot.slots)

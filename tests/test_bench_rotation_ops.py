@@ -87,6 +87,26 @@ def test_eager_torch_is_never_flagged_by_the_timed_loop_checks(name, small_flush
             assert rot["checked_outputs"] >= 2 and rot["checked_states"] >= 2, (where, rot)
 
 
+@pytest.mark.parametrize("name", ["fp8_block_gemm", "rmsnorm", "silu_and_mul"])
+@pytest.mark.parametrize("mode", ["cold", "hot"])
+def test_a_loop_stopped_at_three_samples_checks_two_states(name, mode, small_flush, monkeypatch):
+    """A slow host: batches of three samples (the least) and the time limit reached by the
+    first. One warm-up batch still runs (with no time for it), and the three samples the loop
+    takes are checked against two states of the rotation, not one."""
+    monkeypatch.setattr(runner, "BATCH_S", 0.0)
+    op = next(o for o in all_ops() if o.name == name)
+    rule = dataclasses.replace(RULE, max_time=0.0)
+    fn = op.variants["torch"].fn
+    subjects = [Subject("candidate", fn, "candidate"), Subject("torch", fn, "torch")]
+    cfg = BenchConfig(rule=rule, energy_window_s=0, mode=mode)
+    shape, dtype = _smallest_edge(op), _dtypes(op)[0]
+    cases = bench_case(op, shape, dtype, subjects, detect("cpu"), HostTimer(), GENEROUS, cfg)
+    for case in cases:
+        assert case["metrics"]["n"] == 3 and not _alarms(case), (case["variant"], case["flags"])
+        rot = case["metrics"]["rotation"]
+        assert rot["checked_states"] >= 2, (case["variant"], rot)
+
+
 def test_zero_dim_and_float8_inputs_are_written_and_the_reference_follows(small_flush):
     """nvfp4_gemm with every float input changeable (its e4m3 scales and the 0-dim per-tensor
     scale too): a state is then no weight quantize_nvfp4 would make, but the slot holds exactly

@@ -152,12 +152,13 @@ class Places:
     cycle through them shared by those subjects, so that between two visits of a copy all the
     others were read, whichever subject read them.
 
-    The copies are visited in a fixed shuffled order (slot 0's own buffers first), so that no
-    copy follows its neighbour in memory; after its visit a copy moves to its slot's next
-    state, outside the timed window and a whole cycle before it is used again. Slot 0's own
-    buffers are written right before each use instead: subjects with different prepared forms
-    may still share some of them (in hot mode, the only place, every sample then writes its
-    state first, as it must)."""
+    The copies are visited in a fixed shuffled order (slot 0's own buffers first) in which the
+    states alternate, so that no copy follows its neighbour in memory and consecutive samples
+    read different states; after its visit a copy moves to its slot's next state, outside the
+    timed window and a whole cycle before it is used again. Slot 0's own buffers are written
+    right before each use instead: subjects with different prepared forms may still share
+    some of them (in hot mode, the only place, every sample then writes its state first, as it
+    must)."""
 
     def __init__(self, slots: list[dict], states: list[_State], inplace, pristine, seed: int):
         self.slots, self.states = slots, states
@@ -173,7 +174,9 @@ class Places:
     def spread(self, total: int) -> None:
         """Copies of the slots at new addresses, ``total`` places in all with the slots' own
         buffers, visited in a shuffled order (slot 0's buffers first). Copy j of a slot starts
-        in its state j mod (its states), so that both states are met from the first cycle."""
+        in its state j mod (its states), so that both states of every slot are met from the
+        first cycle; the order takes the two starting states in turn, so that even a loop of
+        three samples checks outputs of both (a loop that stops early on a slow host)."""
         extra = max(0, total - len(self.slots))
         n = len(self.slots)
         for k in range(n):
@@ -183,9 +186,16 @@ class Places:
                 if j % len(self.of_slot[k]):
                     self._write(c, j % len(self.of_slot[k]))
                 self.copies.append(c)
-        rest = list(range(1, len(self.copies)))
-        self.rng.shuffle(rest)
-        self.order = [0, *rest]
+        # shuffled within each starting state, then the states taken in turn: consecutive
+        # samples meet different states (as far as their counts allow), however few they are
+        by_state: list[list[int]] = [[], []]
+        for i in range(1, len(self.copies)):
+            by_state[min(self.copies[i].held, 1)].append(i)
+        for group in by_state:
+            self.rng.shuffle(group)
+        first, then = by_state[1], by_state[0]  # copy 0 (the subject's own) is in state 0
+        turns = [i for pair in zip(first, then, strict=False) for i in pair]
+        self.order = [0, *turns, *first[len(then) :], *then[len(first) :]]
 
     def state(self, c: _Copy) -> _State:
         return self.of_slot[c.slot][c.held]

@@ -227,7 +227,10 @@ def bench_case(
         timer.sync()
         run.metrics["first_call_s"] = time.perf_counter() - t0
         prev, spent, batches = None, 0.0, 0
-        while spent < min(WARMUP_MAX_S, rule.max_time) and batches < WARMUP_BATCHES:
+        # at least one batch (its median sizes the timed batches), whatever the time limit
+        while not batches or (
+            spent < min(WARMUP_MAX_S, rule.max_time) and batches < WARMUP_BATCHES
+        ):
             batches += 1
             t0 = time.perf_counter()
             xs, _ = timer.samples(run.call, 5, run.calls)
