@@ -18,7 +18,9 @@ from kernelab.ops.matmul import _common as gc
 from kernelab.ops.matmul import _kernels as mk
 from kernelab.ops.matmul.gemm import GemmConfig, gemm_triton
 from kernelab.verify import verify_candidate
-from kernelab.verify._tolerance import derived_bound, tolerance
+from kernelab.verify._case import Subject, distributions_of, run_case
+from kernelab.verify._runner import shapes_for
+from kernelab.verify._tolerance import derived_bound, effective_elements, tolerance, worst_case
 from tests.mutants import mutate
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "candidates" / "narrowed.py"
@@ -195,8 +197,9 @@ def test_bound_follows_rounding_narrowings_and_length():
     inputs = {"x": torch.zeros(64, 4096)}
     once = Contract(reduction=lambda inp: inp["x"].shape[-1])
     twice = Contract(reduction=lambda inp: inp["x"].shape[-1], narrowings=1)
-    b0, r, n = derived_bound(once, torch.bfloat16, ref, inputs)
-    b1, _, _ = derived_bound(twice, torch.bfloat16, ref, inputs)
+    b0, r, n, few = derived_bound(once, torch.bfloat16, ref, inputs)
+    b1, _, _, _ = derived_bound(twice, torch.bfloat16, ref, inputs)
+    assert few is None  # 4096 normal values: the statistics hold
     assert n == 4096 and 1e-3 < r < 3e-3  # bfloat16's rounding of normal values
     assert b0 == pytest.approx(1.1 * r + 2 * 2**-24 * 64)
     assert b1 == pytest.approx(1.1 * r * 2**0.5 + 2 * 2**-24 * 64)
@@ -213,11 +216,106 @@ def test_eager_torch_over_the_bound_gets_twice_its_error():
     ref = torch.randn(32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     inputs = {"x": torch.zeros(32, 32)}
     c = Contract(reduction=lambda inp: 32)
-    bound, _, _ = derived_bound(c, torch.float16, ref, inputs)
+    bound, _, _, _ = derived_bound(c, torch.float16, ref, inputs)
     tol, source = tolerance(c, torch.float16, torch.float16, 3 * bound, ref, inputs)
     assert tol == pytest.approx(6 * bound) and source.startswith("2x eager torch")
     tol, source = tolerance(c, torch.float16, torch.float16, 0.5 * bound, ref, inputs)
     assert tol == pytest.approx(bound) and source.startswith("derived")
+
+
+def _tiny_with_a_few_huge(few: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    ref = torch.randn(2048, dtype=torch.float64, generator=gen) * 1e-3
+    ref[torch.randperm(2048, generator=gen)[:few]] = 3.0 + torch.rand(
+        few, generator=gen, dtype=torch.float64
+    )
+    return ref
+
+
+def test_effective_elements():
+    assert effective_elements(torch.ones(100, dtype=torch.float64)) == pytest.approx(100)
+    assert effective_elements(_tiny_with_a_few_huge(4)) == pytest.approx(4, rel=0.2)
+    one = torch.zeros(50, dtype=torch.float64)
+    one[7] = -2.0
+    assert effective_elements(one) == pytest.approx(1)
+    assert effective_elements(torch.zeros(5, dtype=torch.float64)) == 0.0
+    with_specials = torch.tensor([1.0, float("inf"), float("nan"), -1.0], dtype=torch.float64)
+    assert effective_elements(with_specials) == pytest.approx(2)
+
+
+def test_worst_case_rounds_each_value_moved_by_the_narrowings_either_way():
+    x = torch.tensor([3.452623271131673], dtype=torch.float64)  # the paged attention output
+    # no narrowing, a short accumulation: the reference's own rounding (3.453125)
+    assert worst_case(x, torch.float16, 0, 70) == pytest.approx((3.453125 - x[0]) / x[0])
+    # one narrowing moves it by up to 2^-11 of itself: 3.45094..3.45431, which round to
+    # 3.451171875 and 3.455078125; the farther one counts
+    assert worst_case(x, torch.float16, 1, 70) == pytest.approx((3.455078125 - x[0]) / x[0])
+    # in L2 over the elements, zeros and specials left out; the largest value does not round
+    # to infinity
+    both = torch.tensor([3.452623271131673, 0.0, float("nan"), 65504.0], dtype=torch.float64)
+    e0 = 3.455078125 - 3.452623271131673
+    e1 = 65504.0 - 65472.0  # 65504 moved down by 2^-11 of itself rounds to 65472
+    norm = (3.452623271131673**2 + 65504.0**2) ** 0.5
+    assert worst_case(both, torch.float16, 1, 1) == pytest.approx((e0**2 + e1**2) ** 0.5 / norm)
+    assert worst_case(torch.zeros(3, dtype=torch.float64), torch.float16, 1, 1) == 0.0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_norm_on_a_few_elements_takes_the_worst_case(dtype):
+    """A few huge values among tiny ones (a partial update from the 'huge' draw): one
+    element's rounding decides the case, so the bound is at least the worst case per element,
+    and says so; spread values keep the statistical bound."""
+    c = Contract(reduction=lambda inp: 70, narrowings=1)
+    inputs = {"x": torch.zeros(1)}
+    ref = _tiny_with_a_few_huge(4)
+    bound, r, _, few = derived_bound(c, dtype, ref, inputs)
+    assert few == pytest.approx(4, rel=0.2)
+    assert bound == pytest.approx(worst_case(ref, dtype, 1, 70))
+    assert bound > r * 2**0.5 * 1.1
+    tol, source = tolerance(c, dtype, dtype, None, ref, inputs)
+    assert tol == bound and f"worst case per element ({few:.1f} elements" in source, source
+    spread = torch.randn(2048, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    assert derived_bound(c, dtype, spread, inputs)[3] is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_on_a_few_elements_one_spacing_off_fails_without_a_narrowing_only(dtype):
+    """Four elements carry the norm, each a quarter spacing above a value of the format: the
+    reference rounded passes either way; one of them a spacing above its rounding fails an op
+    with no narrowing (nothing honest moves it there) and passes one whose declared narrowing
+    can (3.5 moved up by 2^-11 or 2^-8 of itself is 7/8 of a spacing)."""
+    spacing = 2.0 * torch.finfo(dtype).eps  # in [2, 4)
+    ref = torch.randn(2048, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    ref *= 1e-3
+    ref[[5, 700, 1400, 2000]] = 3.5 + spacing / 4
+    inputs = {"x": torch.zeros(1)}
+    rounded = ref.to(dtype)
+    off = rounded.clone()
+    off[700] = 3.5 + spacing
+    for k, off_passes in ((0, False), (1, True)):
+        c = Contract(reduction=lambda inp: 64, narrowings=k)
+        bound, _, _, few = derived_bound(c, dtype, ref, inputs)
+        assert few == pytest.approx(4, rel=0.01)
+        assert error(rounded, ref).rel_l2 <= bound
+        assert (error(off, ref).rel_l2 <= bound) == off_passes, (k, error(off, ref), bound)
+
+
+def test_paged_attention_softcap_window_partial_update_passes():
+    """Found by a whole default verify run: kernelab's paged attention, float16, the softcap
+    and window edge shape, on a partial update that took a few values from the 'huge' draw
+    into tiny inputs. Four outputs carry the norm; P in float16 (the declared narrowing) put
+    one of them one spacing off the nearest value, 1.18x the statistical bound (P in float32:
+    exactly the reference's rounding). Judged by the worst case per element, it passes."""
+    op = get("paged_attention")
+    shape = next(s for s in shapes_for(op, "edge", "cpu", 32) if "softcap 50 window 32" in s.label)
+    v = op.variants["kernelab"]
+    subject = Subject(v.name, v.fn, v.prepare, v.supports, interpreted=True)
+    tiny = distributions_of(op).index("tiny")  # the case's place in that run
+    case = run_case(
+        op, subject, shape, "edge", torch.float16, "cpu", 0, 2, op.variants["torch"].fn, tiny
+    )
+    assert [t["dist"] for t in case.trials][:2] == ["tiny", "tiny, changed from huge"]
+    assert case.passed, [f.line() for f in case.failures]
 
 
 @pytest.mark.parametrize(
