@@ -3,6 +3,7 @@ fusion properties are known exactly (times in microseconds)."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import numpy as np
@@ -316,6 +317,27 @@ def test_chunked_and_compact_parsing_agree(tmp_path, monkeypatch):
         for col in ("kind", "name", "ts", "dur", "pid", "tid", "corr", "regs", "block"):
             assert np.array_equal(getattr(a, col), getattr(other, col)), col
         assert other.shapes == a.shapes
+
+
+def test_without_msgspec_orjson_reads_the_same_columns(tmp_path):
+    """msgspec is optional: with it unimportable, the package imports and a trace loads to
+    the same columns (in a fresh interpreter, where the import is blocked)."""
+    b = scenario()
+    for i in range(20):
+        fusible(b, 1000 + 100 * i)
+    path = b.write(tmp_path / "a.json")
+    code = (
+        "import sys; sys.modules['msgspec'] = None\n"
+        "import numpy as np\n"
+        "from kernelab.trace import load\n"
+        f"t = load({str(path)!r})\n"
+        "np.savez(sys.argv[1], kind=t.kind, ts=t.ts, dur=t.dur, corr=t.corr)\n"
+    )
+    out = tmp_path / "cols.npz"
+    subprocess.run([sys.executable, "-c", code, str(out)], check=True, timeout=120)
+    a, got = load(path), np.load(out)
+    for col in ("kind", "ts", "dur", "corr"):
+        assert np.array_equal(getattr(a, col), got[col]), col
 
 
 def test_nesting_parents_match_a_stack_walk():
