@@ -23,6 +23,7 @@ from kernelab.ops._model import Contract, Op, Shape, Variant, register
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime.triton import use_triton
 from kernelab.ops.moe import _common as mc
+from kernelab.ops.moe import _spec as ms
 from kernelab.ops.moe._kernels import _fused_moe_kernel, _moe_align_kernel, _moe_sum_kernel
 
 MoEConfig = mc.MoEConfig
@@ -32,9 +33,9 @@ MoEConfig = mc.MoEConfig
 
 def _loop(x, w1, w2, topk_weights, topk_ids, shared_w1, shared_w2, out):
     e = w1.shape[0]
-    y = mc.expert_loop(x, topk_weights, topk_ids, e, lambda i: w1[i].t(), lambda i: w2[i].t())
+    y = ms.expert_loop(x, topk_weights, topk_ids, e, lambda i: w1[i].t(), lambda i: w2[i].t())
     if shared_w1 is not None:
-        y = y + mc.silu_mul(x @ shared_w1[0].t(), shared_w2.shape[2]) @ shared_w2[0].t()
+        y = y + ms.silu_mul(x @ shared_w1[0].t(), shared_w2.shape[2]) @ shared_w2[0].t()
     return y if out is None else out.copy_(y)
 
 
@@ -142,16 +143,16 @@ def fused_moe(
 def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
     d = shape.dims
     e, h, i = d["experts"], d["hidden"], d["intermediate"]
-    weights, ids = mc.routing(shape, device, gen)
+    weights, ids = ms.routing(shape, device, gen)
     shared_w1 = shared_w2 = None
     if shape.params.get("shared"):
         si = d["shared_intermediate"]
-        shared_w1 = mc.dense_weight(1, 2 * si, h, dtype, device, gen)
-        shared_w2 = mc.dense_weight(1, h, si, dtype, device, gen)
+        shared_w1 = ms.dense_weight(1, 2 * si, h, dtype, device, gen)
+        shared_w2 = ms.dense_weight(1, h, si, dtype, device, gen)
     return {
-        "x": mc.activations(shape, dtype, device, gen, dist),
-        "w1": mc.dense_weight(e, 2 * i, h, dtype, device, gen),
-        "w2": mc.dense_weight(e, h, i, dtype, device, gen),
+        "x": ms.activations(shape, dtype, device, gen, dist),
+        "w1": ms.dense_weight(e, 2 * i, h, dtype, device, gen),
+        "w2": ms.dense_weight(e, h, i, dtype, device, gen),
         "topk_weights": weights,
         "topk_ids": ids,
         "shared_w1": shared_w1,
@@ -161,11 +162,11 @@ def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
 
 
 def _cost(inputs: dict):
-    """See ``_common.cost``: an expert's gate, up and down weights are 3·H·I elements."""
+    """See ``_spec.cost``: an expert's gate, up and down weights are 3·H·I elements."""
     x, w1, w2, sw2 = inputs["x"], inputs["w1"], inputs["w2"], inputs.get("shared_w2")
     e, h, i = w2.shape
     si = sw2.shape[2] if sw2 is not None else 0
-    return mc.cost(
+    return ms.cost(
         x,
         inputs["topk_ids"],
         e,
@@ -187,7 +188,7 @@ FUSED_MOE = register(
         description="routed SwiGLU experts (+ shared expert): grouped GEMMs, weighted top-k sum",
         reference=fused_moe_ref,
         make_inputs=_make_inputs,
-        shapes={"representative": mc.representative, "edge": mc.edge},
+        shapes={"representative": ms.representative, "edge": ms.edge},
         cost=_cost,
         # The default: 2x eager torch's error (which rounds after every step), the per-dtype
         # floor. NaN and Inf go into the activations; the routing and weights are data.
@@ -223,7 +224,7 @@ def _vllm_fused_experts():
     ):
         y = fused_experts(x, w1, w2, topk_weights.float(), topk_ids)
         if shared_w1 is not None:
-            y = y + mc.silu_mul(x @ shared_w1[0].t(), shared_w2.shape[2]) @ shared_w2[0].t()
+            y = y + ms.silu_mul(x @ shared_w1[0].t(), shared_w2.shape[2]) @ shared_w2[0].t()
         return y if out is None else out.copy_(y)
 
     return call

@@ -60,6 +60,7 @@ from kernelab.ops._runtime import inputs as _inputs
 from kernelab.ops._runtime.triton import use_triton
 from kernelab.ops.matmul.fp8_gemm import E4M3, e4m3_for, fp8_supported
 from kernelab.ops.moe import _common as mc
+from kernelab.ops.moe import _spec as ms
 from kernelab.ops.moe._kernels import _fused_moe_kernel, _moe_align_kernel, _moe_sum_kernel
 from kernelab.ops.quant.fp8_quant import FP8_QUANT, fp8_quant_torch
 
@@ -89,7 +90,7 @@ def quantize_activations(a: torch.Tensor, fp8_dtype, dtype) -> torch.Tensor:
 def _mlp(xq, w1, s1, w2, s2, fp8, dtype) -> torch.Tensor:
     """down(q(silu(gate(xq)) · up(xq))) of one expert, in ``dtype``."""
     h = xq @ packing.dequantize_fp8_block(w1, s1, dtype).t()
-    inner = quantize_activations(mc.silu_mul(h, w2.shape[1]), fp8, dtype)
+    inner = quantize_activations(ms.silu_mul(h, w2.shape[1]), fp8, dtype)
     return inner @ packing.dequantize_fp8_block(w2, s2, dtype).t()
 
 
@@ -345,7 +346,7 @@ def _experts(e, n, k, ue8m0, fp8, device, gen):
             torch.empty((e, n, k), dtype=fp8, device=device),
             torch.empty(blocks, dtype=torch.float32, device=device),
         )
-    w = mc.dense_weight(e, n, k, torch.float32, device, gen) * _block_spread(e, n, k, device, gen)
+    w = ms.dense_weight(e, n, k, torch.float32, device, gen) * _block_spread(e, n, k, device, gen)
     return packing.quantize_fp8_block_experts(w, fp8, ue8m0)
 
 
@@ -355,8 +356,8 @@ def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
     ue8m0 = bool(p.get("ue8m0", False))
     # the device's flavour; a shape may name one ("e4m3fnuz": AMD's recipe, on any device)
     fp8 = _fp8.BY_NAME[p["fp8"]] if "fp8" in p else e4m3_for(device)
-    weights, ids = mc.routing(shape, device, gen)
-    x = mc.activations(shape, dtype, device, gen, dist)
+    weights, ids = ms.routing(shape, device, gen)
+    x = ms.activations(shape, dtype, device, gen, dist)
     if device.type != "meta" and x.numel() and dist == "normal":
         # activation groups of different magnitudes (a wrong group's scale shows); only on
         # the normal distribution, where it cannot overflow float16
@@ -393,7 +394,7 @@ def _bytes(*tensors) -> int:
 
 
 def _cost(inputs: dict):
-    """See ``_common.cost``; an expert's weights at their real width: 3·H·I bytes of e4m3 plus
+    """See ``_spec.cost``; an expert's weights at their real width: 3·H·I bytes of e4m3 plus
     its float32 block scales; the shared expert's likewise."""
     x, w1, w2 = inputs["x"], inputs["w1"], inputs["w2"]
     e, _, i = w2.shape
@@ -403,7 +404,7 @@ def _cost(inputs: dict):
     shared_bytes = _bytes(
         inputs.get("shared_w1"), sw2, inputs.get("shared_w1_scale"), inputs.get("shared_w2_scale")
     )
-    c = mc.cost(x, inputs["topk_ids"], e, i, per_expert, si, shared_bytes)
+    c = ms.cost(x, inputs["topk_ids"], e, i, per_expert, si, shared_bytes)
     return dataclasses.replace(c, compute="float8_e4m3fn")
 
 
@@ -415,7 +416,7 @@ def _edge() -> list[Shape]:
         return Shape(f"{label} T={t} E={e} k={k} {h}x{i}", dims, p, batch_dim="tokens")
 
     return [
-        *mc.edge(),
+        *ms.edge(),
         shape("H and I past one block, not multiples of 128", 19, 4, 2, 320, 200),
         shape("shared expert past one block", 9, 4, 2, 256, 136, shared=True),
         shape("ue8m0 scales", 11, 4, 2, 256, 128, ue8m0=True),
@@ -435,7 +436,7 @@ FUSED_MOE_FP8 = register(
         "weights) (+ shared expert)",
         reference=fused_moe_fp8_ref,
         make_inputs=_make_inputs,
-        shapes={"representative": mc.representative, "edge": _edge},
+        shapes={"representative": ms.representative, "edge": _edge},
         cost=_cost,
         # The default: 2x eager torch's error (the recipe in float32, rounded once), the
         # per-dtype floor; the activations' quantizations are in the reference (see the module

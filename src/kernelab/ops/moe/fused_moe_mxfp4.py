@@ -33,6 +33,7 @@ from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
 from kernelab.ops._runtime.triton import use_triton
 from kernelab.ops.moe import _common as mc
+from kernelab.ops.moe import _spec as ms
 from kernelab.ops.moe._kernels import _fused_moe_kernel, _moe_align_kernel, _moe_sum_kernel
 
 MoEConfig = mc.MoEConfig
@@ -53,7 +54,7 @@ def _loop(x, w1, w2, w1_scale, w2_scale, topk_weights, topk_ids, out):
     def w2_of(e):
         return packing.dequantize_mxfp4_experts(w2[e], w2_scale[e], x.dtype).t()
 
-    return mc.expert_loop(x, topk_weights, topk_ids, w1.shape[0], w1_of, w2_of, out)
+    return ms.expert_loop(x, topk_weights, topk_ids, w1.shape[0], w1_of, w2_of, out)
 
 
 def fused_moe_mxfp4_ref(
@@ -148,7 +149,7 @@ def _experts(e, n, k, device, gen):
     if device.type == "meta":
         u8 = dict(dtype=torch.uint8, device=device)
         return torch.empty((e, n, k // 2), **u8), torch.empty((e, n, k // MX_BLOCK), **u8)
-    w = mc.dense_weight(e, n, k, torch.float32, device, gen)
+    w = ms.dense_weight(e, n, k, torch.float32, device, gen)
     spread = _inputs.randn((e, n, k // MX_BLOCK), torch.float32, device, gen, "normal").exp()
     return packing.quantize_mxfp4_experts(w * spread.repeat_interleave(MX_BLOCK, dim=2))
 
@@ -156,11 +157,11 @@ def _experts(e, n, k, device, gen):
 def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
     d = shape.dims
     e, h, i = d["experts"], d["hidden"], d["intermediate"]
-    weights, ids = mc.routing(shape, device, gen)
+    weights, ids = ms.routing(shape, device, gen)
     w1, s1 = _experts(e, 2 * i, h, device, gen)
     w2, s2 = _experts(e, h, i, device, gen)
     return {
-        "x": mc.activations(shape, dtype, device, gen, dist),
+        "x": ms.activations(shape, dtype, device, gen, dist),
         "w1": w1,
         "w2": w2,
         "w1_scale": s1,
@@ -172,19 +173,19 @@ def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
 
 
 def _cost(inputs: dict):
-    """See ``_common.cost``; an expert's weights at their packed width: 3·H·I/2 bytes of e2m1
+    """See ``_spec.cost``; an expert's weights at their packed width: 3·H·I/2 bytes of e2m1
     plus 3·H·I/32 bytes of ue8m0 scales."""
     w1, w2, s1, s2 = (inputs[n] for n in ("w1", "w2", "w1_scale", "w2_scale"))
     per_expert = sum(t[0].numel() * t.element_size() for t in (w1, w2, s1, s2))
-    return mc.cost(inputs["x"], inputs["topk_ids"], w1.shape[0], w1.shape[1] // 2, per_expert)
+    return ms.cost(inputs["x"], inputs["topk_ids"], w1.shape[0], w1.shape[1] // 2, per_expert)
 
 
 def _representative() -> list[Shape]:
-    return mc.representative(models=(*mc.MOE_MODELS[:2], GPT_OSS))
+    return ms.representative(models=(*ms.MOE_MODELS[:2], GPT_OSS))
 
 
 def _edge() -> list[Shape]:
-    return [s for s in mc.edge(MX_BLOCK) if not s.params.get("shared")]
+    return [s for s in ms.edge(MX_BLOCK) if not s.params.get("shared")]
 
 
 def _tuning_space(shape: Shape, dtype) -> list[MoEConfig]:

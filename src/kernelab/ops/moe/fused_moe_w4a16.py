@@ -24,6 +24,7 @@ from kernelab.ops._model import Contract, Op, Shape, Variant, register
 from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime.triton import use_triton
 from kernelab.ops.moe import _common as mc
+from kernelab.ops.moe import _spec as ms
 from kernelab.ops.moe._kernels import _fused_moe_kernel, _moe_align_kernel, _moe_sum_kernel
 
 MoEConfig = mc.MoEConfig
@@ -69,7 +70,7 @@ def _loop(
     def w2_of(e):
         return deq(w2_qweight[e], w2_scales[e], w2_zeros[e], group_size, x.dtype)
 
-    return mc.expert_loop(x, topk_weights, topk_ids, w1_qweight.shape[0], w1_of, w2_of, out)
+    return ms.expert_loop(x, topk_weights, topk_ids, w1_qweight.shape[0], w1_of, w2_of, out)
 
 
 def fused_moe_w4a16_ref(
@@ -273,7 +274,7 @@ def _int4(e, n, k, group_size, dtype, device, gen):
             torch.empty(g, dtype=dtype, device=device),
             torch.empty(g, **u8),
         )
-    w = mc.dense_weight(e, n, k, torch.float32, device, gen)
+    w = ms.dense_weight(e, n, k, torch.float32, device, gen)
     return quantize_experts(w, group_size, dtype)
 
 
@@ -281,11 +282,11 @@ def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
     d = shape.dims
     e, h, i = d["experts"], d["hidden"], d["intermediate"]
     g = shape.params.get("group_size", 128)
-    weights, ids = mc.routing(shape, device, gen)
+    weights, ids = ms.routing(shape, device, gen)
     q1, s1, z1 = _int4(e, 2 * i, h, g, dtype, device, gen)
     q2, s2, z2 = _int4(e, h, i, g, dtype, device, gen)
     return {
-        "x": mc.activations(shape, dtype, device, gen, dist),
+        "x": ms.activations(shape, dtype, device, gen, dist),
         "w1_qweight": q1,
         "w1_scales": s1,
         "w1_zeros": z1,
@@ -300,7 +301,7 @@ def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
 
 
 def _cost(inputs: dict):
-    """See ``_common.cost``; an expert's weights at their packed width: 3·H·I/2 bytes of codes
+    """See ``_spec.cost``; an expert's weights at their packed width: 3·H·I/2 bytes of codes
     plus its scales and zero points."""
     x, e = inputs["x"], inputs["w1_qweight"].shape[0]
     i = inputs["w2_qweight"].shape[1] * 2
@@ -309,11 +310,11 @@ def _cost(inputs: dict):
         for p in ("w1", "w2")
         for n in (f"{p}_qweight", f"{p}_scales", f"{p}_zeros")
     )
-    return mc.cost(x, inputs["topk_ids"], e, i, per_expert)
+    return ms.cost(x, inputs["topk_ids"], e, i, per_expert)
 
 
 def _edge() -> list[Shape]:
-    return [s for s in mc.edge(64, group_size=64) if not s.params.get("shared")]
+    return [s for s in ms.edge(64, group_size=64) if not s.params.get("shared")]
 
 
 FUSED_MOE_W4A16 = register(
@@ -324,7 +325,7 @@ FUSED_MOE_W4A16 = register(
         make_inputs=_make_inputs,
         shapes={
             "representative": lambda: [
-                s for s in mc.representative(group_size=128) if not s.params.get("shared")
+                s for s in ms.representative(group_size=128) if not s.params.get("shared")
             ],
             "edge": _edge,
         },

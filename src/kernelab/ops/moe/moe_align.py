@@ -24,6 +24,7 @@ from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime.launch import LaunchPlan
 from kernelab.ops._runtime.triton import use_triton
 from kernelab.ops.moe import _common as mc
+from kernelab.ops.moe import _spec as ms
 from kernelab.ops.moe._kernels import _moe_align_kernel
 
 # --- reference, eager, launcher, public function ----------------------------------------------
@@ -105,8 +106,8 @@ def moe_align(topk_ids, num_experts, block_size):
 
 def _representative() -> list[Shape]:
     shapes = []
-    for name, e, k, *_ in mc.MOE_MODELS:
-        for t in mc.MOE_TOKENS:
+    for name, e, k, *_ in ms.MOE_MODELS:
+        for t in ms.MOE_TOKENS:
             bm = mc.MoEConfig.default_for(t * k, e).block_m
             shapes.append(Shape(f"{name} T={t} E={e} k={k} block {bm}",
                                 {"tokens": t, "experts": e, "topk": k}, {"block_size": bm},
@@ -130,7 +131,7 @@ def _edge() -> list[Shape]:
 
 
 def _make_inputs(shape: Shape, dtype, device, gen, dist) -> dict:
-    _, ids = mc.routing(shape, device, gen)
+    _, ids = ms.routing(shape, device, gen)
     return {"topk_ids": ids, "num_experts": shape.dims["experts"],
             "block_size": shape.params["block_size"]}  # fmt: skip
 

@@ -48,7 +48,7 @@ from kernelab.ops._runtime import check as _check
 from kernelab.ops._runtime import inputs as _inputs
 from kernelab.ops._runtime.launch import KernelCall, LaunchPlan, cdiv
 from kernelab.ops._runtime.triton import next_pow2, use_triton
-from kernelab.ops.moe import _common as mc
+from kernelab.ops.moe import _spec as ms
 from kernelab.ops.moe._kernels import _moe_topk_kernel
 
 SCORINGS = ("softmax", "sigmoid")
@@ -69,7 +69,7 @@ def _weights(logits, ids, scoring, renormalize):
 def _select(logits, top_k, scoring, n_group, topk_group, bias):
     """The chosen experts (int64), in decreasing order of the selection key."""
     if bias is None and n_group == 1:
-        return mc.topk_select(logits, top_k)
+        return ms.topk_select(logits, top_k)
     x = logits if logits.dtype == torch.float64 else logits.float()  # scores in float32 at least
     key = (torch.softmax(x, dim=-1) if scoring == "softmax" else torch.sigmoid(x)).float()
     if bias is not None:
@@ -77,11 +77,11 @@ def _select(logits, top_k, scoring, n_group, topk_group, bias):
     if n_group > 1:
         t, e = key.shape
         top2 = key.view(t, n_group, e // n_group).sort(dim=-1, descending=True).values
-        groups = mc.topk_select(top2[..., 0] + top2[..., 1], topk_group)
+        groups = ms.topk_select(top2[..., 0] + top2[..., 1], topk_group)
         kept = torch.zeros((t, n_group), dtype=torch.bool, device=key.device)
         kept.scatter_(1, groups, True)
         key = key.masked_fill(~kept.repeat_interleave(e // n_group, dim=1), float("-inf"))
-    return mc.topk_select(key, top_k)
+    return ms.topk_select(key, top_k)
 
 
 def moe_topk_ref(
@@ -270,8 +270,8 @@ DEEPSEEK_V3_GROUPS = {"n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.
 
 def _representative() -> list[Shape]:
     shapes = []
-    for name, e, k, *_ in mc.MOE_MODELS:
-        for t in mc.MOE_TOKENS:
+    for name, e, k, *_ in ms.MOE_MODELS:
+        for t in ms.MOE_TOKENS:
             if name.startswith("deepseek"):
                 scoring, extra, what = "sigmoid", DEEPSEEK_V3_GROUPS, "sigmoid grouped 4 of 8"
             else:
