@@ -144,6 +144,52 @@ class TileConfig:
     num_stages: int = 3
 
 
+@dataclass(frozen=True)
+class ScaledTileConfig:
+    """Tiles of the block-scaled GEMMs (fp8_block_gemm, mx_gemm, nvfp4_gemm); no split-K. Each
+    op subclasses it so its configs keep their own name. ``default_for`` and ``tuning_space``
+    here are the ``tl.dot_scaled`` GEMMs' (mx, nvfp4): ``block_k`` a multiple of 64 (whole
+    scale blocks of 32 or 16 values, and the block-scaled MMA's K step); fp8_block_gemm
+    overrides both."""
+
+    block_m: int
+    block_n: int
+    block_k: int = 128
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+
+    @classmethod
+    def default_for(cls, M: int, N: int, K: int, dtype=torch.bfloat16, device=None):
+        if M <= 64:
+            return cls(64, 64, 128, 1, 4, 3)
+        if sm_version(arch_of(device)) >= 90:
+            return cls(128, 128, 128, 8, 8, 3)
+        # sm_80, gfx942 and an unknown device (one config for every target): 64-wide K steps.
+        # With A quantized in the kernel, 128-wide steps spilled there (336 bytes per thread on
+        # sm_80, 92 on gfx942, triton 3.9), with no wgmma or tcgen05 accumulator to relieve the
+        # registers.
+        return cls(128, 128, 64, 8, 8, 3)
+
+    @classmethod
+    def tuning_space(cls, M: int, N: int, K: int, dtype=torch.bfloat16, device=None) -> list:
+        space = [
+            cls(bm, bn, bk, 8, w, s)
+            for bm in (64, 128)
+            for bn in (64, 128, 256)
+            for bk in (64, 128, 256)
+            for w in (4, 8)
+            for s in (2, 3, 4)
+        ]
+
+        def keep(c) -> bool:
+            smem = (2 * c.block_m + c.block_n) * c.block_k * c.num_stages
+            per_thread = c.block_m * c.block_n // (32 * c.num_warps)
+            return c.block_m <= max(64, 2 * M) and smem <= 200 * 1024 and 16 <= per_thread <= 128
+
+        return [c for c in space if keep(c)] or [cls.default_for(M, N, K, dtype, device)]
+
+
 def with_split_k(cfg, n: int, k: int, sms: int, max_split: int, min_steps: int):
     """``cfg`` with the K slices that make its N tiles times the slices cover the SMs twice."""
     tiles, k_steps = cdiv(n, cfg.block_n), cdiv(k, cfg.block_k)

@@ -23,8 +23,6 @@ when their package imports: vLLM's and SGLang's Triton block-fp8 GEMMs, DeepGEMM
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
@@ -42,32 +40,24 @@ from kernelab.ops.quant.fp8_quant import fp8_quant_torch
 # --- launch heuristics as data ----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Fp8BlockConfig:
-    """Tiles of the block-scaled kernel; ``block_k`` divides the 128-wide scale block."""
+class Fp8BlockConfig(gc.ScaledTileConfig):
+    """Tiles of the block-scaled fp8 kernel; ``block_k`` divides the 128-wide scale block."""
 
-    block_m: int
-    block_n: int
-    block_k: int = 128
-    group_m: int = 8
-    num_warps: int = 4
-    num_stages: int = 3
-
-    @staticmethod
-    def default_for(M: int, N: int, K: int, dtype=torch.bfloat16, device=None) -> Fp8BlockConfig:
+    @classmethod
+    def default_for(cls, M: int, N: int, K: int, dtype=torch.bfloat16, device=None):
         arch = gc.arch_of(device)
         if arch is not None and arch.startswith("gfx"):
-            return Fp8BlockConfig(16 if M <= 16 else 64, 64, 64, 8, 4, 2)
+            return cls(16 if M <= 16 else 64, 64, 64, 8, 4, 2)
         # 64-row tiles even at decode: one warpgroup's wgmma (sm_90) or tcgen05 (sm_100) tile;
         # at M ≤ 16 the weight read dominates and the idle rows cost no memory traffic.
         if M <= 64:
-            return Fp8BlockConfig(64, 64, 128, 1, 4, 4)
-        return Fp8BlockConfig(64, 128, 128, 8, 4, 3)
+            return cls(64, 64, 128, 1, 4, 4)
+        return cls(64, 128, 128, 8, 4, 3)
 
-    @staticmethod
-    def tuning_space(M: int, N: int, K: int, dtype=torch.bfloat16, device=None) -> list:
+    @classmethod
+    def tuning_space(cls, M: int, N: int, K: int, dtype=torch.bfloat16, device=None) -> list:
         space = [
-            Fp8BlockConfig(bm, bn, bk, 8, w, s)
+            cls(bm, bn, bk, 8, w, s)
             for bm in (16, 32, 64, 128)
             for bn in (64, 128, 256)
             for bk in (64, 128)
@@ -75,12 +65,12 @@ class Fp8BlockConfig:
             for s in (2, 3, 4)
         ]
 
-        def keep(c: Fp8BlockConfig) -> bool:
+        def keep(c) -> bool:
             smem = (c.block_m + c.block_n) * c.block_k * c.num_stages
             per_thread = c.block_m * c.block_n // (32 * c.num_warps)
             return c.block_m <= max(64, 2 * M) and smem <= 200 * 1024 and 8 <= per_thread <= 128
 
-        return [c for c in space if keep(c)] or [Fp8BlockConfig.default_for(M, N, K, dtype, device)]
+        return [c for c in space if keep(c)] or [cls.default_for(M, N, K, dtype, device)]
 
 
 # --- reference, eager, launcher ---------------------------------------------------------------

@@ -22,8 +22,6 @@ on the dequantized operands) and ``mx_gemm_torch`` (eager, float32) beside it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
@@ -43,45 +41,8 @@ from kernelab.ops.matmul._packing import (
 # --- launch heuristics as data ----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class MxConfig:
-    """Tiles of the microscaled kernel; ``block_k`` is a multiple of the 32-value scale block."""
-
-    block_m: int
-    block_n: int
-    block_k: int = 128
-    group_m: int = 8
-    num_warps: int = 4
-    num_stages: int = 3
-
-    @staticmethod
-    def default_for(M: int, N: int, K: int, dtype=torch.bfloat16, device=None) -> MxConfig:
-        if M <= 64:
-            return MxConfig(64, 64, 128, 1, 4, 3)
-        if gc.sm_version(gc.arch_of(device)) >= 90:
-            return MxConfig(128, 128, 128, 8, 8, 3)
-        # sm_80, gfx942, and an unknown device (one config for every target): 128-wide K steps
-        # with A quantized in the kernel spilled there (336 bytes per thread on sm_80, 92 on
-        # gfx942, triton 3.9), with no wgmma or tcgen05 accumulator to relieve the registers.
-        return MxConfig(128, 128, 64, 8, 8, 3)
-
-    @staticmethod
-    def tuning_space(M: int, N: int, K: int, dtype=torch.bfloat16, device=None) -> list:
-        space = [
-            MxConfig(bm, bn, bk, 8, w, s)
-            for bm in (64, 128)
-            for bn in (64, 128, 256)
-            for bk in (64, 128, 256)
-            for w in (4, 8)
-            for s in (2, 3, 4)
-        ]
-
-        def keep(c: MxConfig) -> bool:
-            smem = (2 * c.block_m + c.block_n) * c.block_k * c.num_stages
-            per_thread = c.block_m * c.block_n // (32 * c.num_warps)
-            return c.block_m <= max(64, 2 * M) and smem <= 200 * 1024 and 16 <= per_thread <= 128
-
-        return [c for c in space if keep(c)] or [MxConfig.default_for(M, N, K, dtype, device)]
+class MxConfig(gc.ScaledTileConfig):
+    """Tiles of the microscaled kernel (scale blocks of 32 values); see ``ScaledTileConfig``."""
 
 
 # --- reference, eager, launcher ---------------------------------------------------------------

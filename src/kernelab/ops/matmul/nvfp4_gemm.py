@@ -34,8 +34,6 @@ The ladder: ``_nvfp4_gemm_kernel`` → ``nvfp4_gemm_triton`` → ``nvfp4_gemm``;
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
@@ -56,45 +54,8 @@ from kernelab.ops.matmul._packing import (
 # --- launch heuristics as data ----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Nvfp4Config:
-    """Tiles of the nvfp4 kernel; ``block_k`` is a multiple of 64 (whole 16-value scale blocks,
-    and the block-scaled MMA's K step)."""
-
-    block_m: int
-    block_n: int
-    block_k: int = 128
-    group_m: int = 8
-    num_warps: int = 4
-    num_stages: int = 3
-
-    @staticmethod
-    def default_for(M: int, N: int, K: int, dtype=torch.bfloat16, device=None) -> Nvfp4Config:
-        if M <= 64:
-            return Nvfp4Config(64, 64, 128, 1, 4, 3)
-        if gc.sm_version(gc.arch_of(device)) >= 90:
-            return Nvfp4Config(128, 128, 128, 8, 8, 3)
-        # gfx942 and an unknown device: 64-wide K steps, as mx_gemm (the in-kernel quantizer's
-        # registers without a wgmma or tcgen05 accumulator)
-        return Nvfp4Config(128, 128, 64, 8, 8, 3)
-
-    @staticmethod
-    def tuning_space(M: int, N: int, K: int, dtype=torch.bfloat16, device=None) -> list:
-        space = [
-            Nvfp4Config(bm, bn, bk, 8, w, s)
-            for bm in (64, 128)
-            for bn in (64, 128, 256)
-            for bk in (64, 128, 256)
-            for w in (4, 8)
-            for s in (2, 3, 4)
-        ]
-
-        def keep(c: Nvfp4Config) -> bool:
-            smem = (2 * c.block_m + c.block_n) * c.block_k * c.num_stages
-            per_thread = c.block_m * c.block_n // (32 * c.num_warps)
-            return c.block_m <= max(64, 2 * M) and smem <= 200 * 1024 and 16 <= per_thread <= 128
-
-        return [c for c in space if keep(c)] or [Nvfp4Config.default_for(M, N, K, dtype, device)]
+class Nvfp4Config(gc.ScaledTileConfig):
+    """Tiles of the nvfp4 kernel (scale blocks of 16 values); see ``ScaledTileConfig``."""
 
 
 # --- reference, eager, launcher ---------------------------------------------------------------
