@@ -49,6 +49,16 @@ def as_f64(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to(device="cpu").to(torch.float64)
 
 
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The index of element ``flat`` of a contiguous tensor of ``shape`` (torch.unravel_index
+    imports sympy on its first call: seconds at the start of a process)."""
+    idx = []
+    for n in reversed(shape):
+        flat, i = divmod(flat, n)
+        idx.append(i)
+    return tuple(reversed(idx))
+
+
 def error(out: torch.Tensor, ref: torch.Tensor) -> Error:
     """Relative L2 error ‖out − ref‖ / ‖ref‖ plus max errors and the worst element.
 
@@ -69,7 +79,7 @@ def error(out: torch.Tensor, ref: torch.Tensor) -> Error:
     rel = num / den if den > 0 else num
     absd = diff.abs()
     flat = int(torch.argmax(absd).item())
-    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), o.shape))
+    idx = _unravel(flat, tuple(o.shape))
     max_abs = absd.reshape(-1)[flat].item()
     denom = rf.abs().clamp_min(torch.finfo(torch.float64).tiny)
     max_rel = (absd / denom).max().item()
