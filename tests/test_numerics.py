@@ -35,7 +35,7 @@ def test_the_worst_index_is_logical_on_a_transposed_output():
 
 
 def test_error_does_not_import_sympy():
-    """torch.unravel_index imports sympy on its first call (seconds at a process's start)."""
+    """torch.unravel_index imports sympy on its first call (0.3-0.5 s CPU in a new process)."""
     code = (
         "import sys, torch\n"
         "from kernelab.numerics import error\n"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -49,16 +50,6 @@ def as_f64(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to(device="cpu").to(torch.float64)
 
 
-def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The index of element ``flat`` of a contiguous tensor of ``shape`` (torch.unravel_index
-    imports sympy on its first call: seconds at the start of a process)."""
-    idx = []
-    for n in reversed(shape):
-        flat, i = divmod(flat, n)
-        idx.append(i)
-    return tuple(reversed(idx))
-
-
 def error(out: torch.Tensor, ref: torch.Tensor) -> Error:
     """Relative L2 error ‖out − ref‖ / ‖ref‖ plus max errors and the worst element.
 
@@ -79,7 +70,9 @@ def error(out: torch.Tensor, ref: torch.Tensor) -> Error:
     rel = num / den if den > 0 else num
     absd = diff.abs()
     flat = int(torch.argmax(absd).item())
-    idx = _unravel(flat, tuple(o.shape))
+    # numpy's, not torch.unravel_index: that one imports sympy on its first call (0.3-0.5 s
+    # CPU at the start of a process)
+    idx = tuple(int(i) for i in np.unravel_index(flat, tuple(o.shape)))
     max_abs = absd.reshape(-1)[flat].item()
     denom = rf.abs().clamp_min(torch.finfo(torch.float64).tiny)
     max_rel = (absd / denom).max().item()

@@ -166,9 +166,9 @@ class ScaledTileConfig:
         if sm_version(arch_of(device)) >= 90:
             return cls(128, 128, 128, 8, 8, 3)
         # sm_80, gfx942 and an unknown device (one config for every target): 64-wide K steps.
-        # With A quantized in the kernel, 128-wide steps spilled there (336 bytes per thread on
-        # sm_80, 92 on gfx942, triton 3.9), with no wgmma or tcgen05 accumulator to relieve the
-        # registers.
+        # With A quantized in the kernel, mx_gemm's 128-wide steps spilled there (336 bytes per
+        # thread on sm_80, 92 on gfx942, triton 3.9), with no wgmma or tcgen05 accumulator to
+        # relieve the registers; nvfp4_gemm's in-kernel quantizer takes the same steps.
         return cls(128, 128, 64, 8, 8, 3)
 
     @classmethod
