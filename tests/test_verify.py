@@ -419,3 +419,36 @@ def test_a_case_whose_float64_reference_would_not_fit_host_memory_is_skipped_and
     report = verify(["rmsnorm"], variants=["torch"], shape_sets="edge", device="cpu", trials=1)
     assert shape.label not in {c.shape for c in report.cases}
     assert any("not verified here" in s and shape.label in s for s in report.skipped)
+
+
+# --- freed memory before an allocating call -----------------------------------------------------
+
+
+def test_prime_allocator_skips_outputs_glibc_would_map_fresh(monkeypatch):
+    from kernelab.verify import _buffers
+
+    made = []
+    real_full = torch.full
+
+    def full(size, *args, **kwargs):
+        made.append(size)
+        return real_full(size, *args, **kwargs)
+
+    monkeypatch.setattr(_buffers.torch, "full", full)
+    small, big = (3, 301), (_buffers.PRIME_MAX_BYTES // 4 + 1,)  # float32: just over the cap
+    _buffers.prime_allocator([(small, torch.float32, "cpu"), (big, torch.float32, "cpu")])
+    assert made == [small] * _buffers.PRIMED
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32], ids=str)
+def test_after_priming_a_cuda_allocation_of_the_same_size_holds_the_poison(dtype):
+    from kernelab.verify._buffers import prime_allocator
+
+    shape = (3, 301)
+    right = torch.ones(shape, dtype=dtype, device="cuda")  # a freed copy of "the answer"
+    del right
+    prime_allocator([(shape, dtype, "cuda")])
+    got = torch.empty(shape, dtype=dtype, device="cuda")
+    poison = torch.full((1,), poison_value(dtype, 0), dtype=dtype, device="cuda")
+    assert bool((bits(got) == bits(poison)).all())

@@ -117,6 +117,39 @@ def poison(t: torch.Tensor, which: int) -> None:
         t.fill_(poison_value(t.dtype, which))
 
 
+#: Poisoned blocks freed per output shape before an allocating call.
+PRIMED = 4
+#: Outputs above this size are not primed: glibc maps them fresh (zero pages) at any setting of
+#: its dynamic mmap threshold, whose ceiling on 64-bit Linux is 32 MiB (mallopt(3)).
+PRIME_MAX_BYTES = 32 << 20
+
+
+def prime_allocator(specs, which: int = 0) -> None:
+    """Leave freed memory of each output's size holding the poison before an allocating call.
+
+    A candidate that allocates its own output and leaves elements unwritten reads back whatever
+    the allocator hands it, and that can be a freed copy of the right answer (an earlier call's
+    output, a reference's temporary), so the flaw passes by luck. ``specs`` are
+    ``(shape, dtype, device)``; each gets ``PRIMED`` blocks filled with the poison of call
+    ``which``, then freed, so that an allocation of that size is likely to reuse poison.
+
+    Likely, not certain: PyTorch's CUDA caching allocator hands back a freed block of the same
+    size, but on the CPU glibc serves torch's 64-byte-aligned requests from a larger chunk, and
+    over 50 tries per size ``torch.empty`` came back all poison 0 to 50 times depending on the
+    size. Where it counts (a planted column-mask defect on a 3x301 output, the allocating call
+    repeated 200 times) the lucky passes went from 23 to 0. Calls with ``out=`` do not depend on
+    it: their outputs are poisoned in place.
+    """
+    blocks = []
+    for shape, dtype, device in specs:
+        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        if nbytes <= PRIME_MAX_BYTES:
+            fill = poison_value(dtype, which)
+            blocks += [torch.full(tuple(shape), fill, dtype=dtype, device=device)
+                       for _ in range(PRIMED)]  # fmt: skip
+    del blocks
+
+
 def first(mask: torch.Tensor, got: torch.Tensor, expected: torch.Tensor | None, n: int = 5):
     """Indices of the first ``n`` True elements of ``mask`` with the values there."""
     idx = torch.nonzero(mask.cpu())[:n]

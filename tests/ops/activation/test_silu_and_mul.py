@@ -132,3 +132,16 @@ def test_planted_defects_are_caught(monkeypatch, tmp_path, old, new):
     inputs = SILU.inputs(Shape("t", {"rows": 3, "d": 301}), torch.float32, "cpu", seed=5)
     with pytest.raises(AssertionError, match=r"rel L2|NaN"):
         check(SILU, inputs, silu_and_mul_triton, torch.float32)
+
+
+def test_an_unwritten_column_is_caught_on_every_repeat(monkeypatch, tmp_path):
+    """The column-mask mutant left its last column to the allocator, which handed back a freed
+    copy of the right answer in 23 of 200 repeats; ``check`` passes a NaN-filled ``out=``."""
+    mutant = mutate(silu_module._act_and_mul_kernel, "(cols < d)[None, :]",
+                    "(cols < d - 1)[None, :]", tmp_path)  # fmt: skip
+    monkeypatch.setattr(silu_module, "_act_and_mul_kernel", mutant)
+    shape = Shape("t", {"rows": 3, "d": 301})
+    for _ in range(25):
+        inputs = SILU.inputs(shape, torch.float32, "cpu", seed=5)
+        with pytest.raises(AssertionError, match="NaN"):
+            check(SILU, inputs, silu_and_mul_triton, torch.float32)
