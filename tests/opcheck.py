@@ -53,6 +53,7 @@ def check(op, inputs: dict, fn, dtype: torch.dtype) -> tuple:
     for got, base, ref in pairs:
         assert type(got) is torch.Tensor
         assert got.shape == ref.shape
+        assert got.dtype == base.dtype, f"dtype {got.dtype}, eager torch gives {base.dtype}"
         assert not special_mismatch(got, ref).any(), "NaN/Inf pattern differs from the reference"
         tol, _ = op.contract.tolerance_for(dtype, error(base, ref).rel_l2)
         err = error(got, ref)
