@@ -9,7 +9,7 @@ import torch
 
 from kernelab.numerics import error, special_mismatch
 from kernelab.ops import as_tuple
-from kernelab.verify._buffers import prime_allocator
+from kernelab.verify._buffers import poison_value, prime_allocator
 
 
 def clone(inputs: dict) -> dict:
@@ -30,7 +30,7 @@ def _poisoned_out(fn, inputs: dict, eager_out: tuple):
     (o,) = eager_out
     if not isinstance(o, torch.Tensor) or not o.dtype.is_floating_point:
         return None
-    return torch.full(o.shape, float("nan"), dtype=o.dtype, device=o.device)
+    return torch.full(o.shape, poison_value(o.dtype, 0), dtype=o.dtype, device=o.device)
 
 
 def check(op, inputs: dict, fn, dtype: torch.dtype) -> tuple:

@@ -133,17 +133,17 @@ def prime_allocator(specs, which: int = 0) -> None:
     ``(shape, dtype, device)``; each gets ``PRIMED`` blocks filled with the poison of call
     ``which``, then freed, so that an allocation of that size is likely to reuse poison.
 
-    Likely, not certain: PyTorch's CUDA caching allocator hands back a freed block of the same
-    size, but on the CPU glibc serves torch's 64-byte-aligned requests from a larger chunk, and
-    over 50 tries per size ``torch.empty`` came back all poison 0 to 50 times depending on the
-    size. Where it counts (a planted column-mask defect on a 3x301 output, the allocating call
-    repeated 200 times) the lucky passes went from 23 to 0. Calls with ``out=`` do not depend on
-    it: their outputs are poisoned in place.
+    Likely, not certain. PyTorch's CUDA caching allocator hands out the best-fitting free block,
+    which the priming blocks have just taken and filled, though a freed neighbour can merge with
+    one and come first. On the CPU glibc serves torch's 64-byte-aligned requests from a larger
+    chunk, and over 50 tries per size ``torch.empty`` came back all poison 0 to 50 times
+    depending on the size. Where it counts (a planted column-mask defect on a 3x301 output, the
+    allocating call repeated 200 times) the lucky passes went from 23 to 0. Calls with ``out=``
+    do not depend on it: their outputs are poisoned in place.
     """
     blocks = []
     for shape, dtype, device in specs:
-        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        if nbytes <= PRIME_MAX_BYTES:
+        if torch.Size(shape).numel() * dtype.itemsize <= PRIME_MAX_BYTES:
             fill = poison_value(dtype, which)
             blocks += [torch.full(tuple(shape), fill, dtype=dtype, device=device)
                        for _ in range(PRIMED)]  # fmt: skip

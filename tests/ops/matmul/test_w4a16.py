@@ -13,8 +13,8 @@ from kernelab.ops import packing as _packing
 from kernelab.ops.matmul._weight_only import WQConfig
 from kernelab.ops.matmul.w4a16 import w4a16_torch, w4a16_triton
 from tests.mutants import mutate
-from tests.ops.matmul.weight_only_checks import check as _check
-from tests.ops.matmul.weight_only_checks import clone as _clone
+from tests.opcheck import check as _check
+from tests.opcheck import clone as _clone
 from tests.ops.matmul.weight_only_checks import decode_and_prefill
 
 w4 = importlib.import_module("kernelab.ops.matmul.w4a16")

@@ -10,7 +10,7 @@ from kernelab.ops import W8A16_GEMM, Shape
 from kernelab.ops.matmul._weight_only import WQConfig
 from kernelab.ops.matmul.w8a16 import w8a16_triton
 from tests.mutants import mutate
-from tests.ops.matmul.weight_only_checks import check as _check
+from tests.opcheck import check as _check
 from tests.ops.matmul.weight_only_checks import decode_and_prefill
 
 w8 = importlib.import_module("kernelab.ops.matmul.w8a16")

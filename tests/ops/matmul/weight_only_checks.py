@@ -1,9 +1,5 @@
-"""What the weight-only GEMM tests (test_w4a16, test_w8a16) share: a run against the float64
-reference computed from the same quantized weights, within the op's contract."""
-
-from tests.opcheck import check, clone
-
-__all__ = ["check", "clone", "decode_and_prefill"]
+"""What the weight-only GEMM tests (test_w4a16, test_w8a16) share beyond ``tests.opcheck``'s
+check against the float64 reference (computed from the same quantized weights)."""
 
 
 def decode_and_prefill(shapes):
