@@ -424,20 +424,25 @@ def test_a_case_whose_float64_reference_would_not_fit_host_memory_is_skipped_and
 # --- freed memory before an allocating call -----------------------------------------------------
 
 
-def test_prime_allocator_skips_outputs_glibc_would_map_fresh(monkeypatch):
+def test_prime_allocator_fills_each_call_s_poison_and_skips_outputs_glibc_maps_fresh(monkeypatch):
     from kernelab.verify import _buffers
 
     made = []
     real_full = torch.full
 
     def full(size, *args, **kwargs):
-        made.append(size)
-        return real_full(size, *args, **kwargs)
+        t = real_full(size, *args, **kwargs)
+        made.append((size, t.dtype, bits(t).unique().tolist()))
+        return t
 
     monkeypatch.setattr(_buffers.torch, "full", full)
     small, big = (3, 301), (_buffers.PRIME_MAX_BYTES // 4 + 1,)  # float32: just over the cap
-    _buffers.prime_allocator([(small, torch.float32, "cpu"), (big, torch.float32, "cpu")])
-    assert made == [small] * _buffers.PRIMED
+    for which, dtype in ((0, torch.float32), (1, torch.bfloat16), (0, torch.int32)):
+        made.clear()
+        specs = [(small, dtype, "cpu"), (big, torch.float32, "cpu")]
+        _buffers.prime_allocator(specs, which)
+        poison = bits(real_full((1,), poison_value(dtype, which), dtype=dtype)).tolist()
+        assert made == [(small, dtype, poison)] * _buffers.PRIMED
 
 
 @pytest.mark.cuda
