@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import click
 
@@ -52,6 +53,12 @@ def register(app: click.Group) -> None:
     )
     @click.option("--jobs", "-j", type=int, help="Compiler processes (default: CPUs).")
     @click.option("--no-cache", is_flag=True, help="Compile even when cached.")
+    @click.option(
+        "--full",
+        is_flag=True,
+        help="With --check or --update-baseline: compile every kernel, also those whose "
+        "baseline entry has the same cache key (by default they are not compiled again).",
+    )
     @click.option("--all", "all_rows", is_flag=True, help="Show every config, not one per kernel.")
     @json_option
     @user_errors
@@ -67,6 +74,7 @@ def register(app: click.Group) -> None:
         baseline_path,
         jobs,
         no_cache,
+        full,
         all_rows,
         as_json,
     ):
@@ -94,6 +102,13 @@ def register(app: click.Group) -> None:
         if kernel and (check or update_baseline or ops or space):
             raise ValueError("kernel: --kernel inspects one user kernel; drop OPS/--check/--space")
         base = bl.load(baseline_path) if check else None  # a missing baseline fails first
+        if update_baseline and not check and not full and Path(baseline_path).is_file():
+            base = bl.load(baseline_path)
+        if full and not (check or update_baseline):
+            raise ValueError("full: goes with --check or --update-baseline")
+        # An entry whose cache key is the same as the baseline's is not compiled again: the
+        # compilation is deterministic in everything the key covers.
+        trust = None if full or no_cache else base
         started = time.perf_counter()
         if kernel:
             from kernelab._loader import load_callable
@@ -141,6 +156,7 @@ def register(app: click.Group) -> None:
                     jobs=jobs,
                     use_cache=not no_cache,
                     progress=tick,
+                    trust=trust,
                 )
         elapsed = time.perf_counter() - started
         comparison = None
@@ -160,6 +176,7 @@ def register(app: click.Group) -> None:
                     "triton": result.triton,
                     "seconds": round(elapsed, 2),
                     "skipped": result.skipped,
+                    "trusted": result.trusted,
                     "reports": [r.as_dict() for r in result.reports],
                     "check": None if comparison is None else vars(comparison),
                 }
@@ -177,7 +194,7 @@ def register(app: click.Group) -> None:
 def _print(result, elapsed: float, all_rows: bool) -> None:
     from kernelab.cli._common import console
 
-    reps = result.reports
+    reps = [r for r in result.reports if r.trusted is None]
     if not all_rows:
         # One row per op/kernel/target: the one with the most findings, then lowest occupancy.
         best: dict[tuple, object] = {}
@@ -192,7 +209,7 @@ def _print(result, elapsed: float, all_rows: bool) -> None:
         shown = reps
     gpu = [r for r in shown if not r.is_tpu]
     tpus = [r for r in shown if r.is_tpu]
-    if gpu or not tpus:
+    if gpu or not (tpus or result.trusted):
         inspect_sheet(result, gpu).print(console)
     if tpus:
         tpu_sheet(tpus).print(console)
@@ -216,6 +233,15 @@ def _print(result, elapsed: float, all_rows: bool) -> None:
         echo(("skipped:", "yellow"), f" {line}")
     cached = sum(r.cached for r in reps)
     jax = sorted({(r.facts or {}).get("jax") for r in reps if r.is_tpu} - {None})
+    if result.trusted:
+        echo(
+            (
+                f"{result.trusted} of {len(result.reports)} kernel×target×config unchanged since "
+                "the baseline (same cache key: kernel source, launch, target, compiler): not "
+                "compiled (--full compiles them)",
+                "dim",
+            )
+        )
     echo(
         (
             f"{len(reps)} kernel×target×config, {cached} from cache, {elapsed:.1f} s, "

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import orjson
 
+from kernelab.inspect import runner
 from kernelab.inspect.findings import VECTOR_BITS, narrow_accesses
 from kernelab.inspect.report import KernelReport
 
@@ -64,6 +65,17 @@ def tpu_entry(rep: KernelReport) -> dict:
 
 
 def entry(rep: KernelReport) -> dict:
+    """What the baseline keeps of ``rep``: its cache key and the gated facts (a report trusted
+    from the baseline is its entry, unchanged)."""
+    if rep.trusted is not None:
+        return rep.trusted
+    out = _facts_entry(rep)
+    if rep.cache_key:
+        out["cache_key"] = rep.cache_key
+    return out
+
+
+def _facts_entry(rep: KernelReport) -> dict:
     f = rep.facts or {}
     if rep.error:
         return {"error": rep.error}
@@ -81,6 +93,38 @@ def entry(rep: KernelReport) -> dict:
         "tensor_cores": sorted(f.get("tensor_cores") or {}),
         "launchable": rep.ok,
     }
+
+
+def trust(jobs: Sequence, baseline: dict | None) -> tuple[list[KernelReport | None], int]:
+    """Reports for the jobs whose compilation the baseline already describes: its entry under
+    the job's key holds the job's cache key (the kernel's source and every helper it calls,
+    its launch, target, compiler and parser versions), so compiling it again would give the
+    same entry. One slot per job, None where it must be compiled; and how many were trusted."""
+    entries = (baseline or {}).get("entries") or {}
+    triton = (baseline or {}).get("triton")
+    out: list[KernelReport | None] = []
+    for job in jobs:
+        base = entries.get(job.key)
+        key = base.get("cache_key") if isinstance(base, dict) else None
+        if not key or key != runner.cache_key(job.spec, job.target):
+            out.append(None)
+            continue
+        out.append(
+            KernelReport(
+                key=job.key,
+                op=job.op,
+                kernel=job.spec.name,
+                target=job.target.name,
+                label=job.spec.label,
+                config=job.spec.config_text(),
+                error=base.get("error"),
+                unsupported=base.get("unsupported"),
+                triton=None if job.target.is_tpu or not isinstance(triton, str) else triton,
+                cache_key=key,
+                trusted=base,
+            )
+        )
+    return out, sum(r is not None for r in out)
 
 
 def build(reports: Sequence[KernelReport]) -> dict:

@@ -28,6 +28,10 @@ class KernelReport:
     unsupported: str | None = None  # the target lacks a type the kernel uses: nothing to judge
     triton: str | None = None
     cached: bool = False
+    #: The compilation's cache key (kernel source, launch, target, compiler, parser versions).
+    cache_key: str | None = None
+    #: Not compiled: the baseline holds this key's entry (:func:`kernelab.inspect.baseline.trust`).
+    trusted: dict | None = None
 
     @property
     def is_tpu(self) -> bool:
@@ -70,6 +74,8 @@ class KernelReport:
             "unsupported": self.unsupported,
             "triton": self.triton,
             "cached": self.cached,
+            "cache_key": self.cache_key,
+            "trusted": self.trusted is not None,
         }
 
 
@@ -155,6 +161,7 @@ def analyze_jobs(
             config=job.spec.config_text(),
             triton=res.get("triton"),
             cached=bool(res.get("cached")),
+            cache_key=runner.cache_key(job.spec, job.target),
         )
         if "error" in res:
             rep.error = res["error"]

@@ -21,6 +21,8 @@ class Inspection:
     reports: list[KernelReport] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     triton: str = ""
+    #: Reports taken from the baseline unchanged (same cache key), not compiled.
+    trusted: int = 0
 
 
 def inspect_ops(
@@ -31,14 +33,22 @@ def inspect_ops(
     jobs: int | None = None,
     use_cache: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    trust: dict | None = None,
 ) -> Inspection:
-    """Compile (or read cached) every kernel each op launches for its representative shapes."""
+    """Compile (or read cached) every kernel each op launches for its representative shapes;
+    with ``trust`` (a baseline), not those whose entry there has the same cache key."""
+    from kernelab.inspect.baseline import trust as trusted_reports
     from kernelab.inspect.compile import triton_version
 
     tgts = parse_targets(targets) if targets is None or isinstance(targets, str) else targets
     p = plan(ops, list(tgts), space=space, dtypes=dtypes)
-    reports = analyze_jobs(p.jobs, jobs, use_cache, progress)
-    return Inspection(reports, p.skipped, triton_version())
+    reports, n_trusted = trusted_reports(p.jobs, trust)
+    todo = [i for i, r in enumerate(reports) if r is None]
+    if todo:
+        fresh = analyze_jobs([p.jobs[i] for i in todo], jobs, use_cache, progress)
+        for i, rep in zip(todo, fresh, strict=True):
+            reports[i] = rep
+    return Inspection(reports, p.skipped, triton_version(), n_trusted)
 
 
 def stage(ops, device=None, progress=None, *, variants=None, ledger_url=None) -> StageReport:
