@@ -16,6 +16,16 @@ def clone(inputs: dict) -> dict:
     return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
+def every_other(t: torch.Tensor, filler) -> torch.Tensor:
+    """``t``'s values as every other element (along the last dimension) of a larger tensor
+    whose skipped elements hold ``filler`` (a value, or a tensor of ``t``'s shape): a kernel
+    that reads the view as if it were contiguous reads the filler."""
+    big = torch.empty((*t.shape[:-1], 2 * t.shape[-1]), dtype=t.dtype, device=t.device)
+    big[..., ::2] = t
+    big[..., 1::2] = filler
+    return big[..., ::2]
+
+
 def _poisoned_out(fn, inputs: dict, eager_out: tuple):
     """A NaN-filled ``out=`` for a candidate that takes one and has one floating output: an
     element it never writes then fails for certain. A candidate that allocates its output reads

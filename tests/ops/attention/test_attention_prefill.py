@@ -21,7 +21,7 @@ from kernelab.ops.attention.attention_prefill import (
     attention_prefill_triton,
 )
 from tests.mutants import mutate
-from tests.opcheck import check, compile_launch, widths
+from tests.opcheck import check, compile_launch, every_other, widths
 
 OP = ATTENTION_PREFILL
 module = importlib.import_module("kernelab.ops.attention.attention_prefill")
@@ -290,6 +290,46 @@ def test_content_checks_are_skipped_with_check_false(monkeypatch):
     out = attention_prefill_triton(**args, check=False, config=SMALL)
     eager = attention_prefill_torch(**args, check=False)
     torch.testing.assert_close(out, eager, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("name", ["cu_seqlens_q", "cu_seqlens_k", "sinks"])
+def test_strided_metadata_is_read_through_its_strides(name, interpret):
+    # every other element of a larger tensor; the skipped ones repeat the offsets (a read as
+    # if contiguous stays inside q, k and v, and is wrong), or are large logits
+    args = _args(sinks=torch.randn(4))
+    want = attention_prefill(**args)
+    filler = 5.0 if name == "sinks" else args[name]
+    strided = {**args, name: every_other(args[name], filler)}
+    torch.testing.assert_close(attention_prefill(**strided), want, rtol=0, atol=0)
+
+
+def _guarded(t: torch.Tensor, rows: int = 4) -> torch.Tensor:
+    """``t`` as the first rows of a larger tensor whose last ``rows`` rows hold NaN."""
+    big = torch.full((t.shape[0] + rows, *t.shape[1:]), float("nan"), dtype=t.dtype)
+    big[: t.shape[0]] = t
+    return big[: t.shape[0]]
+
+
+def _tail(t: torch.Tensor, rows: int = 4) -> torch.Tensor:
+    """The ``rows`` rows past the end of ``t`` (a view from ``_guarded``)."""
+    return t.as_strided((rows, *t.shape[1:]), t.stride(), t.shape[0] * t.stride(0))
+
+
+def test_unchecked_offsets_past_the_rows_stay_inside_q_k_v_and_out(interpret):
+    # cu_seqlens_q ends at 13 for 10 rows and cu_seqlens_k at 15 for 12 keys: the last
+    # sequence is clamped to the rows there are (as if both ended right), nothing is read past
+    # q, k or v, nor written past out
+    args = _args()
+    args.update({n: _guarded(args[n]) for n in ("q", "k", "v")})
+    want = attention_prefill(**args)
+    out = _guarded(torch.empty_like(want))
+    past = {
+        "cu_seqlens_q": torch.tensor([0, 4, 13], dtype=torch.int32),
+        "cu_seqlens_k": torch.tensor([0, 5, 15], dtype=torch.int32),
+    }
+    attention_prefill(**{**args, **past}, out=out, check=False)
+    assert torch.equal(out, want)
+    assert _tail(out).isnan().all()
 
 
 def test_out_and_return_lse_and_the_public_dispatch(monkeypatch):

@@ -10,7 +10,7 @@ from kernelab.ops import KV_CACHE_WRITE, Shape, kv_cache_write, kv_cache_write_r
 from kernelab.ops.attention.kv_cache_write import kv_cache_write_torch, kv_cache_write_triton
 from kernelab.verify import verify_candidate
 from tests.mutants import mutate
-from tests.opcheck import assert_wide_and_unspilled, check
+from tests.opcheck import assert_wide_and_unspilled, check, every_other
 from tests.ops.attention.static import assert_static
 
 kvw_module = importlib.import_module("kernelab.ops.attention.kv_cache_write")
@@ -143,6 +143,31 @@ def test_slot_check_can_be_turned_off_for_the_serving_loop():
         kv_cache_write_triton(**_args(slot_mapping=torch.tensor([0, 5, 64])))
 
 
+def test_a_strided_slot_mapping_is_read_through_its_stride(interpret):
+    # every other slot of a larger mapping; the skipped entries are slots of the cache too
+    k, v = torch.randn(3, 2, 64), torch.randn(3, 2, 64)
+    k_cache, v_cache = torch.randn(4, 16, 2, 64), torch.randn(4, 16, 2, 64)
+    slots = every_other(torch.tensor([5, 6, 7]), torch.tensor([40, 41, 42]))
+    want = kv_cache_write_ref(k, v, k_cache.clone(), v_cache.clone(), slots)
+    got = kv_cache_write(k, v, k_cache, v_cache, slots)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("interpreted", [True, False], ids=["kernel", "torch"])
+def test_unchecked_slots_past_the_cache_write_nothing(interpreted, monkeypatch):
+    # k_cache and v_cache the first two of three caches in one tensor: a k row written one
+    # slot past k_cache lands in v_cache's slot 0, a v row in the third (a guard)
+    monkeypatch.setenv("KERNELAB_INTERPRET", "1" if interpreted else "0")
+    backing = torch.randn(3, 4, 16, 2, 64)
+    before = backing.clone()
+    k, v = torch.randn(4, 2, 64), torch.randn(4, 2, 64)
+    slots = torch.tensor([64, 3, 127, -1])  # past, in, past, padding
+    kv_cache_write(k, v, backing[0], backing[1], slots, check=False)
+    changed = (backing != before).any(dim=(3, 4))
+    assert changed.nonzero().tolist() == [[0, 0, 3], [1, 0, 3]]
+    assert torch.equal(backing[0, 0, 3], k[1]) and torch.equal(backing[1, 0, 3], v[1])
+
+
 # --- planted defects: verify's in-place region must catch them --------------------------------
 
 SHAPES = [
@@ -168,7 +193,7 @@ MUTANTS = {
     ),
     # padding tokens not skipped but clamped to slot 0, a slot of another sequence
     "write to a padding slot": (
-        "heads_here = tl.where(slot >= 0, heads, 0)",
+        "heads_here = tl.where((slot >= 0) & (slot < n_slots), heads, 0)",
         "heads_here = heads\n    slot = tl.maximum(slot, 0)",
     ),
 }

@@ -25,7 +25,7 @@ from kernelab.ops.attention.paged_attention import (
 from kernelab.verify import verify_candidate
 from kernelab.verify._runner import shapes_for
 from tests.mutants import mutate
-from tests.opcheck import check, clone, compile_launch
+from tests.opcheck import check, clone, compile_launch, every_other
 from tests.ops.attention.static import TARGETS, assert_static, facts
 
 pa = importlib.import_module("kernelab.ops.attention.paged_attention")
@@ -253,6 +253,58 @@ def test_content_checks_can_be_turned_off_for_the_serving_loop(monkeypatch):
     assert not calls  # no host synchronisation: the contents are the caller's to keep right
     paged_attention_triton(**_args())
     assert len(calls) == 1
+
+
+# --- strided metadata, unchecked metadata -------------------------------------------------------
+
+#: Each index tensor (and the sinks) as every other element of a larger tensor, the skipped
+#: ones valid values of the wrong kind: other sequences' blocks, short lengths, repeated
+#: offsets (a read of the view as if contiguous stays inside the tensors, and is wrong).
+STRIDED = {
+    "block_tables": lambda t: every_other(t, t.roll(1, dims=0)),
+    "seq_lens": lambda t: every_other(t, 1),
+    "cu_seqlens_q": lambda t: every_other(t, t),
+    "sinks": lambda t: every_other(t, 5.0),
+}
+
+
+@pytest.mark.parametrize("name", list(STRIDED))
+def test_strided_metadata_is_read_through_its_strides(name, interpret):
+    shape = next(s for s in EDGE if s.label.startswith("sinks window 8"))
+    inputs = PAGED_ATTENTION.inputs(shape, torch.float16, "cpu", seed=6)
+    want = paged_attention(**clone(inputs))
+    strided = {**clone(inputs), name: STRIDED[name](inputs[name])}
+    assert not strided[name].is_contiguous()
+    torch.testing.assert_close(paged_attention(**strided), want, rtol=0, atol=0)
+
+
+def _guarded(t: torch.Tensor, rows: int = 4) -> torch.Tensor:
+    """``t`` as the first rows of a larger tensor whose last ``rows`` rows hold NaN."""
+    big = torch.full((t.shape[0] + rows, *t.shape[1:]), float("nan"), dtype=t.dtype)
+    big[: t.shape[0]] = t
+    return big[: t.shape[0]]
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_unchecked_offsets_past_the_tokens_write_only_inside_out(num_splits, interpret):
+    # cu_seqlens_q ends at 5 for 3 tokens: the last sequence's rows are clamped to the
+    # tokens (as if it ended at 3), nothing is read past q or written past out
+    args = _args(q=_guarded(torch.randn(3, 8, 64, dtype=torch.float16)), num_splits=num_splits)
+    want = paged_attention(**args)
+    out = _guarded(torch.empty(3, 8, 64, dtype=torch.float16))
+    past = torch.tensor([0, 2, 5], dtype=I32)
+    paged_attention(**{**args, "cu_seqlens_q": past, "out": out, "check": False})
+    assert torch.equal(out, want)
+    assert out.as_strided((4, 8, 64), out.stride(), out.numel()).isnan().all()  # past its end
+
+
+def test_unchecked_lengths_past_the_block_table_stay_in_their_row(interpret):
+    # 40 keys for a row of two 16-key blocks: the length is taken as the row's 32, never
+    # read on into the next row's blocks (another sequence's keys)
+    args = _args()
+    want = paged_attention(**{**args, "seq_lens": torch.tensor([32, 9], dtype=I32)})
+    got = paged_attention(**{**args, "seq_lens": torch.tensor([40, 9], dtype=I32)}, check=False)
+    assert torch.equal(got, want)
 
 
 # --- planted defects: verify must catch them --------------------------------------------------

@@ -9,7 +9,7 @@ from kernelab.numerics import error
 from kernelab.ops import GEMM, Shape, gemm, gemm_ref
 from kernelab.ops.matmul.gemm import GemmConfig, gemm_torch, gemm_triton, tma_available
 from tests.mutants import mutate
-from tests.opcheck import check
+from tests.opcheck import check, every_other
 from tests.opcheck import clone as _clone
 
 gemm_module = importlib.import_module("kernelab.ops.matmul.gemm")
@@ -321,3 +321,31 @@ def test_strided_out_is_fully_written_and_canaries_survive(op_name):
         assert (canaries.isnan() if poison != poison else canaries == poison).all()
         results.append(out.clone())
     assert torch.equal(results[0], results[1])
+
+
+#: The edge shape of each GEMM whose inputs include per-row or per-column vectors.
+VECTORS = {
+    "gemm": ("M just over a tile", ["bias"]),
+    "fp8_gemm": ("primes, per-row", ["scale_a", "scale_b", "bias"]),
+    "w4a16_gemm": ("decode batch", ["bias"]),
+    "w8a16_gemm": ("decode batch", ["bias"]),
+}
+
+
+@pytest.mark.parametrize(
+    ("op_name", "name"), [(op, n) for op, (_, names) in VECTORS.items() for n in names]
+)
+def test_strided_bias_and_scale_vectors_are_read_through_their_strides(op_name, name):
+    """A bias or scale vector as every other element of a larger tensor (the skipped ones
+    large): the kernel reads it as the values it holds, not as contiguous memory."""
+    from kernelab.ops import get
+
+    op = get(op_name)
+    label = VECTORS[op_name][0]
+    shape = next(s for s in op.shapes("edge") if s.label.startswith(label))
+    inputs = op.inputs(shape, op.dtypes[-1], "cpu", seed=2)
+    assert inputs[name] is not None and inputs[name].numel() > 1
+    run = op.variants["kernelab"]
+    want = run(**_clone(inputs))
+    strided = {**_clone(inputs), name: every_other(inputs[name], 1e3)}
+    assert torch.equal(run(**strided), want)

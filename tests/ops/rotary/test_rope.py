@@ -8,7 +8,7 @@ import torch
 from kernelab.ops import ROPE, Shape, rope, rope_ref
 from kernelab.ops.rotary.rope import RopeConfig, _cache, rope_torch, rope_triton
 from tests.mutants import mutate
-from tests.opcheck import assert_wide_and_unspilled, check
+from tests.opcheck import assert_wide_and_unspilled, check, every_other
 
 rope_module = importlib.import_module("kernelab.ops.rotary.rope")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -164,6 +164,15 @@ def test_unchecked_positions_outside_the_cache_read_nothing_and_write_zeros(fn, 
     torch.testing.assert_close(k[ok].double(), ref_k, rtol=1e-5, atol=1e-6)
 
 
+def test_strided_positions_are_read_through_their_stride(interpret):
+    # every other position of a larger tensor; the skipped ones are rows of the cache too
+    args = _args(positions=torch.tensor([3, 7]))
+    want = rope(**{k: v.clone() for k, v in args.items()})
+    strided = {**args, "positions": every_other(args["positions"], torch.tensor([0, 9]))}
+    got = rope(**strided)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_public_op_checks_positions_unless_told_not_to(interpret):
     args = _args(positions=torch.tensor([1, 12]))
     with pytest.raises(ValueError, match="positions: expected values in"):
@@ -189,7 +198,7 @@ def test_prefill_launches_compile_to_wide_accesses_without_spills_for_sm90():
         # rotation in the wrong direction
         ("o2 = x2 * cos + x1 * sin", "o2 = x2 * cos - x1 * sin", 2),
         # cos/sin taken at the token's index instead of its position
-        ("pos = tl.load(Pos + t, mask=t_ok, other=0).to(tl.int64)", "pos = t", 1),
+        ("pos = tl.load(Pos + t * stride_pos, mask=t_ok, other=0).to(tl.int64)", "pos = t", 1),
         # key left unrotated
         ("for which in tl.static_range(2):", "for which in tl.static_range(1):", 1),
     ],

@@ -42,9 +42,11 @@ def _kv_cache_write_kernel(
     stride_v_t,
     stride_v_h,
     Slots,
+    stride_slot,
     KScale,
     VScale,
     heads,
+    n_slots,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -53,8 +55,9 @@ def _kv_cache_write_kernel(
     FP8_MAX: tl.constexpr,
 ):
     """One token × BLOCK_H heads per program: k and v rows into the caches at the token's slot;
-    a negative slot (padding) writes nothing. FP8: values = fp8(clamp(x / scale, ±FP8_MAX)),
-    the division IEEE-rounded as eager PyTorch's.
+    a negative slot (padding) writes nothing, nor does one past the caches' n_slots (an
+    unchecked slot_mapping never writes outside them). FP8: values =
+    fp8(clamp(x / scale, ±FP8_MAX)), the division IEEE-rounded as eager PyTorch's.
 
     Bytes: reads the token's slot, its k and v heads (nothing for padding) and, with FP8, the
     two scales; writes the k and v heads once.
@@ -62,10 +65,10 @@ def _kv_cache_write_kernel(
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
-    slot = tl.load(Slots + t).to(tl.int64)
-    # A padding token has no heads to write (a bound, not `& (slot >= 0)`: Triton's
-    # interpreter mistypes a block mask and-ed with a scalar).
-    heads_here = tl.where(slot >= 0, heads, 0)
+    slot = tl.load(Slots + t * stride_slot).to(tl.int64)
+    # A padding token, or a slot past the caches, has no heads to write (a bound, not
+    # `& (slot >= 0)`: Triton's interpreter mistypes a block mask and-ed with a scalar).
+    heads_here = tl.where((slot >= 0) & (slot < n_slots), heads, 0)
     mask = (h < heads_here)[:, None] & (d < HEAD_DIM)[None, :]
     block = slot // BLOCK_SIZE
     offset = slot % BLOCK_SIZE
@@ -171,12 +174,18 @@ def _paged_attention_kernel(
     stride_v_h,
     BlockTables,
     stride_bt,
+    stride_bt_j,
     SeqLens,
+    stride_sl,
     CuSeqlensQ,
+    stride_cq,
     Sinks,
+    stride_sink,
     KScale,
     VScale,
     batch,
+    tokens,
+    max_blocks,
     scale,
     softcap,
     window,
@@ -212,6 +221,11 @@ def _paged_attention_kernel(
     Rows without a visible key (and no sink) are 0 with lse −inf. fp8 caches: values are exact
     in the query's 16-bit type; k_scale folds into the score scale, v_scale into the output.
 
+    Unchecked metadata never takes a store (or a read of q, the lengths or the block table)
+    outside its tensor: a sequence's query rows are clamped to [0, tokens), its length to
+    [0, max_blocks · BLOCK_SIZE] keys of its own table row. Block-table entries are read as
+    they are: one outside the cache reads outside it.
+
     Bytes: reads the block's queries once, the keys and values its rows may see once per KV
     head (for all GROUP heads), one block-table entry per key; writes each output row (and lse)
     once per split.
@@ -235,14 +249,17 @@ def _paged_attention_kernel(
     hi = batch
     while lo < hi:
         mid = (lo + hi) // 2
-        go = tl.load(CuSeqlensQ + mid) // BLOCK_Q + mid <= pid_q
+        go = tl.load(CuSeqlensQ + mid * stride_cq) // BLOCK_Q + mid <= pid_q
         lo = tl.where(go, mid + 1, lo)
         hi = tl.where(go, hi, mid)
-    seq = lo - 1
-    q_start = tl.load(CuSeqlensQ + seq)
-    q_len = tl.load(CuSeqlensQ + seq + 1) - q_start
-    kv_len = tl.load(SeqLens + seq)
+    # Offsets from 0 to tokens give seq >= 0 and first >= 0; the clamps (scalars, once a
+    # program) keep unchecked ones inside the tensors.
+    seq = tl.maximum(lo - 1, 0)
+    q_start = tl.minimum(tl.maximum(tl.load(CuSeqlensQ + seq * stride_cq), 0), tokens)
+    q_end = tl.minimum(tl.maximum(tl.load(CuSeqlensQ + (seq + 1) * stride_cq), q_start), tokens)
+    kv_len = tl.minimum(tl.maximum(tl.load(SeqLens + seq * stride_sl), 0), max_blocks * BLOCK_SIZE)
     first = (pid_q - (q_start // BLOCK_Q + seq)) * BLOCK_Q  # this block's first query
+    q_len = tl.where(first >= 0, q_end - q_start, 0)
 
     r = tl.arange(0, BLOCK_M)
     qi = first + r // GROUP_PAD
@@ -277,7 +294,7 @@ def _paged_attention_kernel(
     if HAS_SINKS:
         # split 0 only (a bound, not `& (split == 0)`: see _kv_cache_write_kernel)
         sink_ok = row_ok & (r < tl.where(split == 0, BLOCK_M, 0))
-        sink = tl.load(Sinks + head, mask=sink_ok, other=float("-inf"))
+        sink = tl.load(Sinks + head * stride_sink, mask=sink_ok, other=float("-inf"))
         m_i = sink.to(tl.float32) * LOG2E
         l_i = tl.where(m_i > float("-inf"), 1.0, 0.0)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -288,7 +305,7 @@ def _paged_attention_kernel(
     for t in range(t_begin, t_end):
         kk = t * BLOCK_N + tl.arange(0, BLOCK_N)
         k_ok = kk < kv_len
-        page = tl.load(table + kk // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
+        page = tl.load(table + (kk // BLOCK_SIZE) * stride_bt_j, mask=k_ok, other=0).to(tl.int64)
         slot = kk % BLOCK_SIZE
         kv_mask = k_ok[:, None] & d_ok[None, :]
         k_rows = k_head + page[:, None] * stride_k_b + slot[:, None] * stride_k_s
@@ -416,14 +433,19 @@ def _attention_prefill_kernel(
     stride_vt,
     stride_vh,
     CuQ,
+    stride_cq,
     CuK,
+    stride_ck,
     Sinks,
+    stride_sink,
     BlockMask,
     stride_mb,
     stride_mh,
     stride_mq,
     stride_mk,
     batch,
+    total_q,
+    total_k,
     sm_scale,
     softcap,
     window,
@@ -453,6 +475,10 @@ def _attention_prefill_kernel(
     the mask arithmetic. Bytes: q read once and o (and lse) written once per program; each key
     tile read once per program that needs it (from L2 for the other query blocks and the
     GROUP query heads of a KV head).
+
+    Unchecked cumulative lengths never take a store, or a read of q, k or v, outside its tensor:
+    a sequence's rows are clamped to [0, total_q) and its keys to [0, total_k) (scalars, once a
+    program). A block mask too small for the lengths is read past its end.
     """
     pid = tl.num_programs(0) - 1 - tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
@@ -462,17 +488,18 @@ def _attention_prefill_kernel(
     hi = lo + batch - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        found = tl.load(CuQ + mid) // BLOCK_M + mid <= pid
+        found = tl.load(CuQ + mid * stride_cq) // BLOCK_M + mid <= pid
         lo = tl.where(found, mid, lo)
         hi = tl.where(found, hi, mid - 1)
     seq = lo.to(tl.int64)
-    q_start = tl.load(CuQ + seq)
-    q_len = tl.load(CuQ + seq + 1) - q_start
+    # Offsets from 0 to total_q give m0 >= 0 and rows inside q; the clamps hold unchecked ones.
+    q_start = tl.minimum(tl.maximum(tl.load(CuQ + seq * stride_cq), 0), total_q)
+    q_len = tl.minimum(tl.maximum(tl.load(CuQ + (seq + 1) * stride_cq), q_start), total_q) - q_start
     m0 = (pid - q_start // BLOCK_M - lo) * BLOCK_M
-    if m0 >= q_len:
+    if (m0 >= q_len) | (m0 < 0):
         return
-    k_start = tl.load(CuK + seq)
-    k_len = tl.load(CuK + seq + 1) - k_start
+    k_start = tl.minimum(tl.maximum(tl.load(CuK + seq * stride_ck), 0), total_k)
+    k_len = tl.minimum(tl.maximum(tl.load(CuK + (seq + 1) * stride_ck), k_start), total_k) - k_start
     off = k_len - q_len  # bottom-right alignment: row r sits at key position r + off
 
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -504,7 +531,7 @@ def _attention_prefill_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if HAS_SINKS:
         # The sink is one more logit in the denominator: start from m = sink, l = e^0 = 1.
-        sink = tl.load(Sinks + head).to(tl.float32) * 1.4426950408889634
+        sink = tl.load(Sinks + head * stride_sink).to(tl.float32) * 1.4426950408889634
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + sink
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
     else:

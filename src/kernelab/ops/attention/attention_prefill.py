@@ -339,14 +339,19 @@ def _plan(
             stride_vt=v.stride(0),
             stride_vh=v.stride(1),
             CuQ=cu_seqlens_q,
+            stride_cq=cu_seqlens_q.stride(0),
             CuK=cu_seqlens_k,
+            stride_ck=cu_seqlens_k.stride(0),
             Sinks=sinks if sinks is not None else q,
+            stride_sink=sinks.stride(0) if sinks is not None else 0,
             BlockMask=mask if mask is not None else cu_seqlens_q,
             stride_mb=m_strides[0],
             stride_mh=m_strides[1],
             stride_mq=m_strides[2],
             stride_mk=m_strides[3],
             batch=batch,
+            total_q=total_q,
+            total_k=k.shape[0],
             sm_scale=_scale(q, softmax_scale),
             softcap=float(softcap or 0.0),
             window=max(window_left, 0),
@@ -472,6 +477,10 @@ def attention_prefill(
     out : optional preallocated output, or (output, lse) with ``return_lse``.
     check : validate the cumulative lengths' values (a device sync); a serving loop whose
         metadata is known good can turn it off. Shapes and dtypes are always checked.
+        Unchecked, the Triton kernel writes nothing outside ``out`` (and the lse) and reads
+        nothing outside q, k and v whatever the offsets hold: a sequence's rows are clamped
+        to [0, total_q) and its keys to [0, total_k) (wrong offsets give wrong rows). A block
+        mask smaller than the unchecked lengths need is read past its end.
 
     Returns out, or (out, lse). Triton on CUDA/ROCm; torch on CPU (the interpreter with
     KERNELAB_INTERPRET=1).

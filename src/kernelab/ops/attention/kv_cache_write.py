@@ -4,6 +4,8 @@
         k_cache[s // block_size, s % block_size] = k[t]        (all heads_kv × head_dim)
         v_cache[s // block_size, s % block_size] = v[t]
     a negative slot is padding (CUDA-graph batches padded to a captured size): nothing written.
+    A slot past the caches (≥ num_blocks × block_size) is refused with ``check``; unchecked,
+    it writes nothing either: no write ever lands outside the caches.
 
 With a float8 e4m3 cache the values are quantized with the given per-tensor float32 scales:
 ``fp8(clamp(k / k_scale, ±FP8_MAX))``, rounded to nearest even (FP8_MAX = 448 for
@@ -66,13 +68,19 @@ def _quantized(x, scale, fp8_max, dtype):
     return (x.to(scale.dtype) / scale).clamp(-fp8_max, fp8_max).to(dtype)
 
 
+def _written(slot_mapping, k_cache) -> torch.Tensor:
+    """Which tokens write: a slot in [0, num_blocks × block_size) (padding and, unchecked, a
+    slot past the caches write nothing)."""
+    return (slot_mapping >= 0) & (slot_mapping < k_cache.shape[0] * k_cache.shape[1])
+
+
 def kv_cache_write_ref(
     k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None, check=True
 ):
     """Plain PyTorch in the inputs' dtype (exact in float64; a float8 cache then holds the
     exact quotient, saturated at ±448); updates the caches in place, returns them."""
     block_size = k_cache.shape[1]
-    keep = slot_mapping >= 0
+    keep = _written(slot_mapping, k_cache)
     slots = slot_mapping[keep].long()
     blocks, offsets = slots // block_size, slots % block_size
     for src, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
@@ -87,7 +95,7 @@ def kv_cache_write_torch(
     them); float8 by float32 division and one cast, as the kernel."""
     _validate(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, check)
     block_size = k_cache.shape[1]
-    keep = slot_mapping >= 0
+    keep = _written(slot_mapping, k_cache)
     slots = slot_mapping[keep].long()
     blocks, offsets = slots // block_size, slots % block_size
     for src, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
@@ -154,9 +162,11 @@ def _plan(
             stride_v_t=v.stride(0),
             stride_v_h=v.stride(1),
             Slots=slot_mapping,
+            stride_slot=slot_mapping.stride(0),
             KScale=k_scale if fp8 else slot_mapping,
             VScale=v_scale if fp8 else slot_mapping,
             heads=heads,
+            n_slots=k_cache.shape[0] * k_cache.shape[1],
             BLOCK_SIZE=k_cache.shape[1],
             HEAD_DIM=head_dim,
             BLOCK_H=cfg.block_h,
@@ -201,7 +211,10 @@ def kv_cache_write(
     k_scale, v_scale : float32 tensors (1,), the per-tensor scales of a float8 cache (required
         then, refused otherwise).
     check : check on the host that no slot is past the cache (a device synchronisation);
-        a serving loop whose slots are known good turns it off.
+        a serving loop whose slots are known good turns it off. Unchecked, a slot past the
+        cache writes nothing (as padding does): no write lands outside ``k_cache`` and
+        ``v_cache``, whatever ``slot_mapping`` holds; the only reads are of ``k``, ``v``,
+        ``slot_mapping`` and the scales.
 
     Returns ``(k_cache, v_cache)``. Safe for CUDA-graph capture with ``check=False``. Triton
     on CUDA/ROCm; torch on CPU (the interpreter with KERNELAB_INTERPRET=1).

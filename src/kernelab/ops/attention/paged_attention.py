@@ -298,12 +298,18 @@ def _plan(
             stride_v_h=v_cache.stride(2),
             BlockTables=block_tables,
             stride_bt=block_tables.stride(0),
+            stride_bt_j=block_tables.stride(1),
             SeqLens=seq_lens,
+            stride_sl=seq_lens.stride(0),
             CuSeqlensQ=cu_seqlens_q,
+            stride_cq=cu_seqlens_q.stride(0),
             Sinks=sinks if sinks is not None else seq_lens,
+            stride_sink=sinks.stride(0) if sinks is not None else 0,
             KScale=k_scale if fp8 else seq_lens,
             VScale=v_scale if fp8 else seq_lens,
             batch=batch,
+            tokens=tokens,
+            max_blocks=max_blocks,
             scale=float(head_dim**-0.5 if softmax_scale is None else softmax_scale),
             softcap=float(softcap or 0.0),
             window=window_left + 1 if window_left >= 0 else 0,  # the kernel's W: keys seen
@@ -433,7 +439,12 @@ def paged_attention(
     return_lse : also return the float32 log-sum-exp (num_tokens, heads_q), natural log.
     out, lse : optional preallocated outputs.
     check : check cumulative lengths, lengths and block-table entries on the host (a device
-        synchronisation); off in a serving loop, and for CUDA-graph capture.
+        synchronisation); off in a serving loop, and for CUDA-graph capture. Unchecked, the
+        Triton kernel writes nothing outside ``out`` (and ``lse``) whatever the metadata:
+        a sequence's query rows are clamped to [0, num_tokens) and its length to its
+        block-table row (max_blocks × block_size keys), so it reads only its own row; wrong
+        metadata gives wrong rows, never a write elsewhere. Block-table entries are used as
+        they are: an entry outside the cache reads outside it (garbage, or a fault).
 
     Returns ``out`` (q's shape and dtype), or ``(out, lse)``. Triton on CUDA/ROCm; torch on CPU
     (the interpreter with KERNELAB_INTERPRET=1). The names ``scale=`` and ``window=`` (W, keys

@@ -37,6 +37,15 @@ INTERPRETER_DIMS = {"N": 160, "K": 256}
 TILE_M = 128
 
 
+def dense(vector: torch.Tensor | None) -> torch.Tensor | None:
+    """A 1-D bias or scale vector as the kernels read it, element i at ``ptr + i``: the
+    tensor itself when it has unit stride, else a contiguous copy (N elements, cheap
+    beside the GEMM)."""
+    if vector is None or vector.numel() <= 1 or vector.stride(-1) == 1:
+        return vector
+    return vector.contiguous()
+
+
 def b_cols(inputs: dict) -> int:
     """The dimension of B indexed by the output column: 1 for [K, N], 0 for an [N, K] weight."""
     return 1 if inputs.get("b_layout", "kn") == "kn" else 0

@@ -147,7 +147,7 @@ def plan(kern, x, qweight, scales, zeros, group_size, bias, out, config, *, bits
         raise ValueError(
             f"config: block_k={cfg.block_k} must divide group_size={group_size} for int4"
         )
-    qweight, scales = qweight.contiguous(), scales.contiguous()
+    qweight, scales, bias = qweight.contiguous(), scales.contiguous(), gc.dense(bias)
     zeros = zeros.contiguous() if zeros is not None else scales
     k_per_split, split = gc.k_slices(k, cfg.split_k, cfg.block_k)
     opts = dict(group_size=group_size, bits=bits, k_per_split=k_per_split, cfg=cfg)

@@ -179,6 +179,7 @@ def _plan(a, b, scale_a, scale_b, bias=None, b_layout="nk", out=None, config=Non
         return LaunchPlan(result=c)
     cfg = config or Fp8Config.default_for(m, n, k, torch.bfloat16, a.device)
     bk = _b_as_kn(b, b_layout)
+    scale_a, scale_b, bias = gc.dense(scale_a), gc.dense(scale_b), gc.dense(bias)
     call = KernelCall(
         _fp8_gemm_kernel,
         (gc.cdiv(m, cfg.block_m) * gc.cdiv(n, cfg.block_n),),

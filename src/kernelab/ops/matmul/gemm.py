@@ -219,6 +219,7 @@ def _plan(a, b, bias=None, residual=None, activation="none", b_layout="kn", out=
         return LaunchPlan(result=c)
     cfg = config or GemmConfig.default_for(m, n, k, a.dtype, a.device)
     act = gc.activation_code(activation)
+    bias = gc.dense(bias)
     if cfg.kind == "tma" and _tma_ok(a, b):
         return LaunchPlan((_tma_call(c, a, b, bias, residual, act, b_layout, cfg),), c)
     bk = _b_as_kn(b, b_layout)

@@ -17,6 +17,7 @@ def _rope_kernel(
     stride_kt,
     stride_kh,
     Pos,
+    stride_pos,
     Cache,
     stride_cache,
     n_pos,
@@ -42,7 +43,7 @@ def _rope_kernel(
     pid_h = tl.program_id(1)
     t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
     t_ok = t < n_tokens
-    pos = tl.load(Pos + t, mask=t_ok, other=0).to(tl.int64)
+    pos = tl.load(Pos + t * stride_pos, mask=t_ok, other=0).to(tl.int64)
     pos_ok = t_ok & (pos >= 0) & (pos < n_pos)
     pos = tl.where(pos_ok, pos, 0)
     r = tl.arange(0, BLOCK_R)

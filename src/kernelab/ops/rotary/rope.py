@@ -215,6 +215,7 @@ def _plan(
             stride_kt=key.stride(0),
             stride_kh=key.stride(1),
             Pos=positions,
+            stride_pos=positions.stride(0),
             Cache=cache,
             stride_cache=cache.stride(0),
             n_pos=cache.shape[0],
