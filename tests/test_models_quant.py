@@ -108,8 +108,9 @@ def test_a_wrong_int4_zero_point_is_refused(monkeypatch):
     model = build("tiny-qwen3", dtype=torch.bfloat16)
     real = ops.w4a16_gemm
 
-    def wrong(x, qweight, scales, zeros, group_size, bias=None, out=None):  # zero off by one
-        return real(x, qweight, scales, (zeros + 1).clamp(max=15), group_size, bias, out)
+    def wrong(x, qweight, scales, zeros, group_size, bias=None, out=None, check=True):
+        # zero point off by one
+        return real(x, qweight, scales, (zeros + 1).clamp(max=15), group_size, bias, out, check)
 
     monkeypatch.setattr(ops, "w4a16_gemm", wrong)
     with pytest.raises(PatchError, match=r"first module that differs: model\.layers\.0\."):

@@ -41,6 +41,22 @@ _MAY_BE_ZERO = (
 )
 
 
+#: Limits on what a config may say (a config.json is untrusted input: past these, the costing
+#: would run for minutes or overflow the ops' int64 sizes before anything is wrong): the
+#: largest size of any dimension, the most layers and experts (the largest published models
+#: have about 130 layers and 384 experts), and the largest config.json read.
+MAX_SIZE = 2**31 - 1
+MAX_LAYERS = 10_000
+MAX_EXPERTS = 65_536
+MAX_CONFIG_BYTES = 4 << 20
+_LIMITS = {
+    "num_hidden_layers": MAX_LAYERS,
+    "moe_layers": MAX_LAYERS,
+    "num_local_experts": MAX_EXPERTS,
+    "num_experts_per_tok": MAX_EXPERTS,
+}
+
+
 class CostError(ValueError):
     """A config, a workload or a device model-cost cannot cost (the message says which)."""
 
@@ -91,7 +107,7 @@ class ModelConfig:
             if key == "num_key_value_heads" and d.get(key) is None:
                 values[key] = values.get("num_attention_heads")
                 continue
-            values[key] = _positive_int(f"config {name}: {key}", d.get(key))
+            values[key] = _positive_int(f"config {name}: {key}", d.get(key), _LIMITS.get(key))
         if "head_dim" not in values:
             values["head_dim"] = _whole_heads(values)
         values["num_key_value_heads"] = _positive_int(
@@ -104,9 +120,13 @@ class ModelConfig:
         values["qkv_bias"] = bool(bias) if bias is not None else values["model_type"] == "qwen2"
         values["o_bias"] = bool(bias) and values["model_type"] != "qwen2"
         experts = d.get("num_local_experts", d.get("num_experts")) or 0
-        values["num_local_experts"] = _count(f"config {name}: num_local_experts", experts)
+        values["num_local_experts"] = _count(
+            f"config {name}: num_local_experts", experts, MAX_EXPERTS
+        )
         per_tok = d.get("num_experts_per_tok") or 0
-        values["num_experts_per_tok"] = _count(f"config {name}: num_experts_per_tok", per_tok)
+        values["num_experts_per_tok"] = _count(
+            f"config {name}: num_experts_per_tok", per_tok, MAX_EXPERTS
+        )
         if experts or per_tok:
             values.update(_moe_values(d, name, values["num_hidden_layers"]))
         config = cls(**values)
@@ -152,7 +172,7 @@ class ModelConfig:
                     raise CostError(f"set: {key} expects true or false, got {text!r}")
                 out[key] = text.lower() in ("true", "1")
             elif kind is int:
-                out[key] = _count(f"set: {key}", _int_text(key, text))
+                out[key] = _count(f"set: {key}", _int_text(key, text), _LIMITS.get(key))
                 if out[key] == 0 and key not in _MAY_BE_ZERO:
                     raise CostError(f"set: {key} expects a positive integer, got {text!r}")
             else:
@@ -186,6 +206,12 @@ def _moe_values(d: Mapping, name: str, layers: int) -> dict:
         isinstance(i, int) and not isinstance(i, bool) for i in dense_only
     ):
         raise CostError(f"config {name}: mlp_only_layers: expected a list of layer indices")
+    if len(dense_only) > layers:
+        raise CostError(
+            f"config {name}: mlp_only_layers: expected at most num_hidden_layers ({layers}) "
+            f"layer indices, got {len(dense_only)}"
+        )
+    dense_only = set(dense_only)
     first_dense = _count(
         f"config {name}: first_k_dense_replace", d.get("first_k_dense_replace") or 0
     )
@@ -211,21 +237,34 @@ def _moe_values(d: Mapping, name: str, layers: int) -> dict:
 
 
 def _int_text(key: str, text: str) -> int:
+    if len(text) > 30:  # int() of thousands of digits is refused (or slow): no size is that long
+        raise CostError(f"set: {key} expects an integer, got {text[:30]!r}... ({len(text)} chars)")
     try:
         return int(text)
     except ValueError:
         raise CostError(f"set: {key} expects an integer, got {text!r}") from None
 
 
-def _positive_int(what: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise CostError(f"{what}: expected a positive integer, got {v!r}")
+def _shown(v) -> str:
+    text = (
+        repr(v)
+        if not isinstance(v, int) or v.bit_length() < 200
+        else f"an int of {len(str(v))} digits"
+    )
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _positive_int(what: str, v, top: int | None = None) -> int:
+    top = top or MAX_SIZE
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= top:
+        raise CostError(f"{what}: expected a positive integer up to {top:,}, got {_shown(v)}")
     return v
 
 
-def _count(what: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise CostError(f"{what}: expected an integer >= 0, got {v!r}")
+def _count(what: str, v, top: int | None = None) -> int:
+    top = top or MAX_SIZE
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= top:
+        raise CostError(f"{what}: expected an integer from 0 to {top:,}, got {_shown(v)}")
     return v
 
 
@@ -257,13 +296,21 @@ def load_config(spec) -> ModelConfig:
         path = path / "config.json"
     if path.suffix == ".json" or path.is_file():
         try:
-            raw = path.read_text(encoding="utf-8")
+            with path.open("rb") as f:  # the size checked by reading one byte past the limit
+                raw = f.read(MAX_CONFIG_BYTES + 1)
         except OSError as exc:
             raise CostError(f"config: cannot read {text!r}: {exc.strerror or exc}") from None
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise CostError(
+                f"config: {text!r} is larger than {MAX_CONFIG_BYTES >> 20} MiB, which no "
+                "config.json is (pass its values as a dict to kernelab.models.model_cost.cost)"
+            )
         try:
             data = json.loads(raw)  # parsed, never executed
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise CostError(f"config: {text!r} is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise CostError(f"config: {text!r} is nested too deep to be a config") from None
         return ModelConfig.from_dict(data, path.parent.name or path.stem)
     raise CostError(
         f"config: expected a preset ({', '.join(sorted(PRESETS))}) or a path to a "

@@ -115,6 +115,9 @@ TRUNCATED = orjson.dumps({"format": _tuned.FORMAT, "version": 1, "entries": [_en
         ([_entry(config=[4, 128, 2])], "not a dict"),
         ([_entry(bucket=["cols=96", "rows=8"])], "bucket"),
         ([_entry(bucket="cols:96")], "bucket"),
+        # a Unicode digit and a 5000-digit size: int() refuses both (ValueError)
+        ([_entry(bucket="cols=²,rows=8")], "bucket 'cols=²,rows=8'"),
+        ([_entry(bucket="cols=" + "9" * 5000 + ",rows=8")], "18 ASCII digits"),
         ([_entry(dtype="float33")], "dtype"),
         ([{k: v for k, v in _entry().items() if k != "triton"}], "'triton'"),
         # constructs no RowConfig
@@ -143,6 +146,15 @@ def test_a_bad_entry_or_file_is_skipped_with_one_warning(tuned_file, monkeypatch
         assert _config_for() is None
     (message,) = _tuned_warnings(record)  # one warning, not one per launch
     assert says in message and str(tuned_file) in message
+
+
+@pytest.mark.parametrize("bucket", ["M=²,N=64,K=64", "K=64,M=16,N=" + "7" * 5000])
+def test_a_bad_bucket_of_one_op_breaks_no_launch_of_another(tuned_file, monkeypatch, bucket):
+    _write(tuned_file, _entry(op="gemm", bucket=bucket), _entry())
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert _launched_config(monkeypatch) == TUNED
+    assert len(_tuned_warnings(record)) == 1
 
 
 def test_good_entries_beside_a_bad_one_still_serve(tuned_file):

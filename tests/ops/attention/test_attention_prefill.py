@@ -255,6 +255,8 @@ BAD = [
     ({"softcap": "30"}, TypeError, "softcap: expected a float"),
     ({"block_mask": torch.ones(2, 1, 1, 1, dtype=torch.bool), "mask_block": 64.0}, TypeError,
      "mask_block: expected an int"),
+    ({"mask_block": 128.0}, TypeError, "mask_block: expected an int, got float"),  # unused too
+    ({"mask_block": True}, TypeError, "mask_block: expected an int, got bool"),
     ({"window_left": 3, "causal": False}, ValueError, "window_left: a sliding window"),
     ({"softcap": -1.0}, ValueError, "softcap: expected"),
     ({"softmax_scale": 0.0}, ValueError, "softmax_scale: expected"),

@@ -168,6 +168,37 @@ def test_unchecked_slots_past_the_cache_write_nothing(interpreted, monkeypatch):
     assert torch.equal(backing[0, 0, 3], k[1]) and torch.equal(backing[1, 0, 3], v[1])
 
 
+BAD_SCALES = [0.0, -0.5, float("inf"), float("-inf"), float("nan")]
+
+
+@pytest.mark.parametrize("value", BAD_SCALES, ids=str)
+@pytest.mark.parametrize("name", ["k_scale", "v_scale"])
+@pytest.mark.parametrize(
+    "fn", [kv_cache_write_triton, kv_cache_write_torch], ids=["triton", "torch"]
+)
+def test_float8_scales_must_be_finite_and_positive(fn, name, value):
+    # a zero scale writes ±448 everywhere, a negative one flips every sign, NaN writes NaN
+    scales = {"k_scale": torch.ones(1), "v_scale": torch.ones(1), name: torch.tensor([value])}
+    cache = {n: torch.zeros(4, 16, 2, 64, dtype=F8) for n in ("k_cache", "v_cache")}
+    with pytest.raises(ValueError, match=f"{name}: expected a finite positive scale"):
+        fn(**_args(**cache, **scales))
+    fn(**_args(**cache, **scales), check=False)  # unchecked: the caller's to keep right
+
+
+@pytest.mark.parametrize(
+    "slots", [[0, 5, 5], [7, -1, 7], [-1, 3, 3]], ids=["adjacent", "around padding", "last"]
+)
+@pytest.mark.parametrize(
+    "fn", [kv_cache_write_triton, kv_cache_write_torch], ids=["triton", "torch"]
+)
+def test_two_tokens_into_one_slot_are_refused_under_check(fn, slots):
+    slot = max(slots)
+    with pytest.raises(ValueError, match=f"slot_mapping: slot {slot} is given to more than one"):
+        fn(**_args(slot_mapping=torch.tensor(slots)))
+    fn(**_args(slot_mapping=torch.tensor(slots)), check=False)  # documented: one of them lands
+    fn(**_args(slot_mapping=torch.tensor([-1, 4, -1])))  # padding repeats: not a slot
+
+
 # --- planted defects: verify's in-place region must catch them --------------------------------
 
 SHAPES = [

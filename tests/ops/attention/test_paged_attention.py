@@ -307,6 +307,18 @@ def test_unchecked_lengths_past_the_block_table_stay_in_their_row(interpret):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("value", [0.0, -1.0, float("inf"), float("nan")], ids=str)
+@pytest.mark.parametrize("name", ["k_scale", "v_scale"])
+@pytest.mark.parametrize(
+    "fn", [paged_attention_triton, paged_attention_torch], ids=["triton", "torch"]
+)
+def test_float8_cache_scales_must_be_finite_and_positive(fn, name, value):
+    scales = {"k_scale": torch.ones(1), "v_scale": torch.ones(1), name: torch.tensor([value])}
+    cache = {n: torch.zeros(6, 16, 2, 64, dtype=F8) for n in ("k_cache", "v_cache")}
+    with pytest.raises(ValueError, match=f"{name}: expected a finite positive scale"):
+        fn(**_args(**cache, **scales))
+
+
 # --- planted defects: verify must catch them --------------------------------------------------
 
 E = pa._edge_shape

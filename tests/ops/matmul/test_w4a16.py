@@ -121,6 +121,32 @@ def test_bad_arguments_raise_naming_the_argument(fn, kwargs, exc, words):
     assert words in str(info.value)
 
 
+@pytest.mark.parametrize("zero", [16, 200, 255])
+@pytest.mark.parametrize("fn", [w4a16_triton, w4a16_torch], ids=["triton", "torch"])
+def test_zero_points_outside_int4_are_refused(fn, zero):
+    # past 15 the two paths disagree (int32 codes in the kernel, 16-bit floats in torch)
+    zeros = torch.zeros(2, 8, dtype=torch.uint8)
+    zeros[1, 5] = zero
+    args = {"x": torch.randn(2, 128).half(), "qweight": torch.zeros(64, 8, dtype=torch.uint8),
+            "scales": torch.ones(2, 8).half(), "zeros": zeros, "group_size": 64}  # fmt: skip
+    with pytest.raises(
+        ValueError, match=rf"zeros: expected int4 zero points in \[0, 15\], got a {zero}"
+    ):
+        fn(**args)
+    fn(**args, check=False)  # unchecked: a weight known good (quantize_int4's) costs no sync
+    with pytest.raises(TypeError, match="check: expected a bool"):
+        fn(**{**args, "zeros": torch.zeros(2, 8, dtype=torch.uint8)}, check=1)
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no bias", "bias"])
+@pytest.mark.parametrize("fn", [w4a16_triton, w4a16_torch], ids=["triton", "torch"])
+def test_k_zero_is_an_empty_sum(fn, bias):
+    empty = torch.zeros(0, 8, dtype=torch.uint8)
+    b = torch.randn(8).half() if bias else None
+    out = fn(torch.randn(3, 0).half(), empty, torch.ones(0, 8).half(), empty, 64, b)
+    assert torch.equal(out, torch.zeros(3, 8).half() if b is None else b.expand(3, 8))
+
+
 def test_a_numpy_integer_group_size_is_an_int():
     w = _packing.quantize_int4(torch.randn(128, 8), np.int64(64), dtype=torch.float16)
     x = torch.randn(2, 128).half()

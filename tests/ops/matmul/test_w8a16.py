@@ -8,7 +8,7 @@ import torch
 
 from kernelab.ops import W8A16_GEMM, Shape
 from kernelab.ops.matmul._weight_only import WQConfig
-from kernelab.ops.matmul.w8a16 import w8a16_triton
+from kernelab.ops.matmul.w8a16 import w8a16_torch, w8a16_triton
 from tests.mutants import mutate
 from tests.opcheck import check as _check
 from tests.ops.matmul.weight_only_checks import decode_and_prefill
@@ -79,3 +79,11 @@ def test_planted_defects_are_caught(monkeypatch, tmp_path, mutant_name):
     config = WQConfig(32, 32, 32, 2, 1, 4, 2)
     with pytest.raises(AssertionError, match=r"rel L2|NaN"):
         _check(OP, inputs, lambda **kw: w8a16_triton(**kw, config=config), torch.float16)
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no bias", "bias"])
+@pytest.mark.parametrize("fn", [w8a16_triton, w8a16_torch], ids=["triton", "torch"])
+def test_k_zero_is_an_empty_sum(fn, bias):
+    b = torch.randn(8).half() if bias else None
+    out = fn(torch.randn(3, 0).half(), torch.zeros(0, 8, dtype=torch.int8), torch.ones(8).half(), b)
+    assert torch.equal(out, torch.zeros(3, 8).half() if b is None else b.expand(3, 8))

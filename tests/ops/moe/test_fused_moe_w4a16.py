@@ -73,6 +73,16 @@ def test_bad_arguments_raise_naming_the_argument(change, exc, words):
     assert words in str(info.value)
 
 
+@pytest.mark.parametrize("name", ["w1_zeros", "w2_zeros"])
+def test_zero_points_outside_int4_are_refused_under_check(name):
+    inputs = OP.inputs(EDGE["one token"], torch.bfloat16, "cpu", seed=1)
+    zeros = inputs[name].clone()
+    zeros[0, 0, 0] = 16
+    with pytest.raises(ValueError, match=f"{name}: expected int4 zero points in \\[0, 15\\]"):
+        fused_moe_w4a16_triton(**{**inputs, name: zeros})
+    fused_moe_w4a16_triton(**{**inputs, name: zeros, "check": False})
+
+
 def test_block_k_must_divide_the_group():
     inputs = OP.inputs(EDGE["one token"], torch.bfloat16, "cpu", seed=1)
     with pytest.raises(ValueError, match="block_k=128 must divide group_size=64"):

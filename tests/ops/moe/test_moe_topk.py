@@ -107,8 +107,31 @@ MUTANTS = {
     ),
     # ... equal group scores to the higher group
     "group tie order": (
-        "gi = tl.min(tl.where(scores == best_g[:, None], rg[None, :], BLOCK_G), axis=1)",
-        "gi = tl.max(tl.where(scores == best_g[:, None], rg[None, :], -1), axis=1)",
+        "gi = tl.min(tl.where(open_best, rg[None, :], BLOCK_G), axis=1)",
+        "gi = tl.max(tl.where(open_best, rg[None, :], -1), axis=1)",
+    ),
+}
+#: Defects of the NaN contract (see the module docstring), caught by the NaN routing check.
+NAN_MUTANTS = {
+    # a NaN logit compared as it is (NaN equals nothing: no expert found, or a NaN max)
+    "NaN logit not ranked as -inf": (
+        'key_all = tl.where(x == x, x, float("-inf"))',
+        "key_all = x",
+    ),
+    # a NaN score or biased score compared as it is
+    "NaN key not ranked as -inf": (
+        'c = tl.where(free & (c == c), c, float("-inf"))',
+        'c = tl.where(free, c, float("-inf"))',
+    ),
+    # the sigmoid weight taken from the selection key (a chosen NaN expert weighs 0, not NaN)
+    "sigmoid weight of the key": (
+        "w = tl.sigmoid(tl.sum(tl.where(re[None, :] == idx[:, None], x, 0.0), axis=1))",
+        "w = tl.sigmoid(best)",
+    ),
+    # a kept group removed by a -inf score, which still ties with groups scored -inf
+    "kept group marked by -inf": (
+        "taken = taken | (rg[None, :] == gi[:, None])",
+        'scores = tl.where(rg[None, :] == gi[:, None], float("-inf"), scores)',
     ),
 }
 SHAPES = [
@@ -140,9 +163,76 @@ def test_planted_defects_are_caught_by_verify(monkeypatch, tmp_path, name):
     assert {f.cls for c in report.cases for f in c.failures} <= {"wrong values", "contract"}
 
 
+# --- NaN logits: one answer in every path -------------------------------------------------------
+
+NAN_CASES = {
+    "softmax": dict(scoring="softmax"),
+    "sigmoid": dict(scoring="sigmoid"),
+    "sigmoid, not renormalised": dict(scoring="sigmoid", renormalize=False),
+    "sigmoid, 8 groups, 2 kept, bias": dict(scoring="sigmoid", n_group=8, topk_group=2, bias=True),
+    "softmax, bias": dict(scoring="softmax", bias=True),
+}
+
+
+def _nan_logits(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(7, 16, generator=gen)
+    x[0, 3] = float("nan")  # one NaN
+    x[1, :] = float("nan")  # a whole row
+    x[2, 5] = float("inf")
+    x[3, 2] = float("-inf")
+    x[4, [0, 4, 9, 14]] = float("nan")  # several, among the best ones at top-k = 13
+    x[5, :12] = float("nan")  # fewer numbers than top-k: NaN experts chosen, lowest first
+    return x
+
+
+def _nan_disagreements(fn) -> list[str]:
+    """Where ``fn`` differs from the reference on NaN logits: ids exactly, NaN where the
+    reference has NaN, other weights within float32 rounding."""
+    out = []
+    for label, kw in NAN_CASES.items():
+        for top_k in (4, 13):
+            if kw.get("n_group") and top_k > 4:
+                continue
+            x = _nan_logits()
+            args = dict(kw)
+            if args.get("bias"):
+                args["bias"] = torch.randn(16, generator=torch.Generator().manual_seed(1)) / 10
+            w, ids = fn(x, top_k, **args)
+            rw, rids = moe_topk_ref(x.double(), top_k, **args)
+            nan = torch.isnan(rw)
+            if not torch.equal(ids, rids):
+                out.append(f"{label} k={top_k}: ids {ids.tolist()} != {rids.tolist()}")
+            elif not torch.equal(torch.isnan(w), nan) or not torch.allclose(
+                w[~nan].double(), rw[~nan], rtol=1e-5, atol=1e-6
+            ):
+                out.append(f"{label} k={top_k}: weights {w.tolist()} != {rw.tolist()}")
+    return out
+
+
+@pytest.mark.parametrize("fn", [moe_topk_triton, moe_topk_torch], ids=["triton", "torch"])
+def test_nan_logits_give_the_answer_of_the_contract_in_every_path(fn):
+    assert _nan_disagreements(fn) == []
+    # the contract itself, on one row: NaN ranks as -inf (ties to the lower expert)
+    x = torch.tensor([[float("nan"), 1.0, float("-inf"), float("nan"), 0.5]])
+    w, ids = fn(x, 4, scoring="sigmoid", renormalize=False)
+    assert ids.tolist() == [[1, 4, 0, 2]]
+    assert w[0, 2].isnan() and w[0, 3] == 0 and w[0, 0] == torch.sigmoid(torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("name", list(NAN_MUTANTS))
+def test_nan_contract_defects_are_caught(monkeypatch, tmp_path, name):
+    old, new = NAN_MUTANTS[name]
+    monkeypatch.setattr(topk_module, "_moe_topk_kernel",
+                        mutate(topk_module._moe_topk_kernel, old, new, tmp_path))  # fmt: skip
+    assert _nan_disagreements(moe_topk_triton)
+
+
 def test_the_kernel_passes_verify_on_the_same_cases():
     report = _verify()
     assert report.passed, [f.line() for c in report.cases for f in c.failures]
+    # with NaN and ±inf planted in the logits (a trial of each case)
+    assert all(any(t["specials"] == "router_logits" for t in c.trials) for c in report.cases)
 
 
 # --- DeepSeek-V3's grouped selection ---------------------------------------------------------

@@ -263,12 +263,17 @@ def test_group_quantization_is_eager_torchs_to_the_bit(dist, ue8m0):
     ("kwargs", "words"),
     [
         ({"group_size": 100}, "group_size: expected None or one of"),
+        # equal to 64 and 128, but not ints: refused naming the argument, not by torch's reshape
+        ({"group_size": 64.0}, "group_size: expected an int, got float 64.0"),
+        ({"group_size": 128.0}, "group_size: expected an int, got float 128.0"),
+        ({"group_size": True}, "group_size: expected an int, got bool"),
         ({"group_size": 128, "per_token": True}, "group_size: per-token-group"),
         ({"ue8m0": True}, "ue8m0: power-of-two scales"),
     ],
 )
 def test_group_arguments_are_checked(kwargs, words):
-    with pytest.raises(ValueError, match=words):
+    exc = TypeError if "expected an int" in words else ValueError
+    with pytest.raises(exc, match=words):
         fp8_quant_triton(torch.randn(2, 256), **kwargs)
 
 

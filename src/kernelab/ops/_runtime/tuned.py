@@ -19,10 +19,11 @@ launch (``warnings.warn``; each message at most once per process). Checked:
 * when the files are read: the file is a kernelab tuned-config file of this version (a
   truncated or foreign file is skipped whole); each entry has the keys device, op,
   kernel_hash, triton, dtype, bucket as non-empty strings (dtype names a torch dtype, bucket
-  reads ``name=size,...``) and a ``config`` dict of field name → int or string, where
-  ``block_*`` fields are powers of two from 1 to 2**20 (Triton's largest block), ``num_warps``
-  a power of two from 1 to 32, and every other int (``num_stages``, ``group_m``,
-  ``split_k``...) positive;
+  reads ``name=size,...``, sizes of at most 18 ASCII digits) and a ``config`` dict of field
+  name → int or string, where ``block_*`` fields are powers of two from 1 to 2**20 (Triton's
+  largest block), ``num_warps`` a power of two from 1 to 32, and every other int
+  (``num_stages``, ``group_m``, ``split_k``...) positive; an entry these checks cannot even
+  read is skipped like any other;
 * on the first launch it would serve (then remembered per entry and config class): the
   fields construct the op's config class; and if the op is registered with a tuning space,
   the config is one of the space's configs for the entry's bucket (its dims, the batch size at
@@ -110,11 +111,19 @@ def bucket(dims, batch_dim: str | None) -> str:
     return ",".join(parts)
 
 
+#: Most digits of a size in a bucket (sizes are int64 in every launch).
+MAX_SIZE_DIGITS = 18
+
+
 def _parse_bucket(text: str) -> dict | None:
+    """``name=size,...`` as a dict, or None: sizes in ASCII digits only ("²" is a Unicode digit
+    that ``int`` refuses), at most MAX_SIZE_DIGITS of them (``int`` refuses 4300 and more)."""
     dims = {}
     for part in text.split(","):
         name, sep, value = part.partition("=")
-        if not sep or not name.isidentifier() or not value.isdigit():
+        if not sep or not name.isidentifier():
+            return None
+        if not (value.isascii() and value.isdigit() and len(value) <= MAX_SIZE_DIGITS):
             return None
         dims[name] = int(value)
     return dims
@@ -205,7 +214,11 @@ def entry_problem(e: dict) -> str | None:
     if not isinstance(getattr(torch, e["dtype"], None), torch.dtype):
         return f"dtype {e['dtype']!r} is not a torch dtype"
     if _parse_bucket(e["bucket"]) is None:
-        return f"bucket {e['bucket']!r} does not read name=size,..."
+        shown = e["bucket"] if len(e["bucket"]) <= 80 else e["bucket"][:77] + "..."
+        return (
+            f"bucket {shown!r} does not read name=size,... (sizes of at most "
+            f"{MAX_SIZE_DIGITS} ASCII digits)"
+        )
     config = e.get("config")
     if not isinstance(config, dict):
         return f"config is {type(config).__name__}, not a dict"
@@ -229,7 +242,10 @@ def _read_all() -> dict[tuple, _Entry]:
             continue
         for i, e in enumerate(entries):
             where = f"{path} entry {i}"
-            problem = entry_problem(e)
+            try:
+                problem = entry_problem(e)
+            except Exception as exc:  # whatever an entry holds, it never breaks another one
+                problem = f"unreadable ({type(exc).__name__}: {str(exc)[:80]})"
             if problem:
                 _warn(f"tuned configs: {where} skipped: {problem}")
                 continue
@@ -302,7 +318,7 @@ def _check(op: str, entry: _Entry, cls, batch_dim, dtype: str):
     """The config instance for ``entry``, or False (warned) if it must not be launched."""
     try:
         config = cls(**entry.fields)
-    except (TypeError, ValueError) as exc:
+    except Exception as exc:  # a config class's own checks may raise anything
         _warn(f"tuned configs: {entry.where} skipped: not a {cls.__name__} ({exc})")
         return False
     space = _space(op, entry.dims, batch_dim, dtype)

@@ -164,8 +164,10 @@ def renamed(args: dict) -> dict:
     return args
 
 
-def validate_scales(k_cache, k_scale, v_scale) -> None:
-    """float32 per-tensor scales, shape (1,), exactly when the cache is float8."""
+def validate_scales(k_cache, k_scale, v_scale, check: bool = True) -> None:
+    """float32 per-tensor scales, shape (1,), exactly when the cache is float8; with ``check``
+    (a device sync) their values too: finite and positive (a zero, negative, infinite or NaN
+    scale turns every cached value into ±FP8_MAX, flips its sign, or makes it NaN)."""
     for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
         if not is_fp8(k_cache):
             if scale is not None:
@@ -181,6 +183,10 @@ def validate_scales(k_cache, k_scale, v_scale) -> None:
             raise ValueError(
                 f"{name}: expected one per-tensor scale, got shape {tuple(scale.shape)}"
             )
+        if check:
+            value = float(scale.reshape(()))
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name}: expected a finite positive scale, got {value!r}")
 
 
 # --- generated inputs ------------------------------------------------------------------------

@@ -255,6 +255,7 @@ def _validate(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, window
     if sinks is not None:
         _check.tensor("sinks", sinks, dtypes=_check.FLOATS, ndim=1, device=q.device)
         _check.same_shape("sinks", sinks, (hq,), "one per query head")
+    _check.integer("mask_block", mask_block)  # a float or a bool is refused even when unused
     if block_mask is not None:
         _check.tensor("block_mask", block_mask, dtypes=_ragged.MASK_DTYPES, ndim=4, device=q.device)
         if block_mask.shape[0] != batch or block_mask.shape[1] not in (1, hq):
@@ -262,7 +263,6 @@ def _validate(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, window
                 f"block_mask: expected shape ({batch}, {hq} or 1, query blocks, key blocks), "
                 f"got {tuple(block_mask.shape)}"
             )
-        _check.integer("mask_block", mask_block)
         if mask_block < 16 or (mask_block & (mask_block - 1)):
             raise ValueError(f"mask_block: expected a power of two ≥ 16, got {mask_block!r}")
     if out is not None:

@@ -118,7 +118,8 @@ def _validate(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, check) -> 
             f"k_cache: expected (num_blocks, block_size, {heads}, {head_dim}) to match k's "
             f"heads and head_dim, got {tuple(k_cache.shape)}"
         )
-    _paged.validate_scales(k_cache, k_scale, v_scale)
+    _check.boolean("check", check)
+    _paged.validate_scales(k_cache, k_scale, v_scale, check)
     _check.tensor(
         "slot_mapping", slot_mapping, dtypes=(torch.int64, torch.int32), ndim=1, device=k.device
     )
@@ -130,6 +131,17 @@ def _validate(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, check) -> 
             raise ValueError(
                 f"slot_mapping: slot {top} is past the cache (num_blocks × block_size = "
                 f"{k_cache.shape[0]} × {k_cache.shape[1]} = {n_slots} slots)"
+            )
+        # Two tokens into one slot: which one lands depends on the order the writes happen in
+        # (the kernel's programs, torch's index_put), so neither path defines it.
+        kept = slot_mapping[slot_mapping >= 0]
+        values, counts = torch.unique(kept, return_counts=True)
+        if bool((counts > 1).any()):
+            slot = int(values[counts > 1][0])
+            tokens_at = (slot_mapping == slot).nonzero().flatten().tolist()
+            raise ValueError(
+                f"slot_mapping: slot {slot} is given to more than one token (tokens "
+                f"{tokens_at[:4]}); each slot takes at most one token per call"
             )
 
 
@@ -209,12 +221,14 @@ def kv_cache_write(
     slot_mapping : int64 or int32 tensor (num_tokens,): slot = block × block_size + offset;
         negative for padding tokens, which write nothing.
     k_scale, v_scale : float32 tensors (1,), the per-tensor scales of a float8 cache (required
-        then, refused otherwise).
-    check : check on the host that no slot is past the cache (a device synchronisation);
-        a serving loop whose slots are known good turns it off. Unchecked, a slot past the
+        then, refused otherwise); finite and positive.
+    check : check on the host that no slot is past the cache, that no slot is given to two
+        tokens, and that the scales are finite and positive (a device synchronisation); a
+        serving loop whose slots are known good turns it off. Unchecked, a slot past the
         cache writes nothing (as padding does): no write lands outside ``k_cache`` and
         ``v_cache``, whatever ``slot_mapping`` holds; the only reads are of ``k``, ``v``,
-        ``slot_mapping`` and the scales.
+        ``slot_mapping`` and the scales; two tokens with one slot leave that slot holding one
+        of them, which one undefined.
 
     Returns ``(k_cache, v_cache)``. Safe for CUDA-graph capture with ``check=False``. Triton
     on CUDA/ROCm; torch on CPU (the interpreter with KERNELAB_INTERPRET=1).

@@ -212,7 +212,6 @@ def _validate(
         raise ValueError(
             f"k_cache: expected a number of KV heads dividing q's {heads_q} heads, got {heads_kv}"
         )
-    _paged.validate_scales(k_cache, k_scale, v_scale)
     _check.tensor("block_tables", block_tables, dtypes=(torch.int32,), ndim=2, device=q.device)
     batch = block_tables.shape[0]
     _check.tensor("seq_lens", seq_lens, dtypes=(torch.int32,), ndim=1, device=q.device)
@@ -226,6 +225,7 @@ def _validate(
     _paged.positive_int("num_splits", num_splits, "split-KV parts")
     _check.boolean("return_lse", return_lse)
     _check.boolean("check", check)
+    _paged.validate_scales(k_cache, k_scale, v_scale, check)
     if sinks is not None:
         _check.tensor("sinks", sinks, dtypes=(torch.float32,), ndim=1, device=q.device)
         _check.same_shape("sinks", sinks, (heads_q,), "one logit per query head")
@@ -438,13 +438,14 @@ def paged_attention(
     num_splits : split-KV parts (None: chosen from shapes; 1: no split).
     return_lse : also return the float32 log-sum-exp (num_tokens, heads_q), natural log.
     out, lse : optional preallocated outputs.
-    check : check cumulative lengths, lengths and block-table entries on the host (a device
-        synchronisation); off in a serving loop, and for CUDA-graph capture. Unchecked, the
-        Triton kernel writes nothing outside ``out`` (and ``lse``) whatever the metadata:
-        a sequence's query rows are clamped to [0, num_tokens) and its length to its
-        block-table row (max_blocks × block_size keys), so it reads only its own row; wrong
-        metadata gives wrong rows, never a write elsewhere. Block-table entries are used as
-        they are: an entry outside the cache reads outside it (garbage, or a fault).
+    check : check cumulative lengths, lengths, block-table entries and the float8 scales
+        (finite, positive) on the host (a device synchronisation); off in a serving loop, and
+        for CUDA-graph capture. Unchecked, the Triton kernel writes nothing outside ``out``
+        (and ``lse``) whatever the metadata: a sequence's query rows are clamped to
+        [0, num_tokens) and its length to its block-table row (max_blocks × block_size keys),
+        so it reads only its own row; wrong metadata gives wrong rows, never a write
+        elsewhere. Block-table entries are used as they are: an entry outside the cache reads
+        outside it (garbage, or a fault).
 
     Returns ``out`` (q's shape and dtype), or ``(out, lse)``. Triton on CUDA/ROCm; torch on CPU
     (the interpreter with KERNELAB_INTERPRET=1). The names ``scale=`` and ``window=`` (W, keys

@@ -81,6 +81,16 @@ def _codes(name: str, q: torch.Tensor, bits: int) -> None:
         )
 
 
+def check_zero_points(name: str, zeros: torch.Tensor) -> None:
+    """int4 zero points are codes too (0..15): the kernels subtract one from codes in int32 and
+    the torch path in the activations' dtype, so a zero point past 15 is no int4 weight and the
+    two disagree on it. Reads the values (a device sync where the tensor is on one)."""
+    if zeros.numel():
+        top = int(zeros.max())
+        if top > 15:
+            raise ValueError(f"{name}: expected int4 zero points in [0, 15], got a {top}")
+
+
 def check_group_size(group_size: int, k: int) -> None:
     _check.integer("group_size", group_size)
     if group_size not in GROUP_SIZES:

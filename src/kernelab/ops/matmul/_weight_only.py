@@ -98,8 +98,9 @@ class WQConfig(gc.TileConfig):
 # --- argument checks and the launch plan ------------------------------------------------------
 
 
-def validate(x, qweight, scales, zeros, group_size, bias, out, bits) -> int:
-    """Arguments of the weight-only GEMMs (``zeros``, ``group_size``: int4 only); returns N."""
+def validate(x, qweight, scales, zeros, group_size, bias, out, bits, check=False) -> int:
+    """Arguments of the weight-only GEMMs (``zeros``, ``group_size``: int4 only); returns N.
+    With ``check`` (a host sync), the int4 zero points' values too."""
     _check.tensor("x", x, dtypes=(torch.float16, torch.bfloat16), ndim=2)
     k = x.shape[1]
     if bits == 4:
@@ -116,6 +117,9 @@ def validate(x, qweight, scales, zeros, group_size, bias, out, bits) -> int:
         _check.same_shape("scales", scales, groups, "K // group_size, N")
         _check.tensor("zeros", zeros, dtypes=(torch.uint8,), ndim=2, device=x.device)
         _check.same_shape("zeros", zeros, groups, "K // group_size, N")
+        _check.boolean("check", check)
+        if check:
+            _packing.check_zero_points("zeros", zeros)
     else:
         _check.tensor("qweight", qweight, dtypes=(torch.int8,), ndim=2, device=x.device)
         if qweight.shape[0] != k:
@@ -142,6 +146,8 @@ def plan(kern, x, qweight, scales, zeros, group_size, bias, out, config, *, bits
     c = out if out is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return LaunchPlan(result=c)
+    if k == 0:  # an empty sum: zeros, plus the bias (as the torch path's addmm); no launch
+        return LaunchPlan(result=c.zero_() if bias is None else c.copy_(bias.expand(m, n)))
     cfg = config or WQConfig.default_for(m, n, k, x.dtype, x.device, bits)
     if bits == 4 and group_size % cfg.block_k:
         raise ValueError(

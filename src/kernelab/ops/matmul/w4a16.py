@@ -28,44 +28,48 @@ WQConfig = _wo.WQConfig
 # --- reference, eager, launcher, public function ----------------------------------------------
 
 
-def w4a16_ref(x, qweight, scales, zeros, group_size, bias=None, out=None):
+def w4a16_ref(x, qweight, scales, zeros, group_size, bias=None, out=None, check=True):
     """x @ dequantized W (+ bias), in x's dtype (exact when given float64)."""
     w = _packing.dequantize_int4(qweight, scales, zeros, group_size, x.dtype)
     y = x @ w if bias is None else x @ w + bias
     return y if out is None else out.copy_(y)
 
 
-def w4a16_torch(x, qweight, scales, zeros, group_size, bias=None, out=None):
+def w4a16_torch(x, qweight, scales, zeros, group_size, bias=None, out=None, check=True):
     """Eager PyTorch: dequantize the weight to x's dtype, then a dense matmul."""
-    _validate(x, qweight, scales, zeros, group_size, bias, out)
+    _validate(x, qweight, scales, zeros, group_size, bias, out, check)
     w = _packing.dequantize_int4(qweight, scales, zeros, group_size, x.dtype)
     y = torch.addmm(bias, x, w) if bias is not None else x @ w
     return y if out is None else out.copy_(y)
 
 
-def _validate(x, qweight, scales, zeros, group_size, bias, out):
-    _wo.validate(x, qweight, scales, zeros, group_size, bias, out, bits=4)
+def _validate(x, qweight, scales, zeros, group_size, bias, out, check=True):
+    _wo.validate(x, qweight, scales, zeros, group_size, bias, out, bits=4, check=check)
 
 
-def _plan(x, qweight, scales, zeros, group_size, bias=None, out=None, config=None):
+def _plan(x, qweight, scales, zeros, group_size, bias=None, out=None, check=True, config=None):
     """The launches of ``_wq_gemm_kernel`` (int4) for these (validated) arguments."""
     return _wo.plan(
         _wq_gemm_kernel, x, qweight, scales, zeros, group_size, bias, out, config, bits=4
     )
 
 
-def w4a16_triton(x, qweight, scales, zeros, group_size, bias=None, out=None, config=None):
+def w4a16_triton(
+    x, qweight, scales, zeros, group_size, bias=None, out=None, check=True, config=None
+):
     """Launch the Triton kernel (natively on GPUs, through the interpreter on CPU tensors)."""
-    _validate(x, qweight, scales, zeros, group_size, bias, out)
-    return _plan(x, qweight, scales, zeros, group_size, bias, out, config).run()
+    _validate(x, qweight, scales, zeros, group_size, bias, out, check)
+    return _plan(x, qweight, scales, zeros, group_size, bias, out, check, config).run()
 
 
-def w4a16_gemm(x, qweight, scales, zeros, group_size, bias=None, out=None):
+def w4a16_gemm(x, qweight, scales, zeros, group_size, bias=None, out=None, check=True):
     """x [M, K] @ int4 weight (kernelab layout, see ``_packing``) (+ bias) → [M, N] in x's
-    dtype. Triton on CUDA/ROCm; torch on CPU (interpreter with KERNELAB_INTERPRET=1)."""
+    dtype; K = 0 gives zeros (+ bias). ``check``: the zero points read on the host, each in the
+    int4 range 0..15 (a device sync; off for weights known good, e.g. from ``quantize_int4``).
+    Triton on CUDA/ROCm; torch on CPU (interpreter with KERNELAB_INTERPRET=1)."""
     if isinstance(x, torch.Tensor) and use_triton(x):
-        return w4a16_triton(x, qweight, scales, zeros, group_size, bias, out)
-    return w4a16_torch(x, qweight, scales, zeros, group_size, bias, out)
+        return w4a16_triton(x, qweight, scales, zeros, group_size, bias, out, check)
+    return w4a16_torch(x, qweight, scales, zeros, group_size, bias, out, check)
 
 
 # --- the declaration ---------------------------------------------------------------------------

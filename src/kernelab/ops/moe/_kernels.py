@@ -63,6 +63,8 @@ def _moe_topk_kernel(
     are chosen among their experts. The weights are the unbiased scores of the chosen experts,
     optionally divided by their sum, times ``scaling``.
 
+    A NaN key ranks as -inf (ties: the lowest expert); the weights keep the scoring's NaN.
+
     Bytes: T·E logits and E float32 biases read, T·TOPK float32 weights and int32 ids written.
     """
     rt = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -90,7 +92,7 @@ def _moe_topk_kernel(
         c = s
         if HAS_BIAS:
             c = s + tl.load(Bias + re * stride_b, mask=e_ok, other=0.0).to(tl.float32)[None, :]
-        c = tl.where(free, c, float("-inf"))
+        c = tl.where(free & (c == c), c, float("-inf"))  # a NaN key ranks as -inf
         if N_GROUP > 1:
             ge = re // group_size  # >= N_GROUP past E
             rg = tl.arange(0, BLOCK_G)
@@ -103,15 +105,19 @@ def _moe_topk_kernel(
                 top2 = tl.max(tl.where(rest, c, float("-inf")), axis=1)
                 scores = tl.where(rg[None, :] == g, (top1 + top2)[:, None], scores)
             keep = free & (re[None, :] < 0)
+            # groups taken so far (and the padding past N_GROUP), as a mask: a taken group's
+            # score set to -inf would still tie with groups scored -inf
+            taken = (rg[None, :] >= N_GROUP) & (rt[:, None] >= 0)
             for _ in tl.static_range(TOPK_GROUP):
-                best_g = tl.max(scores, axis=1)
-                gi = tl.min(tl.where(scores == best_g[:, None], rg[None, :], BLOCK_G), axis=1)
-                scores = tl.where(rg[None, :] == gi[:, None], float("-inf"), scores)
+                best_g = tl.max(tl.where(taken, float("-inf"), scores), axis=1)
+                open_best = ~taken & (scores == best_g[:, None])
+                gi = tl.min(tl.where(open_best, rg[None, :], BLOCK_G), axis=1)
+                taken = taken | (rg[None, :] == gi[:, None])
                 keep = keep | (ge[None, :] == gi[:, None])
             free = free & keep
         key_all = c
     else:
-        key_all = x
+        key_all = tl.where(x == x, x, float("-inf"))  # a NaN logit ranks as -inf
     total = tl.zeros([BLOCK_T], dtype=tl.float32)
     for j in tl.static_range(TOPK):
         key = tl.where(free, key_all, float("-inf"))
@@ -122,8 +128,8 @@ def _moe_topk_kernel(
         free = free & (re[None, :] != idx[:, None])
         if HAS_BIAS or N_GROUP > 1:
             w = tl.sum(tl.where(re[None, :] == idx[:, None], s, 0.0), axis=1)
-        elif SIGMOID:
-            w = tl.sigmoid(best)
+        elif SIGMOID:  # the chosen logit itself (a NaN one ranked as -inf, but weighs NaN)
+            w = tl.sigmoid(tl.sum(tl.where(re[None, :] == idx[:, None], x, 0.0), axis=1))
         else:
             w = tl.exp(best - row_max) / denom
         total += w

@@ -104,9 +104,16 @@ def edge(multiple: int = 16, **params) -> list[Shape]:
     return shapes
 
 
-def topk_select(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """The k largest per row, ties to the lower index (a stable sort), as int64."""
-    return torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :k]
+def topk_select(logits: torch.Tensor, k: int, eligible: torch.Tensor | None = None) -> torch.Tensor:
+    """The k largest per row, ties to the lower index (a stable sort), as int64. A NaN ranks
+    as −inf (tied with it). With ``eligible`` (bool, the logits' shape), every eligible entry
+    ranks above every other, whatever the values (an eligible −inf above an ineligible one)."""
+    key = torch.where(torch.isnan(logits), float("-inf"), logits)
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices
+    if eligible is not None:
+        shut = (~eligible.gather(1, order)).to(torch.int8)
+        order = order.gather(1, torch.sort(shut, dim=-1, stable=True).indices)
+    return order[:, :k]
 
 
 def routing(shape: Shape, device, gen) -> tuple[torch.Tensor, torch.Tensor]:

@@ -184,6 +184,9 @@ def _validate(
     _check_int4("w1", w1_qweight, w1_scales, w1_zeros, h, two_i, e, x, group_size)
     _check_int4("w2", w2_qweight, w2_scales, w2_zeros, i, h, e, x, group_size)
     mc.validate_routing(x, topk_weights, topk_ids, e, check)
+    if check:
+        packing.check_zero_points("w1_zeros", w1_zeros)
+        packing.check_zero_points("w2_zeros", w2_zeros)
     mc.validate_out(out, x, h)
 
 

@@ -26,6 +26,13 @@ sigmoid may differ from the correctly rounded one by an ulp, so two keys within 
 each other can be ordered differently from the reference: a property of float32 routing, which
 transformers shares.
 
+NaN logits (every path, the kernel's included): a NaN selection key (a NaN logit, or the
+score or biased score of one) ranks as −inf, tied with it, so ties go to the lower expert as
+everywhere; the weights are the scoring's own: with softmax a row holding a NaN logit has NaN
+weights throughout (its softmax is NaN), with sigmoid a chosen NaN expert weighs NaN (and,
+renormalised, its whole row). A +inf logit is the largest key (softmax: its row NaN, as
+exp(inf − inf)).
+
 The ladder: ``_moe_topk_kernel`` → ``moe_topk_triton`` (validate, plan, launch) → ``moe_topk``
 (public), with ``moe_topk_ref`` (float64 weights) and ``moe_topk_torch`` (eager) beside it.
 """
@@ -74,13 +81,15 @@ def _select(logits, top_k, scoring, n_group, topk_group, bias):
     key = (torch.softmax(x, dim=-1) if scoring == "softmax" else torch.sigmoid(x)).float()
     if bias is not None:
         key = key + bias.to(torch.float32)
+    key = torch.where(torch.isnan(key), float("-inf"), key)  # a NaN score ranks as −inf
     if n_group > 1:
         t, e = key.shape
         top2 = key.view(t, n_group, e // n_group).sort(dim=-1, descending=True).values
         groups = ms.topk_select(top2[..., 0] + top2[..., 1], topk_group)
         kept = torch.zeros((t, n_group), dtype=torch.bool, device=key.device)
         kept.scatter_(1, groups, True)
-        key = key.masked_fill(~kept.repeat_interleave(e // n_group, dim=1), float("-inf"))
+        # only the kept groups' experts, even where one of them ranks as −inf
+        return ms.topk_select(key, top_k, kept.repeat_interleave(e // n_group, dim=1))
     return ms.topk_select(key, top_k)
 
 
@@ -368,9 +377,11 @@ MOE_TOPK = register(
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
         # The ids are exact (floor 0: any wrong expert fails); the float32 weights within 2x
-        # eager torch's float32 error. Special values are not routed (a NaN logit's row is
-        # NaN in the weights, and which expert it names is not defined).
-        contract=Contract(floors={**DEFAULT_FLOORS, "int32": 0.0}, special_inputs=()),
+        # eager torch's float32 error. NaN and ±inf logits are routed as the module docstring
+        # defines, the same in every path: verify plants them.
+        contract=Contract(
+            floors={**DEFAULT_FLOORS, "int32": 0.0}, special_inputs=("router_logits",)
+        ),
         outputs=("topk_weights", "topk_ids"),
         out_arg=None,
         kernels=(_moe_topk_kernel,),

@@ -204,7 +204,8 @@ def _validate_quant(x, per_token, fp8_dtype, scale, group_size=None, ue8m0=False
     fp8.check_dtype("fp8_dtype", fp8_dtype)
     _check.boolean("ue8m0", ue8m0)
     if group_size is not None:
-        if isinstance(group_size, bool) or group_size not in GROUP_SIZES:
+        _check.integer("group_size", group_size)  # 64.0 is not a group size (it equals 64)
+        if group_size not in GROUP_SIZES:
             raise ValueError(
                 f"group_size: expected None or one of {GROUP_SIZES}, got {group_size!r}"
             )
