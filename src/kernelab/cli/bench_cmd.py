@@ -291,6 +291,8 @@ def register(app: click.Group) -> None:
             elif unrecorded is not None:
                 kept(f"{unrecorded}: {len(result.cases)} case(s) the ledger could not store")
         lost(None)
+        if not result.cases and not result.interrupted:  # selected, but each case skipped
+            failure = "error: nothing was timed: every case selected was skipped (lines above)"
         invalid = [c for c in result.cases if not c["metrics"]["valid"]]
         if as_json:
             emit_json(
