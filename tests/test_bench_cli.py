@@ -341,8 +341,8 @@ def test_bench_shape_sizes_for_an_op_and_label_filters_kept(db_path):
     )
     for value, words in (
         ("rows=3", "--shape: rmsnorm takes sizes ['cols', 'rows'], got ['rows']"),
-        ("rows=0,cols=8", "--shape: expected sizes as name=positive integer"),
-        ("rows=x,cols=8", "--shape: expected sizes as name=positive integer"),
+        ("rows=-1,cols=8", "--shape: expected sizes as name=integer ≥ 0"),
+        ("rows=x,cols=8", "--shape: expected sizes as name=integer ≥ 0"),
     ):
         bad = runner.invoke(app, [*args, "--shape", value])
         assert bad.exit_code == 2 and words in bad.output, bad.output
@@ -350,3 +350,42 @@ def test_bench_shape_sizes_for_an_op_and_label_filters_kept(db_path):
     assert filtered.exit_code == 0, filtered.output
     labels = {c["shape_label"] for c in json.loads(filtered.stdout)["cases"]}
     assert labels and all("decode 1x4096" in x for x in labels)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["rmsnorm", "--shape", "decdoe"], "no representative shape of rmsnorm has a label"),
+        (["paged_attention", "--shape", "decdoe"], "its labels: llama3-8b decode b1 ctx512"),
+        (["rmsnorm", "--dtype", "fp64"], "--dtype: rmsnorm takes float32, float16, bfloat16"),
+        (["rmsnorm", "--variant", "kernelab"], "no variant selected can be timed on cpu"),
+    ],
+)
+def test_a_selection_of_nothing_is_an_error_naming_what_there_is(args, words, db_path):
+    result = runner.invoke(app, ["bench", *args, "--device", "cpu", "--no-ledger"])
+    assert result.exit_code == 2, result.output
+    assert words in result.output.replace("\n", " ")
+    assert "case(s)" not in result.output and "ceilings: " not in result.output  # no work done
+
+
+def test_a_selection_whose_every_case_is_skipped_fails(db_path):
+    args = ["bench", "rmsnorm", *QUICK, "--shapes", "edge", "--shape", "empty", "--no-ledger"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert "not timed: an empty shape" in result.output and "nothing was timed" in result.output
+    sized = runner.invoke(
+        app, ["bench", "rmsnorm", *QUICK, "--no-ledger", "--shape", "rows=0,cols=8"]
+    )
+    assert sized.exit_code == 1 and "empty shape" in sized.output, sized.output
+
+
+def test_a_users_function_without_sizes_is_stored_under_a_key_from_its_inputs(db_path, tmp_path):
+    path = tmp_path / "user_op.py"
+    path.write_text(USER_OP.replace("(16, 96)", "(8, 64)"))
+    args = ["bench", "--candidate", f"{path}:mine", "--reference", f"{path}:ref"]
+    result = runner.invoke(app, [*args, "--inputs", f"{path}:inputs", *QUICK, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    with ledger.open(db_path) as db:
+        (case,) = db.get_run(data["run_id"])["cases"]
+    assert case["shape_key"] == "x=8x64:float32,w=64:float32"

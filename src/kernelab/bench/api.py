@@ -6,7 +6,14 @@ import torch
 
 from kernelab.bench import roofline
 from kernelab.bench.cache import cache_bytes
-from kernelab.bench.runner import BenchConfig, BenchInterrupted, BenchResult, Subject, run
+from kernelab.bench.runner import (
+    BenchConfig,
+    BenchInterrupted,
+    BenchResult,
+    Subject,
+    plan_cases,
+    run,
+)
 from kernelab.bench.telemetry import open_telemetry
 from kernelab.bench.timers import timer_for
 
@@ -101,6 +108,7 @@ def bench(
 
     info = detect(device)
     cfg = cfg or BenchConfig()
+    plan_cases(ops, info.type, cfg, candidate)  # a selection of nothing fails before any work
     note = ""
     if ceilings is None:
         ceilings, note = ceilings_for(info, db, progress=progress, remeasure=remeasure)

@@ -20,9 +20,9 @@ from kernelab.bench import integrity, rotation, threads
 from kernelab.bench.cache import Flush, cache_bytes, tensor_bytes
 from kernelab.bench.roofline import Ceilings, roofline
 from kernelab.bench.shapes import dims_label as dims_label
+from kernelab.bench.shapes import empty_inputs, inputs_key, select_shapes, unmatched
 from kernelab.bench.shapes import explicit_shapes as explicit_shapes
 from kernelab.bench.shapes import parse_dims as parse_dims
-from kernelab.bench.shapes import select_shapes
 from kernelab.bench.stats import StopRule, stable, summarize
 from kernelab.bench.telemetry import NoTelemetry, energy_per_call
 from kernelab.ops._model import dtype_name
@@ -190,11 +190,21 @@ def bench_case(
     """Time every subject on one (shape, dtype); return one case dict per subject timed.
 
     A subject whose first call on the CPU launches a Triton kernel through the interpreter is
-    not timed: a line saying so goes to ``skipped`` (a list), and it has no case."""
+    not timed: a line saying so goes to ``skipped`` (a list), and it has no case. Nor is an
+    empty shape (an input tensor with no elements: there is no work to time)."""
     telemetry = telemetry or NoTelemetry()
     device = "cpu" if info.type == "cpu" else f"cuda:{info.index}"
     rule = cfg.rule or (CPU_RULE if info.type == "cpu" else GPU_RULE)
     inputs = op.inputs(shape, dtype, device, seed=cfg.seed)
+    empty = empty_inputs(inputs)
+    if empty:
+        if skipped is not None:
+            skipped.append(
+                f"{op.name} {shape.label} {dtype_name(dtype)}: not timed: an empty shape "
+                f"({', '.join(empty)} without elements: no work)"
+            )
+        return []
+    shape_key = shape.key or inputs_key(inputs)  # a user's op may have no sizes
     cost = op.cost(inputs)
     ref = integrity.Reference.build(op, inputs, dtype)
     cache_size, cache_source = cache_bytes(info)
@@ -359,7 +369,7 @@ def bench_case(
                 "op": op.name,
                 "variant": run.subject.name,
                 "kind": run.subject.kind,
-                "shape_key": shape.key,
+                "shape_key": shape_key,
                 "shape_label": shape.label,
                 "dtype": dtype_name(dtype),
                 "device": info.key,
@@ -499,6 +509,45 @@ def _fresh_checks(op, shape, dtype, device, runs, timer, cfg) -> None:
         integrity.refill(run.args, run.pristine)
 
 
+def plan_cases(ops, device_type: str, cfg: BenchConfig, candidate=None):
+    """The cases a bench runs, ``[(op, shape, dtype, subjects)]`` in order op → shape → dtype,
+    and the lines saying what was left out. A selection that holds no case (a ``--shape``
+    matching no label, a dtype no op takes, no variant timed here) is a ValueError naming
+    what there is: never an empty run."""
+    notes = []
+    max_rows = cfg.max_rows
+    if max_rows is None and device_type == "cpu":
+        max_rows = CPU_MAX_ROWS
+        notes.append(
+            f"cpu: batch dimension capped at {CPU_MAX_ROWS} (--max-rows 0 for full shapes)"
+        )
+    plan, why = [], []
+    for op in ops:
+        subjects, skipped = subjects_for(op, device_type, cfg, candidate)
+        notes.extend(skipped)
+        dtypes = cfg.dtypes or op.dtypes
+        for dt in dtypes:
+            if dt not in op.dtypes:
+                notes.append(f"{op.name}: does not take {dtype_name(dt)}")
+        shapes = select_shapes(op, cfg, max_rows)
+        takes = [d for d in dtypes if d in op.dtypes]
+        if not shapes and cfg.shapes:
+            why.append(unmatched(op, cfg))
+            notes.append(f"{op.name}: {why[-1]}")
+        elif not takes:
+            names = ", ".join(dtype_name(d) for d in op.dtypes)
+            why.append(f"--dtype: {op.name} takes {names}")
+        elif not subjects:
+            told = "; ".join(skipped) or "it has no variant"
+            why.append(f"{op.name}: no variant selected can be timed on {device_type} ({told})")
+        for shape in shapes if subjects else ():
+            for dt in takes:
+                plan.append((op, shape, dt, subjects))
+    if not plan:
+        raise ValueError(why[0] if len(why) == 1 else "nothing to bench: " + "; ".join(why))
+    return plan, notes
+
+
 def run(
     ops,
     info,
@@ -525,25 +574,8 @@ def run(
             "threads": timer.threads,
         },
     )
-    max_rows = cfg.max_rows
-    if max_rows is None and info.type == "cpu":
-        max_rows = CPU_MAX_ROWS
-        result.skipped.append(
-            f"cpu: batch dimension capped at {CPU_MAX_ROWS} (--max-rows 0 for full shapes)"
-        )
-    plan = []
-    for op in ops:
-        subjects, skipped = subjects_for(op, info.type, cfg, candidate)
-        result.skipped.extend(skipped)
-        if not subjects:
-            continue
-        dtypes = cfg.dtypes or op.dtypes
-        for dt in dtypes:
-            if dt not in op.dtypes:
-                result.skipped.append(f"{op.name}: does not take {dtype_name(dt)}")
-        for shape in select_shapes(op, cfg, max_rows):
-            for dt in (d for d in dtypes if d in op.dtypes):
-                plan.append((op, shape, dt, subjects))
+    plan, notes = plan_cases(ops, info.type, cfg, candidate)
+    result.skipped.extend(notes)
     done = 0
     try:
         for op, shape, dt, subjects in plan:

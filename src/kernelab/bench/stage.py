@@ -45,6 +45,15 @@ def _cell(cases: list[dict]) -> Cell:
     return Cell("pass", text, data)
 
 
+def stage_shapes(op, cpu: bool) -> list:
+    """The shapes the stage benches: on the CPU the first representative ones, rows capped; on
+    a GPU all of them. A size of 0 counts like any other (paged attention's ``window`` 0 is no
+    window); an empty shape is skipped by ``bench_case``, saying so."""
+    if cpu:
+        return [s.reduced(CPU_ROWS) for s in op.shapes("representative")][:CPU_SHAPES]
+    return op.shapes("representative")
+
+
 def stage(ops, device, progress=None, *, variants=None, ledger_url=None) -> StageReport:
     """Cells per op and variant; the timed cases in ``report.cases``, for the ledger."""
     from kernelab.bench.api import ceilings_for, open_ledger
@@ -79,15 +88,10 @@ def stage(ops, device, progress=None, *, variants=None, ledger_url=None) -> Stag
                 rule=CPU_STAGE_RULE, max_rows=CPU_ROWS, energy_window_s=0, variants=names
             )
             dtypes = op.dtypes[:1]
-            shapes = [
-                s.reduced(CPU_ROWS)
-                for s in op.shapes("representative")
-                if all(v > 0 for v in s.dims.values())
-            ][:CPU_SHAPES]
         else:
             cfg = BenchConfig(energy_window_s=0, variants=names)
             dtypes = (torch.bfloat16,) if torch.bfloat16 in op.dtypes else op.dtypes[:1]
-            shapes = [s for s in op.shapes("representative") if all(s.dims.values())]
+        shapes = stage_shapes(op, cpu)
         subjects, skipped = subjects_for(op, device.type, cfg)
         report.skipped.extend(skipped)
         for line in skipped:

@@ -357,6 +357,28 @@ def doing(line: str | None) -> None:
     _KEPT.doing = line
 
 
+def store_run(db, kind: str, cases: list, provenance, label=None, what: str = "case(s)"):
+    """Record a run (:func:`kernelab.ledger.record_or_keep`: the ledger ``db``, a path, a URL
+    or None for the default; a file beside it when the ledger fails) and note what was kept.
+    Returns the :class:`kernelab.ledger.Recorded`; its ``error`` is for the command to print."""
+    from kernelab import ledger
+
+    rec = ledger.record_or_keep(db, kind, cases, provenance, label)
+    if rec.run_id is not None:
+        kept(f"ledger run {rec.run_id}: {len(cases)} {what}")
+    elif rec.path is not None:
+        kept(f"{rec.path}: {len(cases)} {what} the ledger could not store")
+    return rec
+
+
+def unstored(rec) -> None:
+    """After a command's output: a run the ledger could not store (:func:`store_run`) is one
+    line on stderr saying where it is kept, and exit 1."""
+    if rec is not None and rec.error:
+        click.echo(rec.error, err=True)
+        raise click.exceptions.Exit(1)
+
+
 def _interrupted() -> None:
     k = _KEPT
     head = "interrupted" + (f" while {k.doing}" if k.doing else "")

@@ -17,7 +17,6 @@ from kernelab.cli._common import (
     emit_json,
     inputs_option,
     json_option,
-    kept,
     label_option,
     ledger_option,
     lost,
@@ -29,6 +28,7 @@ from kernelab.cli._common import (
     shape_option,
     shape_set_option,
     spinner,
+    store_run,
     user_errors,
     variant_option,
 )
@@ -286,11 +286,9 @@ def register(app: click.Group) -> None:
         run_id, unrecorded, failure = None, None, None
         if db is not None and result.cases:
             run_id, unrecorded, failure = _record(db, info, result, label)
-            if run_id is not None:
-                kept(f"ledger run {run_id}: {len(result.cases)} case(s)")
-            elif unrecorded is not None:
-                kept(f"{unrecorded}: {len(result.cases)} case(s) the ledger could not store")
         lost(None)
+        if not result.cases and not result.interrupted:  # selected, but each case skipped
+            failure = "error: nothing was timed: every case selected was skipped (lines above)"
         invalid = [c for c in result.cases if not c["metrics"]["valid"]]
         if as_json:
             emit_json(
@@ -321,32 +319,16 @@ def register(app: click.Group) -> None:
 
 
 def _record(db, info, result, label):
-    """Store the run in the ledger: (run id, None, None). When the ledger cannot (a full disk,
-    a lost server), the run goes to a JSON file beside it or in the cache folder: (None, that
-    file, the error line to print), or, when no file takes it, (None, None, the error line
-    followed by the run as JSON)."""
-    import orjson
-
+    """Store the run (:func:`store_run`): (run id, None, None) or, when the ledger cannot,
+    (None, the file keeping it or None, the error line to print)."""
     from kernelab import ledger
 
     about = {"config": result.config, "ceilings": result.ceilings}
     if result.interrupted:
         about["interrupted"] = True
     prov = ledger.provenance(info, bench=about)
-    try:
-        run_id = db.record_run(kind="bench", cases=result.cases, provenance=prov, label=label)
-        return run_id, None, None
-    except Exception as exc:  # whatever the ledger's failure, the measurements are kept
-        error = f"{type(exc).__name__}: {exc}"
-    run = {"kind": "bench", "label": label, "provenance": prov, "cases": result.cases}
-    where = f"error: the ledger {db.location} could not store the run ({error})"
-    try:
-        path = ledger.write_unrecorded(db.location, run, error)
-    except OSError as exc:
-        opts = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
-        text = orjson.dumps(run, option=opts, default=str).decode()
-        return None, None, f"{where}; {exc}; the run as JSON:\n{text}"
-    return None, path, f"{where}; the run is kept in {path} ('run': record_run's arguments)"
+    rec = store_run(db, "bench", result.cases, prov, label)
+    return rec.run_id, rec.path, rec.error
 
 
 def bench_sheet(result):

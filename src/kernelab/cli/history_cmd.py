@@ -41,8 +41,20 @@ _CSV_COLUMNS = [
     "tflops",
     "pct_roofline",
     "vs_previous",
+    "verdict",
     "flags",
 ]
+
+
+def verdict(case: dict) -> str | None:
+    """A verify case's outcome, ``pass (0.31×)`` or ``fail: wrong values (4.2×)`` (its worst
+    error over its bound); None for a timed case."""
+    m = case["metrics"]
+    if case["mode"] != "verify" or "passed" not in m:
+        return None
+    ratio = m.get("worst_ratio")
+    tail = f" ({ratio:.2g}×)" if isinstance(ratio, int | float) else f" ({ratio})" if ratio else ""
+    return ("pass" if m["passed"] else f"fail: {m.get('failure_class')}") + tail
 
 
 def history_rows(db, op: str, **filters) -> list[dict]:
@@ -76,6 +88,7 @@ def history_rows(db, op: str, **filters) -> list[dict]:
                 "tflops": m.get("tflops"),
                 "pct_roofline": m.get("pct_roofline"),
                 "vs_previous": (median / prev) if (median and prev) else None,
+                "verdict": verdict(case),
                 "flags": case["flags"],
             }
         )
@@ -154,6 +167,7 @@ def history_sheet(op: str, rows: list[dict]) -> Sheet:
             Col("vs prev", right=True),
             Col("GB/s", right=True, give="drop", step=3),
             Col("% roofline", right=True, give="drop", step=4),
+            Col("verify", give="below", step=2, hide_empty=True),
             Col("label", give="below", step=2, hide_empty=True),
             Col("flags", give="below", step=1, hide_empty=True),
         ],
@@ -173,6 +187,7 @@ def history_sheet(op: str, rows: list[dict]) -> Sheet:
                 fmt.ratio(r["vs_previous"]),
                 fmt.number(r["gbps"]),
                 fmt.percent(r["pct_roofline"]),
+                r["verdict"] or "",
                 r["label"] or "-",
                 ", ".join(r["flags"]),
             )

@@ -16,6 +16,8 @@ from kernelab.cli._common import (
     lost,
     no_ledger_option,
     spinner,
+    store_run,
+    unstored,
     user_errors,
 )
 
@@ -123,10 +125,12 @@ def register(app: click.Group) -> None:
                 profile_dir=profile_dir,
                 max_time_s=max_time,
             )
-        run_id = None if no_ledger else _store(rows, info, ledger_url, label)
+        rec = None if no_ledger else _store(rows, info, ledger_url, label)
+        run_id = rec.run_id if rec is not None else None
         lost(None)
         if as_json:
             emit_json({"device": info.as_dict(), "run_id": run_id, "rows": rows})
+            unstored(rec)
             return
         from kernelab.cli._common import console, echo
 
@@ -138,6 +142,7 @@ def register(app: click.Group) -> None:
                 _print_profile(r)
         if run_id is not None:
             echo((f"stored as run {run_id}", "dim"))
+        unstored(rec)
 
 
 def _pm(spread: dict) -> str:
@@ -280,7 +285,4 @@ def _store(rows, info, url, label=None):
         for r in rows
         if "decode_profile" in r
     ]
-    with ledger.open(url) as db:
-        return db.record_run(
-            kind="model-bench", cases=cases, provenance=ledger.provenance(info), label=label
-        )
+    return store_run(url, "model-bench", cases, ledger.provenance(info), label)

@@ -11,13 +11,14 @@ from kernelab.cli._common import (
     doing,
     emit_json,
     json_option,
-    kept,
     label_option,
     ledger_option,
     lost,
     no_ledger_option,
     select_ops,
     spinner,
+    store_run,
+    unstored,
     user_errors,
     variant_option,
 )
@@ -69,7 +70,8 @@ def register(app: click.Group) -> None:
                 done = ", ".join(r.stage for r in reports)
                 lost(f"the results of the finished stages ({done}): run prints them at the end")
         doing(None)
-        run_id = None if no_ledger else _store(reports, info, ledger_url, label)
+        rec = None if no_ledger else _store(reports, info, ledger_url, label)
+        run_id = rec.run_id if rec is not None else None
         lost(None)
         elapsed = time.perf_counter() - started
         failed = any(r.failed for r in reports)
@@ -101,6 +103,7 @@ def register(app: click.Group) -> None:
             )
         else:
             _print_table(info, selected, reports, elapsed, run_id)
+        unstored(rec)
         if failed:
             raise click.exceptions.Exit(1)
 
@@ -142,20 +145,17 @@ def card_sheet(info, selected, reports, width: int):
     return stacked
 
 
-def _store(reports, info, url: str | None, label: str | None) -> str | None:
-    """The stages' cases (the bench stage's timings) as one ledger run, kind bench."""
+def _store(reports, info, url: str | None, label: str | None):
+    """The stages' cases (the bench stage's timings) as one ledger run, kind bench (or kept
+    beside the ledger: :func:`store_run`); None when there are none."""
     cases = [c for r in reports for c in r.cases]
     if not cases:
         return None
     from kernelab import ledger
 
     bench = next((r.provenance for r in reports if r.cases and r.provenance), {})
-    with ledger.open(url) as db:
-        run_id = db.record_run(
-            kind="bench", cases=cases, provenance=ledger.provenance(info, bench=bench), label=label
-        )
-    kept(f"ledger run {run_id}: {len(cases)} bench case(s)")
-    return run_id
+    prov = ledger.provenance(info, bench=bench)
+    return store_run(url, "bench", cases, prov, label, what="bench case(s)")
 
 
 def _print_table(info, selected, reports, elapsed, run_id=None) -> None:

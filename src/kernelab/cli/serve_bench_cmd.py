@@ -15,6 +15,8 @@ from kernelab.cli._common import (
     lost,
     no_ledger_option,
     spinner,
+    store_run,
+    unstored,
     user_errors,
 )
 
@@ -83,10 +85,12 @@ def register(app: click.Group) -> None:
                 lengths, page_size, num_blocks, max_batch_tokens, patch, interpret, profile_dir,
                 progress=progress,
             )  # fmt: skip
-        run_id = None if no_ledger else _store(result, info, ledger_url, label)
+        rec = None if no_ledger else _store(result, info, ledger_url, label)
+        run_id = rec.run_id if rec is not None else None
         lost(None)
         if as_json:
             emit_json({"device": info.as_dict(), "run_id": run_id, **result})
+            unstored(rec)
             return
         from kernelab.cli._common import console, echo
 
@@ -103,6 +107,7 @@ def register(app: click.Group) -> None:
               f"pages of {result['page_size']}, {result['num_blocks']} blocks", "dim"))  # fmt: skip
         if run_id is not None:
             echo((f"stored as run {run_id}", "dim"))
+        unstored(rec)
 
 
 def _ms(v) -> str:
@@ -173,7 +178,4 @@ def _store(result, info, url, label=None):
         }
         for r in result["runs"]
     ]
-    with ledger.open(url) as db:
-        return db.record_run(
-            kind="serve-bench", cases=cases, provenance=ledger.provenance(info), label=label
-        )
+    return store_run(url, "serve-bench", cases, ledger.provenance(info), label)

@@ -14,12 +14,17 @@ from kernelab.cli._common import (
     emit_json,
     inputs_option,
     json_option,
+    label_option,
+    ledger_option,
     lost,
     max_rows_option,
+    no_ledger_option,
     op_option,
     reference_option,
     shape_set_option,
     spinner,
+    store_run,
+    unstored,
     user_errors,
     variant_option,
 )
@@ -81,6 +86,9 @@ def register(app: click.Group) -> None:
         "--audit", is_flag=True, help="Check that null kernels fail for every op (the contracts)."
     )
     @click.option("--show", default=10, help="Failing cases to detail.")
+    @label_option
+    @no_ledger_option()
+    @ledger_option
     @json_option
     @user_errors
     def verify_command(
@@ -98,6 +106,9 @@ def register(app: click.Group) -> None:
         inputs,
         audit,
         show,
+        label,
+        no_ledger,
+        ledger_url,
         as_json,
     ):
         """Check variants (or your kernel) against the float64 reference, the hard way.
@@ -117,7 +128,7 @@ def register(app: click.Group) -> None:
             from kernelab.verify._runner import new_seed
 
             seed = new_seed()
-        lost(f"the cases checked so far: verify stores nothing; repeat with --seed {seed}")
+        lost(f"the cases checked so far (stored when all are done); repeat with --seed {seed}")
         if device is not None:
             from kernelab.hardware import detect
 
@@ -157,14 +168,63 @@ def register(app: click.Group) -> None:
                     cap=cap,
                     **common,
                 )
+        if not audit and not report.cases:
+            told = "; ".join(dict.fromkeys(report.skipped)) or "no case"
+            raise ValueError(f"verify: nothing selected can be checked here ({told})")
+        rec = None
+        if not audit and not no_ledger:
+            again = repeat_command(ops, variant, shapes, dtype, device, trials, max_rows,
+                                   candidate, op, reference, inputs, seed)  # fmt: skip
+            rec = _record(report, label, ledger_url, again)
+        run_id = rec.run_id if rec is not None else None
         if as_json:
-            emit_json(report.as_dict())
+            unrecorded = None if rec is None or rec.path is None else str(rec.path)
+            emit_json({**report.as_dict(), "run_id": run_id, "unrecorded": unrecorded})
         elif audit:
             _print_audit(report)
         else:
             _print_report(report, show)
+            if run_id is not None:
+                from kernelab.cli._common import echo
+
+                echo((f"ledger run {run_id} (kernelab report {run_id} --kind verify)", "dim"))
+        unstored(rec)
         if not report.passed:
             raise click.exceptions.Exit(1)
+
+
+def repeat_command(ops, variants, shape_sets, dtypes, device, trials, max_rows, candidate, op,
+                   reference, inputs, seed) -> str:  # fmt: skip
+    """The command that repeats a verify run exactly (the same selection and seed)."""
+    parts = ["kernelab", "verify", *ops]
+    for flag, values in (("--variant", variants), ("--shapes", shape_sets), ("--dtype", dtypes)):
+        parts += [f"{flag} {v}" for v in values]
+    for flag, value in (
+        ("--device", device),
+        ("--trials", trials),
+        ("--max-rows", max_rows),
+        ("--candidate", candidate),
+        ("--op", op),
+        ("--reference", reference),
+        ("--inputs", inputs),
+        ("--seed", seed),
+    ):
+        if value is not None:
+            parts.append(f"{flag} {value}")
+    return " ".join(parts)
+
+
+def _record(report, label, ledger_url, repeat: str):
+    """The run into the ledger, every case with its verdict, error, bound and seed (or kept
+    beside the ledger when it cannot take it)."""
+    from kernelab import ledger
+    from kernelab.hardware import detect
+    from kernelab.verify import ledger_cases, run_provenance
+
+    info = detect(report.device)
+    cases = ledger_cases(report, info.key)
+    prov = ledger.provenance(info, **run_provenance(report, repeat=repeat))
+    return store_run(ledger_url, "verify", cases, prov, label)
 
 
 def _ratio(r: float) -> str:

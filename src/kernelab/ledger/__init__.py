@@ -16,7 +16,7 @@ from kernelab.ledger._sqlite import LedgerError, SQLiteBackend
 from kernelab.ledger.provenance import git_info, provenance
 from kernelab.ledger.schema import SCHEMA_VERSION
 from kernelab.ledger.store import Ledger, pack_samples, unpack_samples
-from kernelab.ledger.unrecorded import write_unrecorded
+from kernelab.ledger.unrecorded import Recorded, record_or_keep, write_unrecorded
 
 
 def default_path() -> Path:
@@ -62,11 +62,13 @@ __all__ = [
     "SCHEMA_VERSION",
     "Ledger",
     "LedgerError",
+    "Recorded",
     "default_path",
     "git_info",
     "open",
     "pack_samples",
     "provenance",
+    "record_or_keep",
     "unpack_samples",
     "write_unrecorded",
 ]

@@ -1,4 +1,5 @@
-"""Runs the ledger could not store (a full disk, a lost server), kept as JSON files.
+"""Runs the ledger could not store (a full disk, a lost server), kept as JSON files, and
+:func:`record_or_keep`, the one place commands record a run: in the ledger, else in a file.
 
 A file holds ``{"schema", "ledger", "error", "saved", "run"}``; ``run`` is the arguments of
 :meth:`kernelab.ledger.Ledger.record_run` (``kind``, ``label``, ``provenance``, ``cases`` with
@@ -14,6 +15,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -70,3 +72,67 @@ def write_unrecorded(location: str, run: Mapping, error: str) -> Path:
                 with contextlib.suppress(OSError):
                     path.unlink()
     raise OSError(f"could not write the run anywhere: {'; '.join(failures)}")
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """Where a run went: ``run_id`` when the ledger stored it; else ``path``, the file that
+    keeps it (None when no file could take it either), and ``error``, the line to print (the
+    ledger's failure, where the run is kept, or the run itself as JSON)."""
+
+    run_id: str | None
+    path: Path | None = None
+    error: str | None = None
+
+    @property
+    def stored(self) -> bool:
+        return self.run_id is not None
+
+
+def record_or_keep(
+    db, kind: str, cases: list, provenance: Mapping, label: str | None = None, write=None
+) -> Recorded:
+    """Store a run in the ledger ``db`` (a Ledger, or a path or URL to open; None: the
+    default), or, when the ledger cannot take it (cannot be opened, a full disk, a lost
+    server), keep it as a file (:func:`write_unrecorded`) and say where. ``write(db)`` stores
+    it in place of ``db.record_run`` (a sweep's task write) and returns the run id.
+
+    The one way a command records a run: whatever the ledger's failure, the measurements
+    survive it."""
+    run = {"kind": kind, "label": label, "provenance": dict(provenance), "cases": list(cases)}
+    location, opened = _location(db), None
+    try:
+        if db is None or isinstance(db, str | Path):
+            from kernelab import ledger
+
+            db = opened = ledger.open(db)
+            location = db.location
+        run_id = write(db) if write is not None else db.record_run(**run)
+        return Recorded(run_id)
+    except Exception as exc:  # whatever the failure, the run is kept
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if opened is not None:
+            with contextlib.suppress(Exception):
+                opened.close()
+    where = f"error: the ledger {location} could not store the {kind} run ({error})"
+    try:
+        path = write_unrecorded(location, run, error)
+    except OSError as exc:
+        opts = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+        text = orjson.dumps(run, option=opts, default=_jsonable).decode()
+        return Recorded(None, None, f"{where}; {exc}; the run as JSON:\n{text}")
+    return Recorded(
+        None, path, f"{where}; the run is kept in {path} ('run': record_run's arguments)"
+    )
+
+
+def _location(db) -> str:
+    """The ledger's path or URL, for the messages and the file beside it."""
+    if db is None:
+        from kernelab import ledger
+
+        return _flags.ledger_url() or str(ledger.default_path())
+    if isinstance(db, str | Path):
+        return str(db)
+    return str(getattr(db, "location", db))

@@ -156,7 +156,7 @@ def _dtype(name: str):
 
 
 def _verify(task: Task) -> dict:
-    from kernelab.verify import verify
+    from kernelab.verify import ledger_cases, run_provenance, verify
 
     params = orjson.loads(task.params)
     device = _device(task)
@@ -170,33 +170,9 @@ def _verify(task: Task) -> dict:
         seed=params["seed"],
         **kw,
     )
-    cases = []
-    for c in report.cases:
-        d = c.as_dict()
-        cases.append(
-            {
-                "op": c.op,
-                "variant": c.variant,
-                "shape_key": c.shape_key,
-                "shape_label": c.shape,
-                "dtype": c.dtype,
-                "device": task.target,
-                "mode": "verify",
-                "metrics": {
-                    "passed": c.passed,
-                    "failure_class": c.failure_class,
-                    "worst_ratio": d["worst_ratio"],
-                    "result": d,
-                },
-                "flags": c.classes,
-            }
-        )
+    cases = ledger_cases(report, task.target)
     failed = sum(not c.passed for c in report.cases)
-    prov = _provenance(
-        device,
-        task,
-        verify={"seed": report.seed, "trials": report.trials, "skipped": report.skipped},
-    )
+    prov = _provenance(device, task, **run_provenance(report))
     return {
         "kind": "verify",
         "cases": cases,

@@ -38,6 +38,7 @@ runs only when asked for by name.
 
 from kernelab.verify._audit import NULLS, audit
 from kernelab.verify._custom import verify_custom
+from kernelab.verify._record import ledger_cases, run_provenance
 from kernelab.verify._runner import DEFAULT_TRIALS, verify, verify_candidate
 from kernelab.verify._stage import stage
 from kernelab.verify._types import CLASSES, AuditEntry, CaseResult, Failure, Measure, Report
@@ -52,6 +53,8 @@ __all__ = [
     "Measure",
     "Report",
     "audit",
+    "ledger_cases",
+    "run_provenance",
     "stage",
     "verify",
     "verify_candidate",
