@@ -231,7 +231,12 @@ def candidate_option(help: str | None = None):
 
 
 def op_option(help: str | None = None):
-    return _shared("op", "--op", help=help or "The registered op a --candidate implements.")
+    return _shared(
+        "op",
+        "--op",
+        callback=op_names,
+        help=help or "The registered op a --candidate implements.",
+    )
 
 
 def reference_option(help: str | None = None):
@@ -299,19 +304,32 @@ def __getattr__(name: str) -> Console:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def versions(device: str | None = None) -> dict[str, str]:
-    import torch
-    import triton
+def package_version(name: str) -> str:
+    """The version of an installed package: the module's own where it is loaded already, else
+    its distribution's metadata (no import: torch alone takes seconds); "not installed"."""
+    module = sys.modules.get(name)
+    if module is not None and isinstance(getattr(module, "__version__", None), str):
+        return module.__version__
+    from importlib import metadata
 
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def versions(device: str | None = None) -> dict[str, str]:
+    """kernelab's, torch's, triton's and python's versions and the device, importing neither
+    torch nor Triton where the device is known to be the CPU without them."""
     import kernelab
     from kernelab.hardware import detect
 
-    info = detect(device)
+    info = detect(device, quick=True)
     dev = info.name if info.type == "cpu" else f"{info.name} ({info.arch}, {info.sm_count} SMs)"
     return {
         "kernelab": kernelab.__version__,
-        "torch": torch.__version__,
-        "triton": triton.__version__,
+        "torch": package_version("torch"),
+        "triton": package_version("triton"),
         "python": platform.python_version(),
         "device": f"{info.type}: {dev}",
     }
@@ -413,8 +431,37 @@ def user_errors(fn: Callable) -> Callable:
     return wrapper
 
 
+def check_op_names(names, argument: str = "op") -> None:
+    """Refuse an unknown op name before anything heavy loads (the ops' catalogue, no torch):
+    a ValueError naming ``argument``, the ops, and the closest of them (did you mean)."""
+    from kernelab._suggest import unknown_name
+    from kernelab.cli._catalog import op_names as known
+
+    ops = known()
+    for name in names:
+        if name not in ops:
+            raise unknown_name(argument, name, ops)
+
+
+def op_names(ctx, param, value):
+    """Click callback for an argument or option of op names (one, several, comma lists):
+    refuses an unknown one at once (exit 2, did you mean); the value passes unchanged."""
+    if value is None or ctx.resilient_parsing:
+        return value
+    label = param.opts[0] if isinstance(param, click.Option) else "op"
+    try:
+        check_op_names(_names(value), label)
+    except ValueError as exc:
+        echo(("error:", "bold red"), f" {exc}", err=True, soft_wrap=True)
+        raise click.exceptions.Exit(2) from None
+    return value
+
+
 def select_ops(names: list[str] | None):
-    """Ops by name (all when none given); an unknown name is an error naming the choices."""
+    """Ops by name (all when none given); an unknown name is an error naming the choices and
+    the closest of them, refused before the ops are imported."""
+    if names:
+        check_op_names(names)
     from kernelab import ops
 
     if not names:

@@ -22,6 +22,7 @@ from kernelab.cli._common import (
     lost,
     max_rows_option,
     no_ledger_option,
+    op_names,
     op_option,
     reference_option,
     select_ops,
@@ -95,7 +96,7 @@ def _us(x) -> str:
 
 def register(app: click.Group) -> None:
     @app.command("bench")
-    @click.argument("ops", nargs=-1)
+    @click.argument("ops", nargs=-1, callback=op_names)
     @device_option()
     @shape_set_option()
     @shape_option(

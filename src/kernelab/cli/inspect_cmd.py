@@ -15,6 +15,7 @@ from kernelab.cli._common import (
     emit_json,
     json_option,
     kept,
+    op_names,
     plain_progress,
     select_ops,
     target_option,
@@ -26,7 +27,7 @@ _SEV = {"error": "bold red", "warn": "yellow", "info": "cyan"}
 
 def register(app: click.Group) -> None:
     @app.command("inspect")
-    @click.argument("ops", nargs=-1)
+    @click.argument("ops", nargs=-1, callback=op_names)
     @target_option(
         "Comma-separated: sm_80,sm_90,sm_100,gfx942 (Triton kernels), tpu_v5e,tpu_v6e,tpu7x "
         "(Pallas calls, lowered to Mosaic); default: all."

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import click
 
-from kernelab.cli._common import device_option, emit_json, json_option, select_ops, user_errors
+from kernelab.cli import _catalog
+from kernelab.cli._common import (
+    check_op_names,
+    device_option,
+    emit_json,
+    json_option,
+    op_names,
+    select_ops,
+    user_errors,
+)
 
 
 def _kind(value) -> str:
@@ -88,7 +97,20 @@ def _example(op, args: list[dict]) -> str:
     return "\n".join(body)
 
 
-def describe(device_type: str, names=None) -> list[dict]:
+def op_row(op) -> dict:
+    """What ``kernelab ops`` says of an op, its variants aside."""
+    return {
+        "op": op.name,
+        "description": op.description,
+        "dtypes": [str(d).removeprefix("torch.") for d in op.dtypes],
+        "inplace": list(op.contract.inplace),
+        "outputs": list(op.outputs),
+        "shape_sets": {name: len(op.shapes(name)) for name in op.shape_sets},
+    }
+
+
+def registry_rows(device_type: str, names=None) -> list[dict]:
+    """The rows of ``kernelab ops`` from the registry (imports every op, torch and Triton)."""
     rows = []
     for op in select_ops(names):
         variants = []
@@ -103,23 +125,21 @@ def describe(device_type: str, names=None) -> list[dict]:
                     "description": v.description,
                 }
             )
-        rows.append(
-            {
-                "op": op.name,
-                "description": op.description,
-                "dtypes": [str(d).removeprefix("torch.") for d in op.dtypes],
-                "inplace": list(op.contract.inplace),
-                "outputs": list(op.outputs),
-                "shape_sets": {name: len(op.shapes(name)) for name in op.shape_sets},
-                "variants": variants,
-            }
-        )
+        rows.append({**op_row(op), "variants": variants})
     return rows
+
+
+def describe(device_type: str, names=None) -> list[dict]:
+    """The rows of ``kernelab ops``: from the stored catalogue where it can tell for this
+    machine (no torch), else from the registry; an unknown name is a ValueError."""
+    check_op_names(names or ())
+    rows = _catalog.rows(device_type, names)
+    return rows if rows is not None else registry_rows(device_type, names)
 
 
 def register(app: click.Group) -> None:
     @app.command("ops")
-    @click.argument("op", required=False)
+    @click.argument("op", required=False, callback=op_names)
     @device_option(
         "Device to judge availability on (default: the accelerator if present, else cpu)."
     )
@@ -132,9 +152,9 @@ def register(app: click.Group) -> None:
         """
         from kernelab.hardware import detect
 
-        info = detect(device)
+        info = detect(device, quick=True)
         rows = describe(info.type, [op] if op else None)
-        calling = calling_convention(select_ops([op])[0]) if op else None
+        calling = _catalog.calling(op) if op else None
         if as_json:
             emit_json({"device": info.as_dict(), "ops": rows, "calling": calling})
             return

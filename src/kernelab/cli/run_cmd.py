@@ -15,6 +15,7 @@ from kernelab.cli._common import (
     ledger_option,
     lost,
     no_ledger_option,
+    op_names,
     select_ops,
     spinner,
     store_run,
@@ -29,7 +30,7 @@ _STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow", "info": "cyan"}
 
 def register(app: click.Group) -> None:
     @app.command("run")
-    @click.argument("ops", nargs=-1)
+    @click.argument("ops", nargs=-1, callback=op_names)
     @device_option()
     @variant_option(
         "Variant(s) to verify and time, repeatable or comma-separated (default: all that run "

@@ -17,6 +17,7 @@ from kernelab.cli._common import (
     kept,
     ledger_option,
     max_rows_option,
+    op_names,
     plain_progress,
     shape_option,
     shape_set_option,
@@ -189,7 +190,7 @@ def register(app: click.Group) -> None:
         "kind", required=False, type=click.Choice(["inspect", "verify", "bench", "tune", "floors"])
     )
     @click.option("--spec", "spec_file", help="A spec file (.toml or .json); flags add to it.")
-    @click.option("--ops", help="Comma-separated op names (default: all).")
+    @click.option("--ops", callback=op_names, help="Comma-separated op names (default: all).")
     @variant_option()
     @shape_set_option(multiple=True, help="Shape set(s): representative, edge (repeatable).")
     @shape_option()

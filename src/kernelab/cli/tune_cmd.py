@@ -12,6 +12,7 @@ from kernelab.cli._common import (
     emit_json,
     json_option,
     kept,
+    op_names,
     select_ops,
     shape_set_option,
     spinner,
@@ -22,7 +23,7 @@ from kernelab.cli._common import (
 
 def register(app: click.Group) -> None:
     @app.command("tune")
-    @click.argument("op", required=False)
+    @click.argument("op", required=False, callback=op_names)
     @shape_set_option()
     @dtype_option(multiple=False, default="bfloat16", help="bf16, fp16 or fp32 (any spelling).")
     @device_option()

@@ -19,6 +19,7 @@ from kernelab.cli._common import (
     lost,
     max_rows_option,
     no_ledger_option,
+    op_names,
     op_option,
     reference_option,
     shape_set_option,
@@ -56,7 +57,7 @@ def _check_options(ops, candidate, op, reference, inputs, audit, shapes) -> None
 
 def register(app: click.Group) -> None:
     @app.command("verify")
-    @click.argument("ops", nargs=-1)
+    @click.argument("ops", nargs=-1, callback=op_names)
     @variant_option(
         "Variant(s) to verify, repeatable or comma-separated (default: all that run here, "
         "except compile on CPU)."

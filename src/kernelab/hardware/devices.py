@@ -14,6 +14,7 @@ import contextlib
 import os
 import platform
 import re
+import sys
 from dataclasses import dataclass, field
 
 TB = 1e12
@@ -270,8 +271,38 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def detect(device: str | None = None) -> DeviceInfo:
-    """Describe ``device`` ("cpu", "cuda", "cuda:1"; default: the accelerator if any)."""
+#: Device nodes a CUDA or ROCm device needs on Linux, one at least: NVIDIA's driver, AMD's KFD,
+#: WSL's GPU paravirtualisation.
+_ACCELERATOR_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
+
+
+def accelerator_possible() -> bool:
+    """Whether torch might see a CUDA/ROCm device here. False only where that is known without
+    importing torch: Linux with none of the device nodes a GPU driver makes."""
+    if not sys.platform.startswith("linux"):
+        return True
+    return any(os.path.exists(p) for p in _ACCELERATOR_NODES)
+
+
+def _cpu_info(threads: int) -> DeviceInfo:
+    mem = 0.0
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    return DeviceInfo(
+        "cpu", _cpu_name(), "cpu", "cpu", os.cpu_count() or 1, mem, None, threads=threads
+    )
+
+
+def detect(device: str | None = None, *, quick: bool = False) -> DeviceInfo:
+    """Describe ``device`` ("cpu", "cuda", "cuda:1"; default: the accelerator if any).
+
+    ``quick``: where the answer is the CPU and that is known without torch (``device`` "cpu",
+    or none given and no accelerator possible), do not import torch for it; ``threads`` is
+    then 0 (unknown) unless torch is loaded already. Commands that run no kernel use it.
+    """
+    if quick and (device == "cpu" or (device is None and not accelerator_possible())):
+        torch = sys.modules.get("torch")
+        return _cpu_info(torch.get_num_threads() if torch is not None else 0)
     import torch
 
     if device is None:
@@ -281,19 +312,7 @@ def detect(device: str | None = None) -> DeviceInfo:
     except (RuntimeError, TypeError):
         raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}") from None
     if dev.type == "cpu":
-        mem = 0.0
-        with contextlib.suppress(ValueError, OSError, AttributeError):
-            mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
-        return DeviceInfo(
-            "cpu",
-            _cpu_name(),
-            "cpu",
-            "cpu",
-            os.cpu_count() or 1,
-            mem,
-            None,
-            threads=torch.get_num_threads(),
-        )
+        return _cpu_info(torch.get_num_threads())
     if dev.type != "cuda":
         raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}")
     if not torch.cuda.is_available():

@@ -2,7 +2,8 @@
 moe), each op declared once through the op model (``_model``) in one module of its family;
 what families share lives in ``_runtime``.
 
-Adding an op: one module in its family's folder, one test file, one export line below.
+Adding an op: one module in its family's folder, one test file, one export line below; then
+``python -m kernelab.cli._catalog`` (the ops' catalogue that torch-free commands read).
 """
 
 from kernelab.ops._model import (

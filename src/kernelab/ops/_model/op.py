@@ -81,6 +81,10 @@ class Op:
             raise TypeError(f"sampling: expected a Sampling, got {type(sampling).__name__}")
         self.sampling = sampling
         self.variants: dict[str, Variant] = {}
+        #: Every variant declared, in order, including external ones whose package is not
+        #: installed (those are not in ``variants``): what a listing made once for every
+        #: machine names (``kernelab ops`` reads one, ``kernelab.cli._catalog``).
+        self.declared_variants: list[Variant] = []
 
     def _planned_launches(self, shape: Shape, dtype: torch.dtype, config=None) -> list[Launch]:
         # Meta tensors: shapes, strides and dtypes of the real inputs, nothing allocated.
@@ -96,6 +100,7 @@ class Op:
                 f"variant: op {self.name!r} already has a variant named {variant.name!r}"
             )
         self.variants[variant.name] = variant
+        self.declared_variants.append(variant)
         return variant
 
     def add_torch(self, fn: Callable[..., Any], *, compile: bool = True) -> None:
@@ -136,6 +141,10 @@ class Op:
         )
         if variant.installed():
             self.add_variant(variant)
+        elif any(v.name == name for v in self.declared_variants):
+            raise ValueError(f"variant: op {self.name!r} already has a variant named {name!r}")
+        else:
+            self.declared_variants.append(variant)
 
     def shapes(self, shape_set: str) -> list[Shape]:
         if shape_set not in self.shape_sets:

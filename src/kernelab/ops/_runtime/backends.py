@@ -8,7 +8,9 @@ An op says *what* it computes; a backend says *how it runs*. Every :class:`Varia
 - ``targets``: the names static analysis can compile for (empty: nothing to compile);
 - ``compile(launch, target)``: compile one launch for a target without the device, returning
   text artifacts and small numbers (picklable) that ``kernelab.inspect`` reads;
-- ``version()``: the compiler's version, part of inspect's cache key.
+- ``version()``: the compiler's version, part of inspect's cache key;
+- ``requires`` (optional): the packages whose presence ``runs_on`` depends on, so that a
+  listing made without them (``kernelab ops``'s catalogue) knows when to ask again.
 
 Adding a backend is one adapter registered with :func:`register_backend` (a duplicate name is
 an error): its variants then pass through verify and bench unchanged, and inspect compiles its
@@ -206,6 +208,8 @@ class Pallas:
 
     name = "pallas"
     targets = ("tpu_v5e", "tpu_v6e", "tpu7x")
+    #: The packages whose presence ``runs_on`` depends on (``pallas.available`` looks for them).
+    requires = ("jax", "jaxlib")
 
     def runs_on(self, device_type: str) -> tuple[bool, str]:
         from kernelab.ops._runtime import pallas

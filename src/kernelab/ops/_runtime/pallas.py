@@ -91,7 +91,9 @@ class PallasRace(PallasError):
 
 def available() -> tuple[bool, str]:
     """Whether jax (with Pallas) can be imported here, and if not, why; imports nothing."""
-    for name in ("jax", "jaxlib"):
+    from kernelab.ops._runtime.backends import Pallas
+
+    for name in Pallas.requires:
         try:
             found = importlib.util.find_spec(name) is not None
         except (ImportError, ValueError) as exc:  # a finder that refuses the name

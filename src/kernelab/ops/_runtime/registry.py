@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+from kernelab._suggest import unknown_name
+
 T = TypeVar("T")
 
 
@@ -16,7 +18,8 @@ def add(table: dict[str, T], name: str, value: T, what: str) -> T:
 
 
 def lookup(table: dict[str, T], name: str, argument: str, expected: str = "") -> T:
-    """The value under ``name``; a ValueError naming ``argument`` and the registered names."""
+    """The value under ``name``; a ValueError naming ``argument``, the registered names and the
+    closest of them."""
     if name not in table:
-        raise ValueError(f"{argument}: expected {expected}one of {sorted(table)}, got {name!r}")
+        raise unknown_name(argument, name, table, expected)
     return table[name]
