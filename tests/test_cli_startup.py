@@ -207,3 +207,20 @@ def test_a_misspelt_op_is_refused_before_torch_loads(args, label, tmp_path):
     assert rc == 2 and loaded == []
     assert f"{label}: expected one of" in err and "did you mean 'rmsnorm'?" in err
     assert "Traceback" not in err
+
+
+def test_a_changed_op_module_makes_the_catalogue_from_the_registry(monkeypatch):
+    """An op added (or changed) since the catalogue was written is never refused: the stored
+    digest of the op modules no longer matches, so the registry answers."""
+    _catalog.load.cache_clear()
+    try:
+        assert _catalog.load()["sources"] == _catalog.sources_digest()  # committed: fresh
+        monkeypatch.setattr(_catalog, "sources_digest", lambda: "changed")
+        _catalog.load.cache_clear()
+        built = []
+        real = _catalog.build
+        monkeypatch.setattr(_catalog, "build", lambda: built.append(1) or real())
+        names = _catalog.op_names()
+        assert built == [1] and "rmsnorm" in names
+    finally:
+        _catalog.load.cache_clear()

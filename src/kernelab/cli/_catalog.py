@@ -3,7 +3,9 @@ seconds to load): every op, its declared variants and its calling convention, ma
 registry once and stored in ``kernelab/data/ops_catalog.json``.
 
 A test rebuilds the catalogue from the registry and fails where the stored one differs, so it
-cannot drift from the ops; ``python -m kernelab.cli._catalog`` rewrites it.
+cannot drift from the ops; ``python -m kernelab.cli._catalog`` rewrites it. It stores a digest
+of the op modules' text: where they changed since (a new op, a variant added), the catalogue
+is made from the registry instead, at the registry's cost, until it is rewritten.
 
 What depends on the machine is decided when asked, as the registry decides it: an external
 variant is listed only where its package is installed, and whether a variant runs on a device
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib.machinery
 import importlib.util
 import sys
@@ -30,10 +33,27 @@ PATH = Path(__file__).resolve().parent.parent / "data" / "ops_catalog.json"
 DEVICE_TYPES = ("cpu", "cuda")
 
 
+#: The op modules the catalogue is made from (their digest is stored with it).
+OPS_DIR = Path(__file__).resolve().parent.parent / "ops"
+
+
+def sources_digest() -> str:
+    """Digest of every op module's name and text (a few milliseconds: no import)."""
+    h = hashlib.sha256()
+    for path in sorted(OPS_DIR.rglob("*.py")):
+        h.update(path.relative_to(OPS_DIR).as_posix().encode() + b"\0")
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 @functools.cache
 def load() -> dict:
-    """The stored catalogue."""
-    return orjson.loads(PATH.read_bytes())
+    """The stored catalogue, or, where an op module changed since it was made (a new op not
+    yet in it), one made from the registry now: never a name refused that the registry has."""
+    stored = orjson.loads(PATH.read_bytes())
+    if stored.get("sources") != sources_digest():
+        return build()
+    return stored
 
 
 def op_names() -> list[str]:
@@ -110,6 +130,7 @@ def build() -> dict:
             return {t: list(backend.runs_on(t)) for t in DEVICE_TYPES}
 
     return {
+        "sources": sources_digest(),
         "backends": {
             b.name: {
                 "requires": list(getattr(b, "requires", ())),
