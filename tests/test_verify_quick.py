@@ -92,3 +92,12 @@ def test_the_repeat_command_repeats_the_cases_inputs():
 
     again = json.loads(result.stdout)["cases"]
     assert [c["trials"] for c in again] == [c.trials for c in first.cases]
+
+
+def test_the_quick_tier_takes_the_dtypes_asked_for_in_turn():
+    report = verify(
+        "rmsnorm", variants=["torch"], device="cpu", seed=1, tier="quick", dtypes=["float16"]
+    )
+    want = quick_cases(get("rmsnorm"), ["representative", "edge"], "cpu", None)
+    assert len(report.cases) == len(want)
+    assert {c.dtype for c in report.cases} == {"float16"}

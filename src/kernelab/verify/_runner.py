@@ -130,8 +130,10 @@ def _elements(op: Op, shape) -> int:
     return sum(v.numel() for v in inputs.values() if isinstance(v, torch.Tensor))
 
 
-def quick_cases(op: Op, shape_sets, device, cap: int | None) -> list[tuple]:
-    """(shape set, shape, dtype) of the quick tier (``TIERS``), in the order they run."""
+def quick_cases(op: Op, shape_sets, device, cap: int | None, dtypes=None) -> list[tuple]:
+    """(shape set, shape, dtype) of the quick tier (``TIERS``), in the order they run; the
+    dtypes (default: the op's) taken in turn over the shapes."""
+    dtypes = list(op.dtypes if dtypes is None else dtypes)
     cases, turn = [], 0
     for shape_set in shape_sets:
         shapes = shapes_for(op, shape_set, device, cap)
@@ -140,7 +142,7 @@ def quick_cases(op: Op, shape_sets, device, cap: int | None) -> list[tuple]:
             ends = {by_size[0].key, by_size[-1].key}
             shapes = [s for s in shapes if s.key in ends]
         for shape in shapes:
-            cases.append((shape_set, shape, op.dtypes[turn % len(op.dtypes)]))
+            cases.append((shape_set, shape, dtypes[turn % len(dtypes)]))
             turn += 1
     return cases
 
@@ -210,10 +212,8 @@ def _run_subject(
     launches = interpreted_launches()
     dtypes = list(dtypes)
     quick = None
-    if tier == "quick" and shapes is None:
-        quick = {
-            (n, sh.key): d for n, sh, d in quick_cases(op, shape_sets, device, cap) if d in dtypes
-        }
+    if tier == "quick" and shapes is None and dtypes:
+        quick = {(n, sh.key): d for n, sh, d in quick_cases(op, shape_sets, device, cap, dtypes)}
     dist_offset, turn = 0, 0
     for shape_set in shape_sets:
         chosen = shapes_for(op, shape_set, device, cap) if shapes is None else list(shapes)
