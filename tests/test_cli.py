@@ -28,6 +28,7 @@ def test_run_prints_one_table_and_passes():
     result = runner.invoke(app, ["run", "rmsnorm", "--device", "cpu"])
     assert result.exit_code == 0, result.output
     assert "report card" in result.output and "rmsnorm" in result.output
+    assert "verify seed " in result.output and "(quick tier)" in result.output
 
 
 def test_unknown_op_is_one_line_and_exit_2():

@@ -2,9 +2,11 @@
 
 A stage is a function ``stage(ops, device, progress, *, variants=None, ledger_url=None) ->
 StageReport`` (``variants``: the variants asked for, None for the stage's default;
-``ledger_url``: the ledger the run reads and writes). Instruments expose one and list it in
-``RUN_STAGES``; ``kernelab run`` runs them in order, prints one table, and stores the cases the
-stages return (``StageReport.cases``) in the ledger as one run.
+``ledger_url``: the ledger the run reads and writes; a stage that also takes ``full`` gets
+``full=True`` from ``kernelab run --full``, for its full sets instead of its quick tier).
+Instruments expose one and list it in ``RUN_STAGES``; ``kernelab run`` runs them in order,
+prints one table, and stores the cases the stages return (``StageReport.cases``) in the ledger
+as one run.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class StageReport:
     #: Ledger cases to store (as ``kernelab bench`` stores them), and their provenance.
     cases: list[dict] = field(default_factory=list)
     provenance: dict = field(default_factory=dict)
+    #: Lines printed under the card (the run's seed, a command repeating each failure).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:

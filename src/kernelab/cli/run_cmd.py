@@ -39,9 +39,15 @@ def register(app: click.Group) -> None:
     @label_option
     @ledger_option
     @no_ledger_option()
+    @click.option(
+        "--full",
+        is_flag=True,
+        help="Verify every shape of the sets on every dtype (default: the quick tier, every edge "
+        "shape and the ends of the representative ones, each on one dtype).",
+    )
     @json_option
     @user_errors
-    def run_command(ops, device, variants, label, ledger_url, no_ledger, as_json):
+    def run_command(ops, device, variants, label, ledger_url, no_ledger, full, as_json):
         """Run every instrument on every registered op and print one table (the report card).
 
         OPS are the ops to include (default: all).
@@ -59,6 +65,7 @@ def register(app: click.Group) -> None:
 
             for path in RUN_STAGES:
                 stage = load(path)
+                extra = {"full": True} if full and _takes(stage, "full") else {}
                 reports.append(
                     stage(
                         selected,
@@ -66,6 +73,7 @@ def register(app: click.Group) -> None:
                         progress,
                         variants=variants or None,
                         ledger_url=ledger_url,
+                        **extra,
                     )
                 )
                 done = ", ".join(r.stage for r in reports)
@@ -83,6 +91,7 @@ def register(app: click.Group) -> None:
                     "run_id": run_id,
                     "seconds": round(elapsed, 2),
                     "passed": not failed,
+                    "notes": [line for r in reports for line in r.notes],
                     "stages": [
                         {
                             "stage": r.stage,
@@ -107,6 +116,12 @@ def register(app: click.Group) -> None:
         unstored(rec)
         if failed:
             raise click.exceptions.Exit(1)
+
+
+def _takes(fn, name: str) -> bool:
+    import inspect
+
+    return name in inspect.signature(fn).parameters
 
 
 def card_sheet(info, selected, reports, width: int):
@@ -163,6 +178,8 @@ def _print_table(info, selected, reports, elapsed, run_id=None) -> None:
     from kernelab.cli._common import console, echo
 
     card_sheet(info, selected, reports, console.width).print(console)
+    for line in (line for r in reports for line in r.notes):
+        echo(line)
     skipped = [line for r in reports for line in r.skipped]
     if skipped:
         echo(("Not run here:", "yellow"))

@@ -86,6 +86,12 @@ def register(app: click.Group) -> None:
     @click.option(
         "--audit", is_flag=True, help="Check that null kernels fail for every op (the contracts)."
     )
+    @click.option(
+        "--quick",
+        is_flag=True,
+        help="The report card's quick tier: every edge shape and the smallest and largest "
+        "representative one, each on one dtype (the dtypes in turn).",
+    )
     @click.option("--show", default=10, help="Failing cases to detail.")
     @label_option
     @no_ledger_option()
@@ -106,6 +112,7 @@ def register(app: click.Group) -> None:
         reference,
         inputs,
         audit,
+        quick,
         show,
         label,
         no_ledger,
@@ -167,6 +174,7 @@ def register(app: click.Group) -> None:
                     shape_sets=shapes,
                     dtypes=dtype or None,
                     cap=cap,
+                    tier="quick" if quick else "full",
                     **common,
                 )
         if not audit and not report.cases:

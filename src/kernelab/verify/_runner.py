@@ -112,6 +112,61 @@ def full_shapes_for(op: Op, shape_set: str, device, cap: int | None):
     return out
 
 
+#: ``tier`` of :func:`verify`: "full" runs every shape of the sets on every dtype; "quick"
+#: (``kernelab run``'s default) runs every edge shape and the smallest and the largest
+#: representative one, each on one dtype, the dtypes taken in turn (each dtype of the op on
+#: some shape): the edge sets are where every tile remainder, empty input and kernel path is
+#: crossed at the smallest size, and the representative ends keep the real widths.
+TIERS = ("quick", "full")
+
+
+def _elements(op: Op, shape) -> int:
+    """Input elements of a shape (on meta tensors, nothing allocated): the quick tier's
+    measure of a case's size, and its budget's."""
+    try:
+        inputs = op.inputs(shape, op.dtypes[0], "meta")
+    except Exception:  # an input generator that cannot work on "meta"
+        return _numel(shape.dims)
+    return sum(v.numel() for v in inputs.values() if isinstance(v, torch.Tensor))
+
+
+def quick_cases(op: Op, shape_sets, device, cap: int | None, dtypes=None) -> list[tuple]:
+    """(shape set, shape, dtype) of the quick tier (``TIERS``), in the order they run; the
+    dtypes (default: the op's) taken in turn over the shapes."""
+    dtypes = list(op.dtypes if dtypes is None else dtypes)
+    cases, turn = [], 0
+    for shape_set in shape_sets:
+        shapes = shapes_for(op, shape_set, device, cap)
+        if shape_set == "representative" and len(shapes) > 2:
+            by_size = sorted(shapes, key=lambda s: _elements(op, s))
+            ends = {by_size[0].key, by_size[-1].key}
+            shapes = [s for s in shapes if s.key in ends]
+        for shape in shapes:
+            cases.append((shape_set, shape, dtypes[turn % len(dtypes)]))
+            turn += 1
+    return cases
+
+
+#: Each op's share of the report card's quick tier on CPU (``kernelab run``: all ops under 5
+#: minutes of a 2-core machine, docs/verify.md): cases, and input elements summed over them
+#: (a case's interpreted work grows with them; a paged KV cache of a few thousand slots is the
+#: largest). Counted on meta tensors by ``quick_over_budget``, which the registry's test runs.
+QUICK_BUDGET = {"cases": 24, "elements": 2**24}
+
+
+def quick_over_budget(op: Op, budget=None) -> list[str]:
+    """Why an op's quick tier on CPU exceeds its share (``QUICK_BUDGET``), one line each."""
+    budget = QUICK_BUDGET if budget is None else budget
+    cases = quick_cases(op, list(op.shape_sets), "cpu", None)
+    elements = sum(_elements(op, shape) for _, shape, _ in cases)
+    over = []
+    if len(cases) > budget["cases"]:
+        over.append(f"{op.name}: {len(cases)} quick cases, over its {budget['cases']}")
+    if elements > budget["elements"]:
+        over.append(f"{op.name}: {elements} input elements, over its {budget['elements']}")
+    return over
+
+
 @contextmanager
 def cpu_threads(device):
     """On CPU, torch single-threaded while verify runs (restored afterwards).
@@ -139,23 +194,31 @@ def run_subject(
     baseline: Callable | None,
     progress: Callable[[str], None] | None = None,
     shapes: Sequence | None = None,
+    tier: str = "full",
 ) -> None:
     with cpu_threads(device):
         _run_subject(
-            report, op, subject, shape_sets, dtypes, device, trials, cap, baseline, progress, shapes
-        )
+            report, op, subject, shape_sets, dtypes, device, trials, cap, baseline, progress,
+            shapes, tier,
+        )  # fmt: skip
 
 
 def _run_subject(
-    report, op, subject, shape_sets, dtypes, device, trials, cap, baseline, progress, shapes
-) -> None:
+    report, op, subject, shape_sets, dtypes, device, trials, cap, baseline, progress, shapes,
+    tier="full",
+) -> None:  # fmt: skip
     from kernelab.ops._runtime.interpreter import interpreted_launches
 
     launches = interpreted_launches()
     dtypes = list(dtypes)
+    quick = None
+    if tier == "quick" and shapes is None and dtypes:
+        quick = {(n, sh.key): d for n, sh, d in quick_cases(op, shape_sets, device, cap, dtypes)}
     dist_offset, turn = 0, 0
     for shape_set in shape_sets:
         chosen = shapes_for(op, shape_set, device, cap) if shapes is None else list(shapes)
+        if quick is not None:
+            chosen = [sh for sh in chosen if (shape_set, sh.key) in quick]
         for shape in chosen:
             # Through an interpreter (known, or seen so far), each shape's partial-update and
             # allocating calls are made on one dtype, the dtypes taken in turn: they made a
@@ -165,7 +228,7 @@ def _run_subject(
                 slow = interpreted_launches() > launches
             pick = dtypes[turn % len(dtypes)] if dtypes else None
             turn += 1
-            for dtype in dtypes:
+            for dtype in dtypes if quick is None else [quick[(shape_set, shape.key)]]:
                 why = subject.supports(shape) if subject.supports is not None else None
                 if why:
                     report.skipped.append(f"{op.name}/{subject.name} {shape.label}: {why}")
@@ -195,7 +258,7 @@ def _run_subject(
     interpreted = subject.interpreted
     if interpreted is None:
         interpreted = interpreted_launches() > launches
-    if interpreted or shapes is not None or baseline is None or not dtypes:
+    if interpreted or shapes is not None or baseline is None or not dtypes or quick is not None:
         return
     _run_full(report, op, subject, shape_sets, dtypes, device, cap, baseline, progress)
 
@@ -289,14 +352,20 @@ def verify(
     trials: int = DEFAULT_TRIALS,
     cap: int | None = None,
     progress: Callable[[str], None] | None = None,
+    tier: str = "full",
 ) -> Report:
     """Verify registered ops' variants; see the package docstring for what is checked.
+
+    ``tier``: "full" (every shape of the sets on every dtype, and the full-size cases) or
+    "quick" (``TIERS``: the report card's; no full-size cases).
 
     ``variants`` None: every variant that runs here, except ``compile`` on CPU (inductor
     builds C++, which is slow: name it to include it). ``cap``: batch size limit (None: 4 for
     representative and 32 for other shape sets on CPU, none on GPUs; 0: none).
     """
     _check_common(trials, seed)
+    if tier not in TIERS:
+        raise ValueError(f"tier: expected one of {list(TIERS)}, got {tier!r}")
     device = str(device or default_device())
     dev_type = torch.device(device).type
     seed = new_seed() if seed is None else seed
@@ -347,8 +416,9 @@ def verify(
                 interpreted=variant.kind in ("triton", "pallas"),
             )
             run_subject(
-                report, op, subject, sets, op_dtypes, device, trials, cap, baseline, progress
-            )
+                report, op, subject, sets, op_dtypes, device, trials, cap, baseline, progress,
+                tier=tier,
+            )  # fmt: skip
     report.seconds = time.perf_counter() - started
     return report
 

@@ -1,6 +1,8 @@
-"""The verify stage of ``kernelab run``: what ``kernelab verify`` does by default (every
-variant that runs here, representative and edge shapes, every dtype, the default trials); one
-cell per op × variant: pass or the failure class, with the worst error / tolerance."""
+"""The verify stage of ``kernelab run``: every variant that runs here, representative and edge
+shapes, the default trials, on the quick tier (``_runner.TIERS``; ``full``: every shape on
+every dtype, what ``kernelab verify`` does by default); one cell per op × variant: pass or the
+failure class, with the worst error / tolerance. Its notes give the run seed and, for each
+failing case, the command that repeats it."""
 
 from __future__ import annotations
 
@@ -8,9 +10,16 @@ from kernelab.stages import Cell, StageReport
 from kernelab.verify._runner import verify
 
 
-def stage(ops, device, progress=None, *, variants=None, ledger_url=None) -> StageReport:
-    report = verify(ops, variants=variants, device=_device_name(device), progress=progress)
+def stage(ops, device, progress=None, *, variants=None, ledger_url=None, full=False) -> StageReport:
+    dev = _device_name(device)
+    tier = "full" if full else "quick"
+    report = verify(ops, variants=variants, device=dev, progress=progress, tier=tier)
     out = StageReport("verify")
+    out.notes.append(f"verify seed {report.seed} ({tier} tier)")
+    for case in report.cases:
+        if not case.passed:
+            again = repeat_command(case, report.seed, dev, tier)
+            out.notes.append(f"  {case.failure_class}: {again}")
     out.skipped = [f"{line}" for line in report.skipped]
     for line in report.skipped:
         key, _, why = line.partition(": ")
@@ -49,3 +58,14 @@ def _device_name(device) -> str:
     kind = getattr(device, "type", None) or str(device)
     index = getattr(device, "index", None)
     return kind if kind == "cpu" or index is None else f"{kind}:{index}"
+
+
+def repeat_command(case, seed: int, device: str, tier: str) -> str:
+    """The command that repeats a failing case: the same op, variant, seed and tier give the
+    same inputs (a trial's distribution follows the case's place in its op's run, so the
+    whole op is run again; the case's shape set, shape and dtype say where to look)."""
+    quick = " --quick" if tier == "quick" else ""
+    return (
+        f"kernelab verify {case.op} --variant {case.variant} --device {device} --seed {seed}"
+        f"{quick}  # {case.shape_set} {case.shape!r} {case.dtype}"
+    )

@@ -769,3 +769,43 @@ def test_kernels_triton_itself_interprets_are_seen_and_fixed(tmp_path):
     script.write_text(USER_SETS_TRITON_INTERPRET)
     out = run_python(script=script, TRITON_INTERPRET="1")
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+# --- the interpreter's own overheads -------------------------------------------------------------
+
+
+@kernel
+def _sums(Z, X, CALLS: tl.constexpr, N: tl.constexpr):
+    """CALLS calls of standard-library JIT functions (tl.sum, tl.cdiv) per program."""
+    i = tl.arange(0, N)
+    x = tl.load(X + tl.program_id(0) * N + i)
+    acc = 0.0
+    for _ in tl.static_range(CALLS):
+        acc += tl.sum(x) + tl.cdiv(N, 4)
+    tl.store(Z + tl.program_id(0), acc)
+
+
+def _lang_patches(monkeypatch, calls: int) -> int:
+    """How often the interpreter scans a module of triton.language for its builtins during one
+    launch of 4 programs making ``calls`` standard-library calls each."""
+    import triton.runtime.interpreter as m
+
+    seen = []
+    original = m._patch_builtin
+    monkeypatch.setattr(m, "_patch_builtin", lambda *a: (seen.append(a[0]), original(*a))[1])
+    x = torch.arange(32.0).reshape(4, 8)
+    z = torch.empty(4)
+    _sums[(4,)](z, x, CALLS=calls, N=8)
+    monkeypatch.undo()
+    assert torch.equal(z, calls * (x.sum(1) + 2))
+    return len(seen)
+
+
+def test_the_language_is_patched_once_per_launch_not_per_call(monkeypatch):
+    """Triton re-patches triton.language at each JIT-function call from a kernel (a fifth of
+    an interpreted RMSNorm's CPU time); kernelab patches it once per launch."""
+    once = _lang_patches(monkeypatch, 1)
+    assert _lang_patches(monkeypatch, 8) == once
+    # and restores it: the builtins are Triton's again after the launch
+    assert tl.core.is_builtin(tl.load) and tl.core.is_builtin(tl.core.load)
+    assert tl.core.is_builtin(tl.tensor.__add__)
