@@ -1,7 +1,7 @@
 """Margin of every 16-bit case to verify's derived tolerance, per op and dtype.
 
     PYTHONPATH=src python benchmarks/bench_tolerance_margin.py [OP ...] [--seed N]
-        [--no-kernel] [--json]
+        [--seeds COUNT] [--no-kernel] [--json]
 
 On each op's representative and edge shapes (batch sizes capped as verify caps them on CPU),
 the trials verify draws (the same distributions and seeds, NaN/Inf in the last), for bfloat16
@@ -11,6 +11,9 @@ by the derived bound (``kernelab.verify._tolerance``: the reference's own roundi
 declared narrowings and reduction length). Printed per op, dtype and subject: the worst
 (largest) ratio, the smallest, and the cases it fails against verify's tolerance (the bound,
 or twice eager torch's error where eager is over it: "eager over" counts those cases).
+
+With ``--seeds COUNT``, a census: the run seeds N, N + 1, ..., each as verify draws it, the
+rows summed over them (worst ratio of all, cases and failures added up).
 
 A correct subject stays at or below 1.0; a planted one (one rounding of partial results too
 many) fails where eager torch is not over the bound.
@@ -119,7 +122,8 @@ def measure(op_name: str, seed: int, kernel: bool) -> list[dict]:
                     for target, ref, base, (tol, source), _eager in exp.targets:
                         region = exp.regions.get(target)
                         stored = base.dtype if base is not None else dtype
-                        bound = derived_bound(op.contract, stored, ref, inputs, region)
+                        on = inputs if target == op.outputs[0] else None  # its spread
+                        bound = derived_bound(op.contract, stored, ref, inputs, region, on)
                         if bound is None:
                             continue
                         if source.startswith("2x eager"):
@@ -166,6 +170,23 @@ def measure(op_name: str, seed: int, kernel: bool) -> list[dict]:
     return rows
 
 
+def _census(rows: list[dict]) -> list[dict]:
+    """Rows of several seeds as one per (op, dtype, subject): the worst and smallest ratio of
+    all, failures and cases added up."""
+    out: dict = {}
+    for r in rows:
+        key = (r["op"], r["dtype"], r["subject"])
+        if key not in out:
+            out[key] = dict(r)
+            continue
+        o = out[key]
+        o["max_ratio"] = max(o["max_ratio"], r["max_ratio"])
+        o["min_ratio"] = min(o["min_ratio"], r["min_ratio"]) if r["min_ratio"] else o["min_ratio"]
+        for k in ("fails", "cases", "eager_over_bound"):
+            o[k] += r[k]
+    return list(out.values())
+
+
 def _num(x: float) -> str:
     """A ratio in at most 5 characters: 0.91, 1.4, 134, 4e+04."""
     if x >= 1e4:
@@ -177,6 +198,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ops", nargs="*", help=f"ops (default: {' '.join(OPS)})")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, default=1, help="run seeds from --seed on")
     parser.add_argument("--no-kernel", action="store_true", help="leave kernelab's kernels out")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     args = parser.parse_args()
@@ -190,15 +212,17 @@ def main() -> None:
         "versions": f"python {platform.python_version()}, torch {torch.__version__}, "
         f"triton {triton.__version__}",
         "load": [round(x, 2) for x in load],
-        "seed": args.seed,
+        "seed": args.seed if args.seeds == 1 else f"{args.seed}..{args.seed + args.seeds - 1}",
     }
     started = time.perf_counter()
     rows = []
     with cpu_threads("cpu"):
         for op in args.ops or OPS:
-            rows += measure(op, args.seed, not args.no_kernel)
+            for seed in range(args.seed, args.seed + args.seeds):
+                rows += measure(op, seed, not args.no_kernel)
             if not args.json:
                 print(f"... {op} done ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+    rows = _census(rows)
     header["seconds"] = round(time.perf_counter() - started, 1)
     if args.json:
         print(json.dumps({**header, "rows": rows}, indent=2))

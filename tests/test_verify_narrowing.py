@@ -18,7 +18,7 @@ from kernelab.ops.matmul import _common as gc
 from kernelab.ops.matmul import _kernels as mk
 from kernelab.ops.matmul.gemm import GemmConfig, gemm_triton
 from kernelab.verify import verify_candidate
-from kernelab.verify._case import Subject, distributions_of, run_case
+from kernelab.verify._case import Subject, derive_seed, distributions_of, expected, run_case
 from kernelab.verify._runner import shapes_for
 from kernelab.verify._tolerance import derived_bound, effective_elements, tolerance, worst_case
 from tests.mutants import mutate
@@ -40,6 +40,14 @@ def _rows(label, rows, cols, **params):
     return Shape(f"{label} {rows}x{cols}", {"rows": rows, "cols": cols}, params, "rows")
 
 
+def _paged(label, kv_lens, q_lens=None, **params):
+    return Shape(
+        f"{label} ({'/'.join(map(str, kv_lens))} kv)",
+        {"batch": len(kv_lens), "heads_q": 8, "heads_kv": 2, "head_dim": 64, "block_size": 16},
+        {"kv_lens": tuple(kv_lens), "q_lens": tuple(q_lens or [1] * len(kv_lens)), **params},
+    )
+
+
 def _merge(label, parts, tokens, heads, head_dim):
     dims = {"parts": parts, "tokens": tokens, "heads": heads, "head_dim": head_dim}
     return Shape(f"{label} {parts}x{tokens}x{heads}x{head_dim}", dims, {}, "tokens")
@@ -53,6 +61,10 @@ SHAPES = {
     "layernorm": [_rows("rows", 6, 1024), _rows("with residual", 5, 1000, residual=True)],
     "softmax": [_rows("rows", 6, 1000), _rows("key mask", 4, 512, mask="keys")],
     "merge_attention_states": [_merge("decode", 16, 4, 4, 64), _merge("cascade", 4, 8, 2, 64)],
+    "paged_attention": [
+        _paged("decode", [200, 70]),
+        _paged("mixed, window 64", [150, 90], [5, 1], window=64),
+    ],
 }
 
 
@@ -318,9 +330,72 @@ def test_paged_attention_softcap_window_partial_update_passes():
     assert case.passed, [f.line() for f in case.failures]
 
 
+def _verify_trial(op, seed: int, label: str, t: int, trials: int, dtype):
+    """Trial ``t`` of a representative case as ``kernelab verify OP --dtype D --shapes
+    representative --trials T --seed S`` draws it: (inputs, expected)."""
+    shapes = shapes_for(op, "representative", "cpu", None)
+    i = next(i for i, s in enumerate(shapes) if s.label.startswith(label))
+    dists = distributions_of(op)
+    dist = dists[(i * trials + t) % len(dists)]
+    tseed = derive_seed(seed, op.name, shapes[i].key, str(dtype), t)
+    inputs = op.inputs(shapes[i], dtype, "cpu", seed=tseed, dist=dist)
+    assert t < trials - 1  # no NaN/Inf planted
+    return dist, inputs, expected(op, inputs, op.variants["torch"].fn, dtype, "cpu")
+
+
+#: ``kernelab verify paged_attention --variant kernelab --device cpu --dtype fp16 --shapes
+#: representative --trials 4 --seed 880022203``: kernelab's kernel at 3.33x the bound on this
+#: case's third trial. Huge inputs (float16 values near 10²) make scores near 2.8·10⁴, where
+#: float32 rounds by 2·10⁻³; two keys 1.4 apart share the weight, and the float32 dot's
+#: rounding moved it by 10⁻³: an output 4 spacings off (183.0 for 182.48).
+HUGE_CASE = (880022203, "llama3-70b decode b8 ctx4096", 2, 4, torch.float16)
+
+
+def test_float32_scores_of_huge_inputs_are_in_the_bound():
+    """An honest paged attention summing its float32 scores one term at a time (the order
+    with the most rounding) erred 3.95x the bound that counted only the output's format; the
+    declared spread of the float32 scores counts it."""
+    op = get("paged_attention")
+    dist, inputs, exp = _verify_trial(op, *HUGE_CASE)
+    assert dist == "huge"
+    _, ref, _, (tol, source), _ = exp.targets[0]
+    assert "amplified" in source
+    err = error(narrowed.paged_tiles("sequential")(**inputs), ref).rel_l2
+    assert err <= tol, (err, tol)
+    # without the spread the bound is the output's rounding alone: the honest error is over it
+    unamplified, _, _, _ = derived_bound(
+        replace(op.contract, amplified=None), torch.float16, ref, inputs
+    )
+    assert err > 2 * unamplified
+
+
+def test_kernelab_paged_attention_on_huge_inputs_passes():
+    """The kernel on the case above (through the interpreter): 9.65e-5 against the bound
+    2.9e-5 of the output's rounding (3.33x), within the bound with the scores' spread."""
+    op = get("paged_attention")
+    _, inputs, exp = _verify_trial(op, *HUGE_CASE)
+    _, ref, _, (tol, _), _ = exp.targets[0]
+    err = error(op.variants["kernelab"].fn(**inputs), ref).rel_l2
+    assert err <= tol, (err, tol)
+
+
+def test_the_spread_is_negligible_on_scores_of_order_one():
+    """On normal inputs the scores' spread adds under 1 % to the bound: a planted rounding is
+    judged as before."""
+    op = get("paged_attention")
+    shape = SHAPES["paged_attention"][0]
+    inputs = op.inputs(shape, torch.float16, "cpu", seed=SEED, dist="normal")
+    (ref,), _ = op.run_reference(inputs)
+    with_spread = derived_bound(op.contract, torch.float16, ref, inputs, None, inputs)[0]
+    without = derived_bound(op.contract, torch.float16, ref, inputs)[0]
+    assert without < with_spread < 1.01 * without
+
+
 @pytest.mark.parametrize(
     ("kwargs", "exc", "words"),
     [
+        ({"reduction": len, "amplified": 3}, TypeError, "amplified: expected a callable"),
+        ({"amplified": len}, ValueError, "amplified"),
         ({"narrowings": -1}, ValueError, "narrowings"),
         ({"narrowings": 1.0}, TypeError, "narrowings"),
         ({"narrowings": True}, TypeError, "narrowings"),

@@ -11,10 +11,14 @@ Planted (``PLANTED``): each rounds a partial result of its reduction to the outp
   before multiplying by the weight;
 - softmaxes whose denominator is held in 16 bits between column chunks, or whose
   exponentials are rounded before the sum and the division;
-- a merge of attention states whose running weighted sum is held in 16 bits between parts.
+- a merge of attention states whose running weighted sum is held in 16 bits between parts;
+- paged attentions (P rounded once, as declared) whose scores, running output or softmax
+  denominator are held in 16 bits as well.
 
 Honest (``HONEST``): the same algorithms with float32 partials, plus other float32 orders
-(an online softmax, a Welford LayerNorm, an outer-product GEMM): none may be flagged.
+(an online softmax, a Welford LayerNorm, an outer-product GEMM; paged attentions in float32
+with one rounding, their scores summed by BLAS or one term at a time, and with P rounded once
+as the op declares): none may be flagged.
 
 Every candidate follows its op's calling convention (``kernelab ops <op>``).
 """
@@ -287,6 +291,88 @@ def merge_states(narrow: bool = False):
     return merge_attention_states
 
 
+# --- paged attention --------------------------------------------------------------------------
+
+
+def _scores(q, k, order: str) -> torch.Tensor:
+    """float32 scores [H, Q, K] of q [Q, H, D] against k [K, H, D]: "blas" one einsum,
+    "sequential" one head-dim term at a time (the products exact, every partial sum rounded:
+    the order with the most rounding)."""
+    if order == "blas":
+        return torch.einsum("qhd,khd->hqk", q, k)
+    s = torch.zeros(q.shape[1], q.shape[0], k.shape[0], dtype=torch.float32, device=q.device)
+    for i in range(q.shape[-1]):
+        s = s + q[:, :, i].t()[:, :, None] * k[:, :, i].t()[:, None, :]
+    return s
+
+
+def paged_tiles(order: str = "blas", tile: int = 32, narrow: tuple[str, ...] = ()):
+    """Paged attention per sequence in float32 (keys and values gathered in float32), an
+    online softmax over key tiles of ``tile``, one rounding at the end. ``order``: how the
+    scores are summed (``_scores``). ``narrow``: intermediates rounded to q's format, "p"
+    (P before P·V: the op's declared narrowing) or planted: "scores", "running output",
+    "denominator"."""
+    from kernelab.ops.attention import _paged
+
+    def paged_attention(
+        q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, softmax_scale=None,
+        window_left=-1, softcap=0.0, sinks=None, k_scale=None, v_scale=None, num_splits=None,
+        return_lse=False, out=None, lse=None, check=True,
+    ):  # fmt: skip
+        scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+
+        def attend(q_b, k, v, visible):
+            group = q_b.shape[1] // k.shape[1]
+            qf = q_b.float()
+            kf = k.float().repeat_interleave(group, dim=1)
+            vf = v.float().repeat_interleave(group, dim=1)
+            shape = (qf.shape[1], qf.shape[0])
+            m = torch.full(shape, -math.inf, dtype=torch.float32, device=q.device)
+            total = torch.zeros(shape, dtype=torch.float32, device=q.device)
+            if sinks is not None:  # a key of value 0 with the learned logit
+                m = sinks.float()[:, None].expand(shape).clone()
+                total = torch.ones(shape, dtype=torch.float32, device=q.device)
+            acc = torch.zeros((*shape, qf.shape[-1]), dtype=torch.float32, device=q.device)
+            for sl in _chunks(kf.shape[0], tile):
+                s = _scores(qf, kf[sl], order) * scale
+                if softcap:
+                    s = softcap * torch.tanh(s / softcap)
+                if "scores" in narrow:
+                    s = _narrow(s, q.dtype)
+                s = s.masked_fill(~visible[:, sl], -math.inf)
+                if s.shape[-1] == 0:
+                    continue
+                new = torch.maximum(m, s.amax(-1))
+                safe = torch.where(new == -math.inf, torch.zeros_like(new), new)
+                alpha = torch.exp(m - safe)
+                p = torch.exp(s - safe[..., None])
+                total = total * alpha + p.sum(-1)
+                if "denominator" in narrow:
+                    total = _narrow(total, q.dtype)
+                pv = _narrow(p, q.dtype) if "p" in narrow else p
+                acc = acc * alpha[..., None] + torch.einsum("hqk,khd->hqd", pv, vf[sl])
+                if "running output" in narrow:
+                    acc = _narrow(acc, q.dtype)
+                m = new
+            empty = total == 0
+            o = acc / torch.where(empty, torch.ones_like(total), total)[..., None]
+            o = torch.where(empty[..., None], torch.zeros_like(o), o)
+            lse_b = torch.where(empty, -math.inf, m + torch.log(total))
+            return o.transpose(0, 1), lse_b
+
+        o, lse_v = _paged.per_sequence(
+            q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
+            _paged.window_of(window_left), k_scale, v_scale, attend,
+        )  # fmt: skip
+        o = _emit(o.to(q.dtype), out)
+        if not (return_lse or lse is not None):
+            return o
+        return o, _emit(lse_v.float(), lse)
+
+    paged_attention.__name__ = f"paged_{order}_tile{tile}_" + ("_".join(narrow) or "float32")
+    return paged_attention
+
+
 #: op -> {name: candidate} that must fail with "wrong values".
 PLANTED = {
     "gemm": {
@@ -304,6 +390,11 @@ PLANTED = {
         "exponentials rounded": softmax_rounded_exp,
     },
     "merge_attention_states": {"running sum held in 16 bits": merge_states(narrow=True)},
+    "paged_attention": {
+        "scores in 16 bits": paged_tiles(narrow=("p", "scores")),
+        "running output in 16 bits": paged_tiles(narrow=("p", "running output")),
+        "denominator in 16 bits": paged_tiles(narrow=("p", "denominator")),
+    },
 }
 
 #: op -> {name: candidate} that must pass.
@@ -317,4 +408,9 @@ HONEST = {
     "layernorm": {"chunked float32": layernorm_chunked(64), "Welford": layernorm_welford},
     "softmax": {"chunked float32": softmax_chunked_sum(64), "online": softmax_online},
     "merge_attention_states": {"per part, float32": merge_states()},
+    "paged_attention": {
+        "float32, one rounding": paged_tiles(),
+        "sequential float32 dot": paged_tiles("sequential"),
+        "P rounded once": paged_tiles(narrow=("p",)),
+    },
 }

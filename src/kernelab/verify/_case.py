@@ -169,7 +169,8 @@ def expected(op, inputs: dict, baseline: Callable | None, dtype, device) -> _Exp
         usable = isinstance(base, torch.Tensor) and tuple(base.shape) == tuple(ref.shape)
         region = regions.get(name)
         eager = error(_within(base, region), _within(ref, region)).rel_l2 if usable else None
-        tol = tolerance(op.contract, dtype, stored.get(name, dtype), eager, ref, inputs, region)
+        on = inputs if name == names[0] and name not in ref_inplace else None
+        tol = tolerance(op.contract, dtype, stored.get(name, dtype), eager, ref, inputs, region, on)
         targets.append((name, ref, base if usable else None, tol, eager))
     return _Expected(specs, targets, regions)
 

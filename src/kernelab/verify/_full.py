@@ -207,7 +207,8 @@ def run_full_case(op, subject, shape, shape_set, dtype, device, seed, baseline, 
             continue  # the contract check named the shape
         usable = isinstance(base_s, torch.Tensor) and tuple(base_s.shape) == tuple(ref.shape)
         eager = error(base_s, ref).rel_l2 if usable else None
-        tol = tolerance(op.contract, dtype, stored.get(name, dtype), eager, ref, inputs)
+        on = sub if name == names[0] and name not in ref_inplace else None  # ref's inputs
+        tol = tolerance(op.contract, dtype, stored.get(name, dtype), eager, ref, inputs, None, on)
         m, found = _checks.values(name, got_s, ref, base_s if usable else None, tol, eager)
         case.add_measure(m)
         for f in found:

@@ -196,11 +196,18 @@ def run_subject(
     shapes: Sequence | None = None,
     tier: str = "full",
 ) -> None:
+    from kernelab.ops._runtime.interpreter import numeric_warnings
+
+    before = numeric_warnings()
     with cpu_threads(device):
         _run_subject(
             report, op, subject, shape_sets, dtypes, device, trials, cap, baseline, progress,
             shapes, tier,
         )  # fmt: skip
+    for message, n in numeric_warnings().items():
+        if n > before.get(message, 0):
+            seen = report.interpreter_warnings.get(message, 0)
+            report.interpreter_warnings[message] = seen + n - before.get(message, 0)
 
 
 def _run_subject(

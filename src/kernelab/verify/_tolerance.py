@@ -24,6 +24,13 @@ rounding wherever the accumulation cannot move a value across a rounding boundar
 dominant element one spacing off still fails; with one, an extra rounding of a dominant
 element cannot be told from the honest one.
 
+Where the op declares ``Contract.amplified`` (attention: the softmax of float32 scores), the
+bound adds ``‖σ‖ / ‖ref‖``, σ the op's spread per element of its first output: float32
+rounding that a later step amplifies beyond the output's format (scores of magnitude 10⁴ err
+by 10⁻³ in float32 whatever the 16-bit format of the output, and a near tie between two keys
+carries that error into the output). In the worst case per element each value moves by its
+σ as well.
+
 Eager torch passes by construction: where its error on the case exceeds the bound (it rounds
 more often than the op's algorithm needs, a residual add after the GEMM, say), the tolerance
 is twice its error, as for every other target.
@@ -68,6 +75,30 @@ def _finite(ref: torch.Tensor, region=None) -> torch.Tensor:
     return r[torch.isfinite(r)]
 
 
+def _on_finite(spread: torch.Tensor, ref: torch.Tensor, region=None) -> torch.Tensor:
+    """``spread`` on the elements ``_finite`` keeps of ``ref`` (the same order), float64."""
+    x = spread.detach().cpu().to(torch.float64)
+    r = ref.detach().cpu()
+    if region is not None:
+        x, r = x[region], r[region]
+    return x.reshape(-1)[torch.isfinite(r.reshape(-1))]
+
+
+def spread_of(contract, ref: torch.Tensor, inputs: dict) -> torch.Tensor | None:
+    """The op's declared spread (``Contract.amplified``) for its first output ``ref``, or None
+    where none is declared; a tensor of another shape is refused."""
+    fn = getattr(contract, "amplified", None)
+    if fn is None:
+        return None
+    spread = fn(inputs)
+    if not isinstance(spread, torch.Tensor) or tuple(spread.shape) != tuple(ref.shape):
+        raise ValueError(
+            f"amplified: expected a tensor of the output's shape {tuple(ref.shape)}, "
+            f"got {getattr(spread, 'shape', spread)!r:.60}"
+        )
+    return spread
+
+
 def effective_elements(ref: torch.Tensor, region=None) -> float:
     """How many elements carry ``ref``'s L2 norm: ``(Σ x²)² / Σ x⁴`` over its finite elements
     (``n`` for ``n`` equal magnitudes, about 1 where one element dominates; 0 if all zero)."""
@@ -80,11 +111,17 @@ def effective_elements(ref: torch.Tensor, region=None) -> float:
 
 
 def worst_case(
-    ref: torch.Tensor, stored: torch.dtype, narrowings: int, n: int, region=None
+    ref: torch.Tensor,
+    stored: torch.dtype,
+    narrowings: int,
+    n: int,
+    region=None,
+    spread: torch.Tensor | None = None,
 ) -> float:
     """Relative L2 error of a result whose every element errs by the most an honest algorithm
-    allows: the value moved by ``narrowings`` unit roundoffs of ``stored`` and a float32
-    accumulation of ``n`` terms (as in the bound), either way, then rounded to ``stored``;
+    allows: the value moved by ``narrowings`` unit roundoffs of ``stored``, a float32
+    accumulation of ``n`` terms (as in the bound) and its ``spread`` (the op's amplified
+    float32 rounding, ``ref``'s shape), either way, then rounded to ``stored``;
     per element the farther of the two roundings from the reference. Where nothing moves a
     value across a rounding boundary this is the reference's own rounding."""
     r = _finite(ref, region)
@@ -92,6 +129,8 @@ def worst_case(
     if norm == 0.0:
         return 0.0
     reach = (narrowings * torch.finfo(stored).eps / 2 + 2 * F32_UNIT * math.sqrt(n)) * r.abs()
+    if spread is not None:
+        reach = reach + _on_finite(spread, ref, region)
     top = torch.finfo(stored).max
     lo = (r - reach).clamp(-top, top).to(stored).to(torch.float64)
     hi = (r + reach).clamp(-top, top).to(stored).to(torch.float64)
@@ -99,10 +138,13 @@ def worst_case(
     return float(torch.linalg.vector_norm(each)) / norm
 
 
-def derived_bound(contract, stored: torch.dtype, ref: torch.Tensor, inputs: dict, region=None):
+def derived_bound(
+    contract, stored: torch.dtype, ref: torch.Tensor, inputs: dict, region=None, spread_on=None
+):
     """``(bound, r, n, few)`` for a target stored as ``stored``, or None where not derived;
     ``few`` is the number of elements carrying the norm where it is under ``FEW`` (the bound
-    is then at least the worst case per element), else None."""
+    is then at least the worst case per element), else None. ``spread_on``: where ``ref`` is
+    the op's first output, the inputs it was computed from (a declared spread applies)."""
     reduction = getattr(contract, "reduction", None)
     if reduction is None or stored not in NARROW or not ref.is_floating_point():
         return None
@@ -110,9 +152,14 @@ def derived_bound(contract, stored: torch.dtype, ref: torch.Tensor, inputs: dict
     r = rounding_error(ref, stored, region)
     k = int(getattr(contract, "narrowings", 0))
     bound = r * math.sqrt(1 + k) * SLACK + 2 * F32_UNIT * math.sqrt(n)
+    spread = spread_of(contract, ref, spread_on) if spread_on is not None else None
+    if spread is not None:
+        norm = float(torch.linalg.vector_norm(_finite(ref, region)))
+        if norm > 0.0:
+            bound += float(torch.linalg.vector_norm(_on_finite(spread, ref, region))) / norm
     few = effective_elements(ref, region)
     if 0.0 < few < FEW:
-        bound = max(bound, worst_case(ref, stored, k, n, region))
+        bound = max(bound, worst_case(ref, stored, k, n, region, spread))
     else:
         few = None
     return bound, r, n, few
@@ -126,6 +173,7 @@ def tolerance(
     ref: torch.Tensor | None = None,
     inputs: dict | None = None,
     region=None,
+    spread_on: dict | None = None,
 ) -> tuple[float, str]:
     """The tolerance for a case in ``dtype`` on a target stored as ``stored``, and a few words
     on where it came from.
@@ -139,7 +187,7 @@ def tolerance(
     if source == "contract":
         return tol, source
     if ref is not None and inputs is not None:
-        derived = derived_bound(contract, stored, ref, inputs, region)
+        derived = derived_bound(contract, stored, ref, inputs, region, spread_on)
         if derived is not None:
             bound, r, n, few = derived
             k = int(getattr(contract, "narrowings", 0))
@@ -147,6 +195,8 @@ def tolerance(
                 return 2 * eager, f"2x eager torch, over the derived {bound:.2e}"
             fmt = str(stored).removeprefix("torch.")
             source = f"derived: {fmt} rounding {r:.2e}, {k} narrowing(s), n={n}"
+            if spread_on is not None and getattr(contract, "amplified", None) is not None:
+                source += ", amplified float32 rounding"
             if few is not None:
                 source += f", worst case per element ({few:.1f} elements carry the norm)"
             return bound, source

@@ -235,6 +235,9 @@ class Report:
     seconds: float = 0.0
     #: Full-size cases run smaller than declared (too big to be cheap): "op/variant label: cut".
     cut: list[str] = field(default_factory=list)
+    #: numpy's floating-point warnings inside interpreted launches during the run, by message
+    #: (an all-NaN row of scores where a query holds a planted NaN): counted, not printed.
+    interpreter_warnings: dict[str, int] = field(default_factory=dict)
 
     @property
     def broken_ops(self) -> list[str]:
@@ -282,6 +285,7 @@ class Report:
             "cases": [c.as_dict() for c in self.cases],
             "skipped": self.skipped,
             "cut": self.cut,
+            "interpreter_warnings": self.interpreter_warnings,
             "audit": [a.as_dict() for a in self.audit],
             "broken_ops": self.broken_ops,
         }

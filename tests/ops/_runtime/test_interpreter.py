@@ -3,6 +3,7 @@ arithmetic as a GPU does it, laziness, and users' plain @triton.jit kernels on t
 
 import gc
 import threading
+import warnings
 import weakref
 from pathlib import Path
 
@@ -809,3 +810,40 @@ def test_the_language_is_patched_once_per_launch_not_per_call(monkeypatch):
     # and restores it: the builtins are Triton's again after the launch
     assert tl.core.is_builtin(tl.load) and tl.core.is_builtin(tl.core.load)
     assert tl.core.is_builtin(tl.tensor.__add__)
+
+
+# --- numpy's warnings inside interpreted launches ----------------------------------------------
+
+
+@triton.jit
+def _row_max(Out, X, N: tl.constexpr):
+    x = tl.load(X + tl.arange(0, N))
+    tl.store(Out, tl.max(x, axis=0))
+
+
+def test_numpy_warnings_of_a_launch_are_counted_not_printed():
+    """A row of NaN scores (a query holding a NaN) makes the interpreter's tl.max call
+    np.nanmax on an all-NaN slice: the warning is counted, and nothing reaches the caller."""
+    x = torch.full((8,), float("nan"))
+    out = torch.zeros(1)
+    before = interpreter.numeric_warnings().get("All-NaN slice encountered", 0)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        interpreter.launch(_row_max, (1,), (out, x), {"N": 8})
+    assert torch.isnan(out).all()
+    assert not [w for w in seen if issubclass(w.category, RuntimeWarning)], [
+        str(w.message) for w in seen
+    ]
+    assert interpreter.numeric_warnings()["All-NaN slice encountered"] == before + 1
+
+
+@triton.jit
+def _warns(Out):
+    warnings.warn("from the kernel", UserWarning, stacklevel=1)
+    tl.store(Out, 1.0)
+
+
+def test_other_warnings_of_a_launch_still_reach_the_caller():
+    out = torch.zeros(1)
+    with pytest.warns(UserWarning, match="from the kernel"):
+        interpreter.launch(_warns, (1,), (out,), {})

@@ -68,6 +68,13 @@ class Contract:
     bfloat16/float16 target's tolerance is derived from the case (the float64 reference
     rounded once to the format, the narrowings and n: ``kernelab.verify._tolerance``) instead
     of the fixed floor, so that one more rounding of partial results fails.
+
+    ``amplified(inputs) -> tensor`` (with a reduction) declares, per element of the op's
+    first output, the spread (absolute, float64) that float32 rounding inside the honest
+    algorithm leaves where a later step amplifies it: a softmax turns a score's absolute
+    error into a relative error of its weight, and float32 scores of magnitude 10⁴ err by
+    about 10⁻³, whatever the format of the output. The derived bound adds its relative L2
+    norm (``kernelab.verify._tolerance``).
     """
 
     k: float = 2.0
@@ -97,6 +104,7 @@ class Contract:
     distributions: tuple[str, ...] = ()
     reduction: Callable[[dict], int] | None = None
     narrowings: int = 0
+    amplified: Callable[[dict], torch.Tensor] | None = None
 
     def __post_init__(self):
         from kernelab.ops._runtime.inputs import EXTRA_DISTRIBUTIONS
@@ -118,6 +126,12 @@ class Contract:
                 raise TypeError(f"{field_name}: expected a tuple of input names, got {names!r}")
         if self.reduction is not None and not callable(self.reduction):
             raise TypeError(f"reduction: expected a callable of the inputs, got {self.reduction!r}")
+        if self.amplified is not None and not callable(self.amplified):
+            raise TypeError(f"amplified: expected a callable of the inputs, got {self.amplified!r}")
+        if self.amplified is not None and self.reduction is None:
+            raise ValueError(
+                "amplified: declared without a reduction (it adds to the derived bound)"
+            )
         stray = [name for name in self.regions if name not in self.inplace]
         if stray:
             raise ValueError(

@@ -23,6 +23,8 @@ from __future__ import annotations
 import inspect
 import sys
 import threading
+import warnings
+from collections import Counter
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -304,6 +306,10 @@ _state: _State | None = None
 _failure: InterpreterFixError | None = None
 _depth = 0
 _launches = 0
+#: numpy's floating-point RuntimeWarnings raised inside interpreted launches, by message
+#: ("All-NaN slice encountered": a row of scores all NaN because its query holds a NaN, the
+#: case verify plants; the kernel propagates it as the reference does). Counted, not printed.
+_numeric = Counter()
 
 
 def triton_version() -> str:
@@ -472,10 +478,17 @@ def _interpreting(fixes=None):
             lang = state.patch_lang(_lang_probe())
             state.module._patch_lang = _patch_lang_once
         _depth += 1
+        caught = None
         try:
-            yield
+            if _depth == 1:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    yield
+            else:
+                yield
         finally:
             _depth -= 1
+            _sort_warnings(caught or ())
             if _depth == 0:
                 state.module._patch_lang = state.patch_lang
                 lang.restore()
@@ -485,6 +498,21 @@ def _interpreting(fixes=None):
                     else:
                         delattr(i.owner, i.attr)
                 JITFunction.__call__ = original_call
+
+
+def _sort_warnings(caught) -> None:
+    """Count numpy's RuntimeWarnings of a launch (``numeric_warnings``); warn the rest again."""
+    for w in caught:
+        if issubclass(w.category, RuntimeWarning):
+            _numeric[str(w.message)] += 1
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def numeric_warnings() -> dict[str, int]:
+    """numpy's floating-point warnings raised inside interpreted launches so far in this
+    process, by message: kept out of the terminal, counted for a summary."""
+    return dict(_numeric)
 
 
 def launch(fn, grid, args, kwargs, warmup: bool = False, fixes=None):

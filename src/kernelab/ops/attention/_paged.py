@@ -415,6 +415,56 @@ def softmax_attention(q, k, v, visible, scale, softcap, sinks, dtype):
     return out, lse
 
 
+#: float32's unit roundoff.
+F32_UNIT = 2.0**-24
+
+
+def score_spread(q, k, v, visible, scale, softcap, sinks):
+    """How far float32 scores move this sequence's outputs (float64, [q_len, Hq, D]).
+
+    A float32 dot product of D terms rounds each partial sum by at most a unit roundoff of
+    it; the errors walk randomly and a partial sum's expected square is at most
+    ‖q ∘ k_j‖₂², so score j errs by e_j = u·(√D·scale·‖q ∘ k_j‖₂ + 3|s_j|), the second term
+    the roundings of the score itself (the scale, the base-2 exponent, the subtraction of the
+    maximum); a softcap passes the first through its slope 1 − tanh². The softmax carries an
+    error δs_j into the output as p_j·(v_j − o)·δs_j; independent over j:
+
+        σ = √(Σ_j p_j² e_j² (v_j − o)²)
+
+    Negligible for scores of order one; for scores of order 10⁴ (float16 inputs near 10²) a
+    near tie between two keys makes it larger than the output's own rounding.
+    """
+    group = q.shape[1] // k.shape[1]
+    k = k.double().repeat_interleave(group, dim=1)
+    v = v.double().repeat_interleave(group, dim=1)
+    q = q.double()
+    s = torch.einsum("qhd,khd->hqk", q, k) * scale
+    e = torch.einsum("qhd,khd->hqk", q * q, k * k).sqrt() * (scale * math.sqrt(q.shape[-1]))
+    if softcap:
+        t = torch.tanh(s / softcap)
+        s, e = softcap * t, e * (1 - t * t)
+    e = F32_UNIT * (e + 3 * s.abs())
+    s = s.masked_fill(~visible, -math.inf)
+    m = s.amax(dim=-1) if s.shape[-1] else s.new_full(s.shape[:2], -math.inf)
+    if sinks is not None:
+        m = torch.maximum(m, sinks.double()[:, None])
+    m = torch.where(m == -math.inf, torch.zeros_like(m), m)
+    p = torch.exp(s - m[..., None])
+    total = p.sum(dim=-1)
+    if sinks is not None:
+        total = total + torch.exp(sinks.double()[:, None] - m)
+    p = p / torch.where(total == 0, torch.ones_like(total), total)[..., None]
+    o = torch.einsum("hqk,khd->hqd", p, v)
+    w = torch.where(visible, p * e, torch.zeros_like(e)).square()  # NaN scores stay NaN
+    # Σ_j w_j (v_j − o)², expanded: one product per moment instead of a [q, k, D] tensor
+    var = (
+        torch.einsum("hqk,khd->hqd", w, v * v)
+        - 2 * o * torch.einsum("hqk,khd->hqd", w, v)
+        + o * o * w.sum(dim=-1, keepdim=True)
+    )
+    return var.clamp_min(0).sqrt().nan_to_num(0.0).transpose(0, 1)
+
+
 def per_sequence(
     q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, window, k_scale, v_scale, attend
 ):
@@ -434,6 +484,25 @@ def per_sequence(
     if not outs:
         return q.new_zeros(q.shape), q.new_full((tokens, heads), -math.inf, dtype=torch.float32)
     return torch.cat(outs), torch.cat(lses)
+
+
+def spread(inputs: dict) -> torch.Tensor:
+    """paged_attention's ``Contract.amplified``: the output's spread from its float32 scores
+    per element (``score_spread``), float64 of q's shape."""
+    q = inputs["q"]
+    scale = inputs.get("softmax_scale") or q.shape[-1] ** -0.5
+    softcap, sinks = inputs.get("softcap") or 0.0, inputs.get("sinks")
+
+    def attend(q_b, k, v, visible):
+        s = score_spread(q_b, k, v, visible, scale, softcap, sinks)
+        return s, s.new_zeros(s.shape[1], s.shape[0])
+
+    o, _ = per_sequence(
+        q, inputs["k_cache"], inputs["v_cache"], inputs["block_tables"], inputs["seq_lens"],
+        inputs["cu_seqlens_q"], window_of(inputs.get("window_left", -1)), inputs.get("k_scale"),
+        inputs.get("v_scale"), attend,
+    )  # fmt: skip
+    return o.to(torch.float64)
 
 
 # --- content checks (behind check=True: they read device values) -------------------------------

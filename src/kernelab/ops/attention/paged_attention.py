@@ -16,6 +16,11 @@ Keys are gathered through ``block_tables`` (layout in ``attention/_paged.py``). 
 sees no key returns zeros and lse −inf (lse = sink with sinks: the sink is a key of value 0). A
 float8 cache is dequantized as value × scale (per tensor).
 
+Roundings an honest kernel makes, declared in the contract: scores are float32 dot products
+(the softmax turns their absolute error into a relative error of the weights: at scores near
+10⁴ a near tie carries it into the output, ``_paged.score_spread``), P is rounded to the 16-bit
+format before P·V (one narrowing), and the output once.
+
 Split-KV (flash-decoding): when batch × KV heads cannot fill the device, each program's keys
 are split ``num_splits`` ways; the splits write float32 partial outputs and log-sum-exps to a
 workspace sized from shapes only, and ``merge_attention_states``' kernel reduces them. No host
@@ -680,13 +685,16 @@ PAGED_ATTENTION = register(
         # The tolerance is derived from the output's rounding (about 2e-4 in float16 and 2e-3
         # in bfloat16) and the keys: the kernel rounds P to the cache's format once before
         # P·V, so one narrowing is declared; one more (partial outputs of a split rounded to
-        # 16 bits, say) fails, as one key too many among a few hundred does.
+        # 16 bits, say) fails, as one key too many among a few hundred does. The scores are
+        # float32 dot products, and the softmax turns their absolute error into a relative
+        # error of the weights: declared as the amplified spread (``_paged.score_spread``).
         # the fp8 cache's per-tensor scales are calibrated once: not a step's data
         contract=Contract(
             special_inputs=("q",),
             data_inputs=("q", "k_cache", "v_cache", "sinks"),
             reduction=_keys,
             narrowings=1,
+            amplified=_paged.spread,
         ),
         dtypes=(torch.float16, torch.bfloat16),
         kernels=(_paged_attention_kernel, _merge_attention_states_kernel),
