@@ -110,13 +110,7 @@ def trust(jobs: Sequence, baseline: dict | None) -> tuple[list[KernelReport | No
             out.append(None)
             continue
         out.append(
-            KernelReport(
-                key=job.key,
-                op=job.op,
-                kernel=job.spec.name,
-                target=job.target.name,
-                label=job.spec.label,
-                config=job.spec.config_text(),
+            job.report(
                 error=base.get("error"),
                 unsupported=base.get("unsupported"),
                 triton=None if job.target.is_tpu or not isinstance(triton, str) else triton,

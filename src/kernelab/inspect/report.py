@@ -86,6 +86,18 @@ class Job:
     key: str
     op: str | None = None
 
+    def report(self, **fields) -> KernelReport:
+        """This job's report, its names filled in, with ``fields`` (facts, error, ...)."""
+        return KernelReport(
+            key=self.key,
+            op=self.op,
+            kernel=self.spec.name,
+            target=self.target.name,
+            label=self.spec.label,
+            config=self.spec.config_text(),
+            **fields,
+        )
+
 
 def _target(t: str | Target) -> Target:
     if isinstance(t, Target):
@@ -152,13 +164,7 @@ def analyze_jobs(
         first[i] = r
     reports = []
     for i, (job, res) in enumerate(zip(jobs, first, strict=True)):
-        rep = KernelReport(
-            key=job.key,
-            op=job.op,
-            kernel=job.spec.name,
-            target=job.target.name,
-            label=job.spec.label,
-            config=job.spec.config_text(),
+        rep = job.report(
             triton=res.get("triton"),
             cached=bool(res.get("cached")),
             cache_key=runner.cache_key(job.spec, job.target),
