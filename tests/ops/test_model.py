@@ -85,6 +85,31 @@ def test_reference_runs_in_float64_on_copies():
     assert torch.equal(inputs["residual"], before)  # the caller's inputs are untouched
 
 
+def test_the_reference_gets_the_dtype_a_contract_holds_intermediates_in():
+    seen = []
+
+    def reference(x, intermediate_dtype=None):
+        seen.append((x.dtype, intermediate_dtype))
+        return x
+
+    op = _op()
+    held = Op(
+        "toy",
+        description="toy",
+        reference=reference,
+        make_inputs=op._make_inputs,
+        shapes=op.shape_sets,
+        cost=op.cost,
+        contract=Contract(intermediate_dtype="x"),
+    )
+    held.run_reference({"x": torch.ones(2, dtype=torch.float16)})
+    assert seen == [(torch.float64, torch.float16)]
+    with pytest.raises(ValueError, match="intermediate_dtype: op 'toy' names 'x', not a tensor"):
+        held.run_reference({"x": 1.0})
+    with pytest.raises(TypeError, match="intermediate_dtype: expected an input name"):
+        Contract(intermediate_dtype=torch.float16)
+
+
 def test_contract_tolerance_is_derived_with_a_floor_and_can_be_fixed():
     c = Contract(k=2.0, floors={"bfloat16": 1e-2})
     assert c.tolerance_for(torch.bfloat16, 0.02) == (0.04, "2x eager torch")

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from kernelab.ops import FUSED_MOE, Shape, fused_moe
-from kernelab.ops.moe.fused_moe import MoEConfig, fused_moe_torch, fused_moe_triton
+from kernelab.ops.moe import _spec as mc_spec
+from kernelab.ops.moe.fused_moe import MoEConfig, fused_moe_ref, fused_moe_torch, fused_moe_triton
 from kernelab.verify import verify_candidate
 from tests.mutants import mutate
 from tests.opcheck import check, clone
@@ -44,6 +45,47 @@ def test_a_config_with_two_blocks_per_run_and_narrow_tiles():
     shape = Shape("t", {"tokens": 13, "experts": 3, "topk": 2, "hidden": 64, "intermediate": 48})
     inputs = OP.inputs(shape, torch.float16, "cpu", seed=2)
     check(OP, inputs, lambda **kw: fused_moe_triton(**kw, config=config), torch.float16)
+
+
+def _f64(v):
+    return v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_float16_intermediates_past_their_range_are_the_references_too():
+    """Edge "shared expert", seed 10, huge inputs: values of silu(gate)·up (routed and shared)
+    past 65504 are ±Inf as the kernels store them in float16; an exact intermediate gives
+    finite outputs there. The reference rounds both intermediates as the kernels do."""
+    shape = next(s for s in EDGE if s.params.get("shared"))
+    inputs = OP.inputs(shape, torch.float16, "cpu", seed=10, dist="huge")
+    exact = fused_moe_ref(**{k: _f64(v) for k, v in inputs.items()})
+    (ref,), _ = OP.run_reference(inputs)
+    assert int((exact.isfinite() & ~ref.isfinite()).sum()) == 64
+    check(OP, inputs, fused_moe_triton, torch.float16)
+
+
+def test_float16_parts_keep_float32_where_one_part_overflows_and_their_sum_does_not():
+    """Every token through all four experts, each weighted 1/4: expert 1's down projection is
+    −1/2 of expert 0's, so the parts p and −p/2 sum to p/2; scaled so that |p| reaches 1e5
+    (past 65504) and |p/2| stays below 65504."""
+    shape = next(s for s in EDGE if s.label.startswith("top-k = experts"))
+    inputs = OP.inputs(shape, torch.float16, "cpu", seed=3)
+    w1, w2 = inputs["w1"], inputs["w2"]
+    w1[:] = w1[0]
+    inputs["topk_ids"] = torch.arange(4, dtype=torch.int32).repeat(shape.dims["tokens"], 1)
+    inputs["topk_weights"] = torch.full((shape.dims["tokens"], 4), 0.25)
+    inputs["x"] *= 16  # exact
+    x = inputs["x"].double()
+    inner = mc_spec.silu_mul(x @ w1[0].double().t(), w2.shape[2], torch.float16)
+    p = 0.25 * (inner @ w2[0].double().t())
+    w2[0] = (w2[0].double() * 1e5 / p.abs().max()).half()
+    w2[1] = -w2[0] / 2  # exact: a power of two
+    w2[2:] = w2[2:] / 64
+    part = 0.25 * (inner @ w2[0].double().t())
+    (ref,), _ = OP.run_reference(inputs)
+    assert ref.abs().max() < 60000 and part.abs().max() > 65504
+    check(OP, inputs, fused_moe_triton, torch.float16)
 
 
 def _small(**params):

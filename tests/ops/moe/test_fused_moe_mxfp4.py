@@ -13,10 +13,12 @@ from kernelab.ops import packing as _packing
 from kernelab.ops._runtime.triton import kernel
 from kernelab.ops.moe.fused_moe_mxfp4 import (
     MoEConfig,
+    fused_moe_mxfp4_ref,
     fused_moe_mxfp4_torch,
     fused_moe_mxfp4_triton,
 )
 from kernelab.verify import verify_candidate
+from kernelab.verify._case import derive_seed
 from tests.mutants import mutate
 from tests.opcheck import check, clone
 
@@ -47,6 +49,40 @@ def test_prefill_tiles_and_k_steps_of_128_over_a_partial_tile():
     inputs = OP.inputs(shape, torch.float16, "cpu", seed=2)
     config = MoEConfig(64, 32, 128, 4, 2)
     check(OP, inputs, lambda **kw: fused_moe_mxfp4_triton(**kw, config=config), torch.float16)
+
+
+def _first_call_inputs(run_seed, name, dist):
+    """The inputs of verify's first trial of edge case ``name`` in float16 under ``run_seed``."""
+    shape = EDGE[name]
+    seed = derive_seed(run_seed, OP.name, shape.key, str(torch.float16), 0)
+    return OP.inputs(shape, torch.float16, "cpu", seed=seed, dist=dist)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_float16_intermediate_past_its_range_is_the_references_too():
+    """verify's seed 307963437, edge "top-k = experts", huge inputs: one silu(gate)·up value
+    of token 2 is 1.14e5, past float16's range, so the stored intermediate holds +Inf there
+    (as every kernel that feeds the down GEMM 16-bit operands does) and out[2, 9] is Inf, where
+    an exact intermediate gives -18993.4. The reference rounds the intermediate as the kernels
+    store it, so verify expects that Inf."""
+    inputs = _first_call_inputs(307963437, "top-k = experts", "huge")
+    exact = fused_moe_mxfp4_ref(**{k: v.double() if k == "x" else v for k, v in inputs.items()})
+    assert abs(exact[2, 9].item() + 18993.43) < 0.01
+    (ref,), _ = OP.run_reference(inputs)
+    assert not ref[2, 9].isfinite()
+    check(OP, inputs, fused_moe_mxfp4_triton, torch.float16)
+
+
+def test_float16_parts_keep_float32_where_one_part_overflows_and_their_sum_does_not():
+    """Edge "an expert gets no tokens", seed 18, huge inputs: out[3, 45] = -57620.5 is the
+    sum of the parts -66211.3 and 8590.8; the first rounded to float16 is -Inf, which made
+    that output -Inf."""
+    inputs = OP.inputs(EDGE["an expert gets no tokens"], torch.float16, "cpu", seed=18,
+                       dist="huge")  # fmt: skip
+    (ref,), _ = OP.run_reference(inputs)
+    assert abs(ref[3, 45].item() + 57620.53) < 0.01
+    check(OP, inputs, fused_moe_mxfp4_triton, torch.float16)
 
 
 @kernel

@@ -75,6 +75,13 @@ class Contract:
     error into a relative error of its weight, and float32 scores of magnitude 10⁴ err by
     about 10⁻³, whatever the format of the output. The derived bound adds its relative L2
     norm (``kernelab.verify._tolerance``).
+
+    ``intermediate_dtype`` names the input whose dtype the op's honest algorithm stores an
+    intermediate in, a rounding every real implementation makes (a fused MoE's silu(gate)·up,
+    the 16-bit operand of its second GEMM, as vLLM and transformers hold it). The float64
+    copies the reference runs on no longer carry that dtype, so ``Op.run_reference`` passes it
+    to the reference as ``intermediate_dtype=``: the reference rounds there too, and verify
+    expects the values and the overflow to ±Inf that the format gives at that step.
     """
 
     k: float = 2.0
@@ -105,6 +112,7 @@ class Contract:
     reduction: Callable[[dict], int] | None = None
     narrowings: int = 0
     amplified: Callable[[dict], torch.Tensor] | None = None
+    intermediate_dtype: str | None = None
 
     def __post_init__(self):
         from kernelab.ops._runtime.inputs import EXTRA_DISTRIBUTIONS
@@ -118,6 +126,10 @@ class Contract:
             raise TypeError(f"narrowings: expected an int, got {self.narrowings!r}")
         if self.narrowings < 0:
             raise ValueError(f"narrowings: expected >= 0, got {self.narrowings}")
+        if self.intermediate_dtype is not None and not isinstance(self.intermediate_dtype, str):
+            raise TypeError(
+                f"intermediate_dtype: expected an input name, got {self.intermediate_dtype!r}"
+            )
         for field_name in ("special_inputs", "data_inputs"):
             names = getattr(self, field_name)
             if names is not None and (

@@ -169,8 +169,17 @@ class Op:
         """Run the reference in float64 on the CPU on copies of ``inputs``.
 
         Returns the outputs and the in-place arguments' final values, all float64 on CPU.
+        With ``contract.intermediate_dtype``, the reference also gets that input's dtype as
+        ``intermediate_dtype=`` (its copy here is float64).
         """
         ref_inputs = {k: _to_f64(v) for k, v in inputs.items()}
+        held = self.contract.intermediate_dtype
+        if held is not None:
+            if not isinstance(inputs.get(held), torch.Tensor):
+                raise ValueError(
+                    f"intermediate_dtype: op {self.name!r} names {held!r}, not a tensor input"
+                )
+            ref_inputs["intermediate_dtype"] = inputs[held].dtype
         result = as_tuple(self.reference(**ref_inputs))
         return result, {
             name: ref_inputs[name]

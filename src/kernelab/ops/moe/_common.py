@@ -15,12 +15,15 @@ Layouts (vLLM's and transformers' ``MixtralExperts`` / ``Qwen3MoeExperts``):
 
 The fused path (``fused_moe``, ``fused_moe_w4a16``, ``fused_moe_mxfp4``): align the pairs by
 expert (``moe_align``'s kernel), the gate+up grouped GEMM with silu(gate)·up fused into its
-epilogue (one [T·k, I] intermediate in x's dtype), the down grouped GEMM with each pair's
-routing weight applied in float32 before its rounding, and the sum over the k parts of each
-token (plus the shared expert's output). The routing weight multiplies the down projection's
-output, where vLLM's fused MoE (``mul_routed_weight`` on the second GEMM) and transformers'
-experts (``current_hidden_states * top_k_weights``) apply it: the down projection is linear, so
-this is the same product, and it keeps the intermediate independent of the weights.
+epilogue (one [T·k, I] intermediate in x's dtype: the second GEMM's 16-bit operand, where
+float16 overflows past 65504 as every such implementation does; the references round it there
+too), the down grouped GEMM with each pair's routing weight applied in float32 and the part
+stored in float32, and the sum over the k parts of each token (plus the shared expert's
+output, float32 too) with one rounding to x's dtype. The routing weight multiplies the down
+projection's output, where vLLM's fused MoE (``mul_routed_weight`` on the second GEMM) and
+transformers' experts (``current_hidden_states * top_k_weights``) apply it: the down
+projection is linear, so this is the same product, and it keeps the intermediate independent
+of the weights.
 """
 
 from __future__ import annotations
@@ -419,12 +422,14 @@ def plan(
     weights = topk_weights.contiguous()
     ids = topk_ids.contiguous()
     align, aligned = align_call(ids, experts, cfg.block_m)
-    # With quantized activations, float32 intermediates (one rounding, to e4m3) and parts (one
-    # rounding, of the sum: a part rounded to float16 could overflow, or fall to subnormals,
-    # where the sum does not)
+    # The intermediate is the down GEMM's 16-bit tensor-core operand, stored in x's dtype (as
+    # vLLM and transformers hold it; the references round it there too), or, with quantized
+    # activations, in float32 (one rounding, to e4m3). The weighted parts stay float32 (one
+    # rounding, of the sum): a part rounded to float16 can overflow, or fall to subnormals,
+    # where the sum does not (a part of 1.1e5 beside one of -4e4, say).
     inter_dtype = torch.float32 if quantize is not None else x.dtype
     inter = torch.empty((numel, intermediate), dtype=inter_dtype, device=x.device)
-    parts = torch.empty((numel, h), dtype=inter_dtype, device=x.device)
+    parts = torch.empty((numel, h), dtype=torch.float32, device=x.device)
     opts = dict(experts=experts, top_k=top_k, cfg=cfg)
     calls, a, sa = [align], x, None
     if quantize is not None:
@@ -440,7 +445,7 @@ def plan(
         sw1, sw2 = shared
         si = sw2.b.shape[2]
         s_inter = torch.empty((t, si), dtype=inter_dtype, device=x.device)
-        shared_out = torch.empty((t, h), dtype=inter_dtype, device=x.device)
+        shared_out = torch.empty((t, h), dtype=torch.float32, device=x.device)
         calls.append(
             gemm_call(s_inter, a, sw1, weights, None, n=si, k=h, gate_up=True, a_scales=sa,
                       **opts)

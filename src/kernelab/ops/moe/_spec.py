@@ -15,14 +15,19 @@ from kernelab.ops._runtime import inputs as _inputs
 # --- the reference loop -----------------------------------------------------------------------
 
 
-def silu_mul(h: torch.Tensor, n: int) -> torch.Tensor:
+def silu_mul(h: torch.Tensor, n: int, held=None) -> torch.Tensor:
+    """silu(gate) · up of h = [gate | up] (n columns each), in h's dtype, rounded once to
+    ``held`` and back when given: the intermediate as a kernel that stores it in ``held``
+    holds it (values past that format's range become ±Inf)."""
     g, u = h[:, :n], h[:, n:]
-    return g * torch.sigmoid(g) * u
+    inner = g * torch.sigmoid(g) * u
+    return inner if held is None else inner.to(held).to(h.dtype)
 
 
-def expert_loop(x, topk_weights, topk_ids, experts, w1_of, w2_of, out=None):
+def expert_loop(x, topk_weights, topk_ids, experts, w1_of, w2_of, out=None, held=None):
     """Σ over each token's top-k of weight · down(silu(gate(x)) · up(x)), one expert at a time:
-    ``w1_of(e)`` [H, 2I] and ``w2_of(e)`` [I, H] (x·W layouts), in x's dtype."""
+    ``w1_of(e)`` [H, 2I] and ``w2_of(e)`` [I, H] (x·W layouts), in x's dtype; the
+    intermediate rounded to ``held`` when given (see ``silu_mul``)."""
     t, h = x.shape
     y = torch.zeros((t, h), dtype=x.dtype, device=x.device)
     for e in range(experts):
@@ -30,7 +35,7 @@ def expert_loop(x, topk_weights, topk_ids, experts, w1_of, w2_of, out=None):
         if tok.numel() == 0:
             continue
         w1, w2 = w1_of(e), w2_of(e)
-        inner = silu_mul(x[tok] @ w1, w1.shape[1] // 2)
+        inner = silu_mul(x[tok] @ w1, w1.shape[1] // 2, held)
         part = (inner @ w2) * topk_weights[tok, slot, None].to(x.dtype)
         y.index_add_(0, tok, part)
     return y if out is None else out.copy_(y)

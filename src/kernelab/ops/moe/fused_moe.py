@@ -31,19 +31,32 @@ MoEConfig = mc.MoEConfig
 # --- reference, eager, launcher, public function ----------------------------------------------
 
 
-def _loop(x, w1, w2, topk_weights, topk_ids, shared_w1, shared_w2, out):
+def _loop(x, w1, w2, topk_weights, topk_ids, shared_w1, shared_w2, out, held=None):
     e = w1.shape[0]
-    y = ms.expert_loop(x, topk_weights, topk_ids, e, lambda i: w1[i].t(), lambda i: w2[i].t())
+    y = ms.expert_loop(
+        x, topk_weights, topk_ids, e, lambda i: w1[i].t(), lambda i: w2[i].t(), held=held
+    )
     if shared_w1 is not None:
-        y = y + ms.silu_mul(x @ shared_w1[0].t(), shared_w2.shape[2]) @ shared_w2[0].t()
+        y = y + ms.silu_mul(x @ shared_w1[0].t(), shared_w2.shape[2], held) @ shared_w2[0].t()
     return y if out is None else out.copy_(y)
 
 
 def fused_moe_ref(
-    x, w1, w2, topk_weights, topk_ids, shared_w1=None, shared_w2=None, check=True, out=None
+    x,
+    w1,
+    w2,
+    topk_weights,
+    topk_ids,
+    shared_w1=None,
+    shared_w2=None,
+    check=True,
+    out=None,
+    intermediate_dtype=None,
 ):
-    """The layer one expert at a time in x's dtype (exact when given float64)."""
-    return _loop(x, w1, w2, topk_weights, topk_ids, shared_w1, shared_w2, out)
+    """The layer one expert at a time in x's dtype (exact when given float64), each
+    intermediate silu(gate)·up rounded to ``intermediate_dtype`` when given (verify gives the
+    activations' dtype: the kernels store it there)."""
+    return _loop(x, w1, w2, topk_weights, topk_ids, shared_w1, shared_w2, out, intermediate_dtype)
 
 
 def fused_moe_torch(
@@ -191,8 +204,9 @@ FUSED_MOE = register(
         shapes={"representative": ms.representative, "edge": ms.edge},
         cost=_cost,
         # The default: 2x eager torch's error (which rounds after every step), the per-dtype
-        # floor. NaN and Inf go into the activations; the routing and weights are data.
-        contract=Contract(special_inputs=("x",)),
+        # floor; the intermediate in x's dtype, as the kernels store it. NaN and Inf go into
+        # the activations; the routing and weights are data.
+        contract=Contract(special_inputs=("x",), intermediate_dtype="x"),
         dtypes=(torch.float16, torch.bfloat16),
         kernels=(_moe_align_kernel, _fused_moe_kernel, _moe_sum_kernel),
         plan=_plan,

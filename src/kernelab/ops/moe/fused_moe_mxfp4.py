@@ -14,8 +14,10 @@ weights.
 The grouped GEMM decodes each K step's bytes in registers to x's dtype, the 32-group's
 power-of-two scale applied (exact in bfloat16; in float16 exact while the weight lies in its
 range), and multiplies on tensor cores with float32 accumulation; the rest is ``fused_moe``'s
-path (see ``_common``): the SiLU-gated product rounded once to x's dtype, the routing weight
-applied in float32 after the down projection, the k parts summed in float32.
+path (see ``_common``): the SiLU-gated product rounded once to x's dtype (the down GEMM's
+16-bit operand: in float16 a value past 65504 is ±Inf there, as in every implementation that
+stores it so; the reference rounds it there too), the routing weight applied in float32 after
+the down projection, the k parts kept and summed in float32, one rounding to x's dtype.
 
 The ladder: the kernels of ``fused_moe`` with constexpr MX4 → ``fused_moe_mxfp4_triton``
 (validate, plan, launch) → ``fused_moe_mxfp4`` (public), with ``fused_moe_mxfp4_ref`` (the
@@ -47,21 +49,24 @@ GPT_OSS = ("gpt-oss-120b-like", 128, 4, 2880, 2880, 0)
 # --- reference, eager, launcher, public function ----------------------------------------------
 
 
-def _loop(x, w1, w2, w1_scale, w2_scale, topk_weights, topk_ids, out):
+def _loop(x, w1, w2, w1_scale, w2_scale, topk_weights, topk_ids, out, held=None):
     def w1_of(e):
         return packing.dequantize_mxfp4_experts(w1[e], w1_scale[e], x.dtype).t()
 
     def w2_of(e):
         return packing.dequantize_mxfp4_experts(w2[e], w2_scale[e], x.dtype).t()
 
-    return ms.expert_loop(x, topk_weights, topk_ids, w1.shape[0], w1_of, w2_of, out)
+    return ms.expert_loop(x, topk_weights, topk_ids, w1.shape[0], w1_of, w2_of, out, held)
 
 
 def fused_moe_mxfp4_ref(
-    x, w1, w2, w1_scale, w2_scale, topk_weights, topk_ids, check=True, out=None
+    x, w1, w2, w1_scale, w2_scale, topk_weights, topk_ids, check=True, out=None,
+    intermediate_dtype=None,
 ):  # fmt: skip
-    """The expert loop on the dequantized weights, in x's dtype (exact in float64)."""
-    return _loop(x, w1, w2, w1_scale, w2_scale, topk_weights, topk_ids, out)
+    """The expert loop on the dequantized weights, in x's dtype (exact in float64), the
+    intermediate silu(gate)·up rounded to ``intermediate_dtype`` when given (verify gives the
+    activations' dtype: the kernels store it there)."""
+    return _loop(x, w1, w2, w1_scale, w2_scale, topk_weights, topk_ids, out, intermediate_dtype)
 
 
 def fused_moe_mxfp4_torch(
@@ -206,8 +211,11 @@ FUSED_MOE_MXFP4 = register(
         shapes={"representative": _representative, "edge": _edge},
         cost=_cost,
         # The default contract, from the very quantized weights the kernel reads (quantization
-        # error is not compared). NaN and Inf go into the activations.
-        contract=Contract(special_inputs=("x",), data_inputs=("x", "topk_weights")),
+        # error is not compared), with the intermediate in x's dtype as the kernels store it.
+        # NaN and Inf go into the activations.
+        contract=Contract(
+            special_inputs=("x",), data_inputs=("x", "topk_weights"), intermediate_dtype="x"
+        ),
         dtypes=(torch.float16, torch.bfloat16),
         kernels=(_moe_align_kernel, _fused_moe_kernel, _moe_sum_kernel),
         plan=_plan,

@@ -61,6 +61,7 @@ def _loop(
     topk_ids,
     group_size,
     out,
+    held=None,
 ):
     deq = _packing().dequantize_int4
 
@@ -70,7 +71,7 @@ def _loop(
     def w2_of(e):
         return deq(w2_qweight[e], w2_scales[e], w2_zeros[e], group_size, x.dtype)
 
-    return ms.expert_loop(x, topk_weights, topk_ids, w1_qweight.shape[0], w1_of, w2_of, out)
+    return ms.expert_loop(x, topk_weights, topk_ids, w1_qweight.shape[0], w1_of, w2_of, out, held)
 
 
 def fused_moe_w4a16_ref(
@@ -86,8 +87,11 @@ def fused_moe_w4a16_ref(
     group_size,
     check=True,
     out=None,
+    intermediate_dtype=None,
 ):
-    """The expert loop on the dequantized weights, in x's dtype (exact in float64)."""
+    """The expert loop on the dequantized weights, in x's dtype (exact in float64), the
+    intermediate silu(gate)·up rounded to ``intermediate_dtype`` when given (verify gives the
+    activations' dtype: the kernels store it there)."""
     return _loop(
         x,
         w1_qweight,
@@ -100,6 +104,7 @@ def fused_moe_w4a16_ref(
         topk_ids,
         group_size,
         out,
+        intermediate_dtype,
     )
 
 
@@ -334,8 +339,11 @@ FUSED_MOE_W4A16 = register(
         },
         cost=_cost,
         # The default contract, from the very quantized weights the kernel reads (quantization
-        # error is not compared). NaN and Inf go into the activations.
-        contract=Contract(special_inputs=("x",), data_inputs=("x", "topk_weights")),
+        # error is not compared), with the intermediate in x's dtype as the kernels store it.
+        # NaN and Inf go into the activations.
+        contract=Contract(
+            special_inputs=("x",), data_inputs=("x", "topk_weights"), intermediate_dtype="x"
+        ),
         dtypes=(torch.float16, torch.bfloat16),
         kernels=(_moe_align_kernel, _fused_moe_kernel, _moe_sum_kernel),
         plan=_plan,
