@@ -11,8 +11,8 @@ this checkout does not have, or one that fails, is reported and the check goes o
 ``ledger.sqlite`` and ``summary.json`` (each step: its command, status and wall time) into
 ``--out``; exits 1 if a step did not succeed, 2 if the check could not start (no device).
 
-``--rehearse`` runs the same steps through the same harness on the CPU, in about a minute and a
-half on two cores: the torch variants only (no interpreter), one trial of the representative
+``--rehearse`` runs the same steps through the same harness on the CPU, in about three minutes
+on two cores: the torch variants only (no interpreter), one trial of the representative
 shapes in verify, a second of bench per op, a bench through the Python API (the path taken when
 the CLI's dependencies are missing) into ``api/``, and the offline wheel install, with a wheel
 it builds itself when no ``--wheels`` is given, checked by importing it in a subprocess. A
@@ -52,8 +52,9 @@ SERVE_BENCH_S = 120
 #: still times its first cases); a rehearsal ~9 s of CPU per op.
 GPU = dict(budget_s=420.0, verify_s=120.0, report_reserve=45.0 + SERVE_BENCH_S, min_per_op=5.0)
 #: On a 2-core CPU the rehearsal's verify of 24 ops took 85-113 s and each bench step 6-10 s
-#: (most of it starting the CLI): 150 s for verify, 450 s in all.
-REHEARSAL = dict(budget_s=450.0, verify_s=150.0, report_reserve=10.0, min_per_op=3.0)
+#: (most of it starting the CLI); on 25 ops here 62-66 s, and one CI run on a like machine
+#: passed 150 s: twice that for verify (a limit, not a target), 600 s in all.
+REHEARSAL = dict(budget_s=600.0, verify_s=300.0, report_reserve=10.0, min_per_op=3.0)
 #: What a rehearsal adds to a step's arguments: small, interpreter-free, repeatable.
 REHEARSE_VERIFY = ["--variant", "torch", "--shapes", "representative", "--trials", "1"]
 REHEARSE_VERIFY += ["--max-rows", "2", "--seed", "0"]
@@ -302,6 +303,10 @@ def main(argv=None) -> int:
         bad = [s for s in summary["steps"] if s["status"] not in ok]
         summary["failed"] = [" ".join(s["args"][:2]) or s["status"] for s in bad]
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        for s in bad:  # at the end too, where a CI log's tail shows it
+            log(f"not ok: {' '.join(s['args'][:2]) or '(check)'}: {s['status']}")
+            for line in s.get("stderr_tail", "").splitlines()[-8:]:
+                log(f"  | {line}")
         log(f"done in {summary['seconds']} s; {len(bad)} step(s) not ok; results in {out}")
         return code if code is not None else (1 if bad else 0)
 

@@ -130,3 +130,16 @@ def test_pallas_keys_do_not_name_the_checkout_folder():
     here = str(Path(tpu.__file__).resolve())
     assert tpu._portable(here) == "kernelab/inspect/tpu.py"
     assert tpu._portable("/elsewhere/user_kernel.py") == "/elsewhere/user_kernel.py"
+
+
+def test_the_committed_baseline_holds_every_current_key(monkeypatch):
+    """The committed baseline is current: every kernel x target x config the gate builds today
+    has its entry there, under the same cache key, so a fresh clone compiles nothing. A kernel
+    changed without `make inspect-baseline` fails here (the gate alone would only be slow)."""
+    _no_compiler(monkeypatch)
+    result = cli.invoke(app, ["inspect", "--check", "--dtype", "bfloat16", "--json"])
+    assert result.exit_code == 0, result.output[-2000:]
+    data = json.loads(result.stdout)
+    stale = [r["key"] for r in data["reports"] if not r["trusted"]]
+    assert not stale, f"{len(stale)} entries not in the baseline under their key: {stale[:5]}"
+    assert data["trusted"] == len(data["reports"]) > 1000

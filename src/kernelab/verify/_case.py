@@ -427,12 +427,13 @@ def _judge_changed(trial: _Trial, exp: _Expected, prev: _Expected, results: dict
             moved = moved & exp.regions[name]
         if not bool(moved.any()):
             continue
-        got = results[name].detach().cpu().to(torch.float64)[moved]
+        # the moved elements are taken first, then widened: the whole tensor is not copied
+        got = results[name].detach().cpu()[moved].to(torch.float64)
         new, old = ref[moved].to(torch.float64), before[name][moved].to(torch.float64)
         d_new, d_old = _norm(got - new), _norm(got - old)
         allowed = tol * _norm(new)
         if base is not None and tuple(base.shape) == tuple(ref.shape):
-            allowed = max(allowed, k * _norm(base.detach().cpu().to(torch.float64)[moved] - new))
+            allowed = max(allowed, k * _norm(base.detach().cpu()[moved].to(torch.float64) - new))
         if d_new <= allowed or d_old >= d_new:
             continue
         indices, g, e = _buffers.first(moved, results[name], ref)
