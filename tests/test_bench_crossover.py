@@ -10,8 +10,8 @@ from kernelab.bench import crossover as cx
 from kernelab.bench.roofline import Ceilings
 from kernelab.bench.runner import BenchConfig
 from kernelab.bench.stats import StopRule
+from kernelab.core import Contract, Cost, Op, Shape, Variant
 from kernelab.hardware import detect, lookup
-from kernelab.ops._model import Contract, Cost, Op, Shape, Variant
 
 
 class VirtualClock:

@@ -122,7 +122,7 @@ def build() -> dict:
     """The catalogue, made from the registry (imports every op)."""
     from kernelab import ops
     from kernelab.cli.ops_cmd import calling_convention, op_row
-    from kernelab.ops._runtime.backends import backends
+    from kernelab.core.runtime.backends import backends
 
     def answers(backend, missing: str | None = None) -> dict:
         needed = getattr(backend, "requires", ())

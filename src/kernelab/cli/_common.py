@@ -433,14 +433,19 @@ def user_errors(fn: Callable) -> Callable:
 
 def check_op_names(names, argument: str = "op") -> None:
     """Refuse an unknown op name before anything heavy loads (the ops' catalogue, no torch):
-    a ValueError naming ``argument``, the ops, and the closest of them (did you mean)."""
+    a ValueError naming ``argument``, the ops, and the closest of them (did you mean). An op
+    registered in this process and not in the catalogue (one declared by the caller, the CLI
+    run in-process) is known too: the registry is read where it is already loaded."""
     from kernelab._suggest import unknown_name
     from kernelab.cli._catalog import op_names as known
 
     ops = known()
     for name in names:
         if name not in ops:
-            raise unknown_name(argument, name, ops)
+            registry = getattr(sys.modules.get("kernelab.core.op"), "_REGISTRY", {})
+            if name in registry:
+                continue
+            raise unknown_name(argument, name, sorted({*ops, *registry}))
 
 
 def op_names(ctx, param, value):

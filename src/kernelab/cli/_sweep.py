@@ -141,8 +141,8 @@ def _num(v) -> str:
 
 
 def _print(study, run_id, html_out) -> None:
+    from kernelab._table import Col, Sheet
     from kernelab.cli._common import console, echo
-    from kernelab.cli._table import Col, Sheet
 
     sheet = Sheet(
         f"{study.b} vs {study.a} over {study.dim} · {study.how} · {study.device}",

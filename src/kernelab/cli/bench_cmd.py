@@ -334,7 +334,7 @@ def _record(db, info, result, label):
 
 def bench_sheet(result):
     """The bench table: one group per op and shape, one row per dtype and variant."""
-    from kernelab.cli._table import Col, Sheet
+    from kernelab._table import Col, Sheet
 
     sheet = Sheet(
         f"kernelab bench — {result.device['name']}",
@@ -395,8 +395,8 @@ def _print_floors(spec, rows, json: bool) -> None:
     if json:
         emit_json({"device": spec.name, "floors": rows})
         return
+    from kernelab._table import Col, Sheet
     from kernelab.cli._common import console, echo
-    from kernelab.cli._table import Col, Sheet
 
     sheet = Sheet(
         f"speed-of-light floors on {spec.name} (datasheet)",

@@ -182,7 +182,7 @@ def ops_sheet(info, rows: list[dict]):
     per variant."""
     from rich.text import Text
 
-    from kernelab.cli._table import Col, Sheet
+    from kernelab._table import Col, Sheet
 
     sheet = Sheet(
         f"kernelab ops — on {info.type}: {info.name}",
