@@ -389,6 +389,20 @@ def store_run(db, kind: str, cases: list, provenance, label=None, what: str = "c
     return rec
 
 
+def record_bench(db, info, result, label):
+    """Store a bench run (:func:`store_run`), with its config and ceilings in the provenance:
+    (run id, None, None) or, when the ledger cannot, (None, the file keeping it or None, the
+    error line to print). ``bench`` and its ``--sweep`` both record through it."""
+    from kernelab import ledger
+
+    about = {"config": result.config, "ceilings": result.ceilings}
+    if result.interrupted:
+        about["interrupted"] = True
+    prov = ledger.provenance(info, bench=about)
+    rec = store_run(db, "bench", result.cases, prov, label)
+    return rec.run_id, rec.path, rec.error
+
+
 def unstored(rec) -> None:
     """After a command's output: a run the ledger could not store (:func:`store_run`) is one
     line on stderr saying where it is kept, and exit 1."""
