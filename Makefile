@@ -71,10 +71,10 @@ gpu-check-rehearsal: setup  ## the GPU check's steps on the CPU into $(OUT)/gpu-
 		--out $(OUT)/gpu-check-rehearsal
 
 # The GPU image's Triton (3.6) beside the CPU torch: a second virtual environment, in which the
-# interpreter fixes (tests/ops/_runtime) and one op family (tests/ops/norm) must pass. CI runs it.
+# interpreter fixes (tests/core/runtime) and one op family (tests/ops/norm) must pass. CI runs it.
 T36_VENV ?= build/venv-triton36
 T36_PINS ?= triton==3.6.0 torch==2.13.0
-T36_TESTS ?= tests/ops/_runtime tests/ops/norm
+T36_TESTS ?= tests/core/runtime tests/ops/norm
 $(T36_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(T36_VENV)
 	$(T36_VENV)/bin/python -m pip install -q $(T36_PINS)

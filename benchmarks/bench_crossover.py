@@ -26,8 +26,8 @@ from kernelab.bench.roofline import Ceilings
 from kernelab.bench.runner import BenchConfig
 from kernelab.bench.stats import StopRule
 from kernelab.bench.timers import HostTimer
+from kernelab.core import Contract, Cost, Op, Shape, Variant
 from kernelab.hardware import detect
-from kernelab.ops._model import Contract, Cost, Op, Shape, Variant
 
 SCRATCH = 2**20
 

@@ -21,9 +21,9 @@ import triton
 from _timing import cold_median
 
 from kernelab import __version__
+from kernelab.core.op import get
 from kernelab.hardware.devices import lookup
 from kernelab.models import model_cost as mc
-from kernelab.ops._model.op import get
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 HEADER = """\
 import triton
 import triton.language as tl
-from kernelab.ops._runtime.triton import kernel
+from kernelab.core.runtime.triton import kernel
 """
 
 

@@ -10,8 +10,8 @@ from kernelab.bench import crossover as cx
 from kernelab.bench.roofline import Ceilings
 from kernelab.bench.runner import BenchConfig
 from kernelab.bench.stats import StopRule
+from kernelab.core import Contract, Cost, Op, Shape, Variant
 from kernelab.hardware import detect, lookup
-from kernelab.ops._model import Contract, Cost, Op, Shape, Variant
 
 
 class VirtualClock:
@@ -252,14 +252,16 @@ def test_report_draws_a_stored_sweep_and_escapes_it():
 def test_a_stored_sweep_is_drawn_by_the_report(tmp_path):
     from kernelab import ledger
     from kernelab.bench.runner import BenchResult
-    from kernelab.cli.bench_cmd import _record
+    from kernelab.cli._common import record_bench
     from kernelab.report import html
 
     study, cases = _study(lambda n: 0.01, values=(10, 40, 60))
     info = detect("cpu")
     config = {"shape_set": "representative", "sweep": study.as_dict()}
     db = ledger.open(url=str(tmp_path / "l.sqlite"))
-    run_id, _, failure = _record(db, info, BenchResult(info.as_dict(), {}, config, cases), None)
+    run_id, _, failure = record_bench(
+        db, info, BenchResult(info.as_dict(), {}, config, cases), None
+    )
     assert failure is None
     page = html.write(db, [run_id], tmp_path / "r.html").read_text()
     assert 'class="chart crossover"' in page

@@ -147,8 +147,8 @@ def test_block_sparse_floor_on_meta_counts_the_same_work_as_real_inputs():
 
 
 def _meta_cost(op_name: str, params: dict | None = None):
+    from kernelab.core import Shape
     from kernelab.ops import get
-    from kernelab.ops._model import Shape
 
     op = get(op_name)
     shape = Shape("big", {"M": 4096, "N": 4096, "K": 4096}, params or {}, batch_dim="M")

@@ -110,7 +110,9 @@ def test_inspect_lines(out):
 
     rep = KernelReport("k", TRICKY, TRICKY, "sm_90", TRICKY, TRICKY, error=None, unsupported=TRICKY)
     rep.findings = [Finding("x", "warn", TRICKY, TRICKY)]
-    _print(SimpleNamespace(reports=[rep], skipped=[TRICKY], triton="3"), 1.0, all_rows=True)
+    _print(
+        SimpleNamespace(reports=[rep], skipped=[TRICKY], triton="3", trusted=0), 1.0, all_rows=True
+    )
     assert out().count(TRICKY) >= 6
 
 

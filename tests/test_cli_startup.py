@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from kernelab._suggest import close_matches, unknown_name
 from kernelab.cli import _catalog, app, ops_cmd
+from kernelab.core import calling
 from kernelab.hardware import devices
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -62,7 +63,7 @@ def test_every_calling_convention_is_the_registry_one():
     from kernelab import ops
 
     for op in ops.all_ops():
-        want = orjson.loads(orjson.dumps(ops_cmd.calling_convention(op)))
+        want = orjson.loads(orjson.dumps(calling.calling_convention(op)))
         assert _catalog.calling(op.name) == want, op.name
 
 

@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.text import Text
 
 from kernelab import ledger
+from kernelab._table import Col, Sheet
 from kernelab.bench.roofline import COPY, MATMUL
 from kernelab.cli import app
-from kernelab.cli._table import Col, Sheet
 from kernelab.hardware import detect
 from kernelab.inspect.findings import Finding
 from kernelab.inspect.report import KernelReport
@@ -439,7 +439,7 @@ def test_a_spill_column_keeps_the_names_that_fit_and_moves_the_rest_below():
 
 
 def test_a_word_wider_than_the_line_continues_on_the_next():
-    from kernelab.cli._table import pack
+    from kernelab._table import pack
 
     lines = pack([Text("short"), Text("y" * 25)], 10)
     assert [line.plain for line in lines] == ["short", "y" * 10, "y" * 10, "y" * 5]

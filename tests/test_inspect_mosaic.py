@@ -121,9 +121,9 @@ def test_adding_tpu_entries_keeps_the_triton_entries_and_their_version(tmp_path)
 
 def test_without_jax_the_tpu_targets_say_why_and_the_gpu_ones_still_plan(monkeypatch):
     from kernelab import ops
+    from kernelab.core.runtime import pallas
     from kernelab.inspect.ops import plan
     from kernelab.inspect.targets import parse_targets
-    from kernelab.ops._runtime import pallas
 
     monkeypatch.setattr(
         pallas, "available", lambda: (False, "jax not installed: " + pallas.INSTALL)

@@ -223,7 +223,7 @@ def test_inspect_rmsnorm_for_tpu_v5e_as_json():
 
 def _op_report(op_name, shape_index, dtype, config, target):
     from kernelab import ops
-    from kernelab.ops._runtime import pallas
+    from kernelab.core.runtime import pallas
 
     op = ops.get(op_name)
     shape = op.shapes("representative")[shape_index]
@@ -232,7 +232,7 @@ def _op_report(op_name, shape_index, dtype, config, target):
 
 
 def test_planted_configs_of_the_ops_pallas_variants_are_caught():
-    from kernelab.ops._runtime.pallas import RowBlocks
+    from kernelab.core.runtime.pallas import RowBlocks
     from kernelab.ops.activation._pallas import ActBlocks
 
     # rmsnorm 4096x4096 and silu_and_mul 4096x2x14336: prefill shapes, many rows
@@ -263,8 +263,8 @@ def test_tpu_table_fits_80_columns(reports, monkeypatch):
 
 
 def _toy_op(vmem_limit_bytes=None):
+    from kernelab.core.runtime.pallas import Block, Out, PallasCall, PallasPlan
     from kernelab.ops import Variant
-    from kernelab.ops._runtime.pallas import Block, Out, PallasCall, PallasPlan
     from tests.flawed import toy_ops
 
     def plan(x, config=None, target=None):
@@ -304,10 +304,10 @@ def test_an_ops_pallas_calls_are_planned_per_tpu_target_and_gated(tmp_path):
 
 
 def test_calls_differing_only_in_an_index_map_are_lowered_apart():
+    from kernelab.core.runtime.pallas import Block, Out, PallasCall
     from kernelab.inspect.report import Job, analyze_jobs
     from kernelab.inspect.targets import TARGETS
     from kernelab.inspect.tpu import TpuSpec
-    from kernelab.ops._runtime.pallas import Block, Out, PallasCall
 
     x = torch.empty((1024, 1024), dtype=torch.float32, device="meta")
 

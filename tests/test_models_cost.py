@@ -8,10 +8,10 @@ import pytest
 from click.testing import CliRunner
 
 from kernelab.cli import app
+from kernelab.core.contract import Cost
+from kernelab.core.op import get
 from kernelab.hardware import DEVICES
 from kernelab.models import model_cost as mc
-from kernelab.ops._model.contract import Cost
-from kernelab.ops._model.op import get
 
 runner = CliRunner()
 DECODE64 = mc.Workload(batch=64, context=8192, prefill=512)

@@ -5,11 +5,11 @@ import torch
 
 pytest.importorskip("transformers")
 
+from kernelab.core.contract import Cost
+from kernelab.core.op import get
 from kernelab.models import build
 from kernelab.models import cost_check as cc
 from kernelab.models import model_cost as mc
-from kernelab.ops._model.contract import Cost
-from kernelab.ops._model.op import get
 
 TOKENS = 6
 

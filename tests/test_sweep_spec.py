@@ -149,7 +149,7 @@ def test_task_keys_are_stable_and_change_with_what_decides_the_result(monkeypatc
     monkeypatch.setattr(tasks_mod, "versions", lambda: {**real, "triton": "0.0"})
     assert not set(a) & {t.key for t in sweep.expand(spec)[0]}, "versions not in the key"
     monkeypatch.setattr(tasks_mod, "versions", lambda: real)
-    import kernelab.ops._runtime.tuned as tuned
+    import kernelab.core.runtime.tuned as tuned
 
     monkeypatch.setattr(tuned, "kernel_hash", lambda kernels: "edited")
     assert not set(a) & {t.key for t in sweep.expand(spec)[0]}, "kernel source not in the key"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernelab import ops
-from kernelab.ops._runtime import tuned as _tuned
+from kernelab.core.runtime import tuned as _tuned
 from kernelab.ops.norm.rmsnorm import RMSNORM, RMSNormConfig
 from kernelab.tune import exhaustive, export, store_winner, successive_halving, tune
 

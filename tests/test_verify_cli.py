@@ -181,7 +181,7 @@ def test_custom_reference_that_raises_is_one_line(tmp_path):
 
 
 def test_audit_names_a_broken_op_definition_and_exits_1(monkeypatch):
-    from kernelab.ops._model import op as _model
+    from kernelab.core import op as _model
     from tests.flawed import toy_ops
 
     loose = toy_ops.double_op(tolerance={"float32": 10.0})

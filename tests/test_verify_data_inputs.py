@@ -9,8 +9,8 @@ import hashlib
 import pytest
 import torch
 
+from kernelab.core import changeable
 from kernelab.ops import Shape, get
-from kernelab.ops._model import changeable
 from kernelab.verify import verify_candidate
 
 SEED = 20261203

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernelab.core.sampling import two_tiles
 from kernelab.ops import all_ops, get
-from kernelab.ops._model.sampling import two_tiles
 from kernelab.verify import verify, verify_candidate
 from kernelab.verify._full import sample_indices
 from kernelab.verify._runner import shapes_for

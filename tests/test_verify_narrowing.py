@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernelab.core import Contract
 from kernelab.numerics import error
 from kernelab.ops import GEMM, Shape, get
-from kernelab.ops._model import Contract
 from kernelab.ops.matmul import _common as gc
 from kernelab.ops.matmul import _kernels as mk
 from kernelab.ops.matmul.gemm import GemmConfig, gemm_triton

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import torch
 from jax.experimental import pallas as pl
 
-from kernelab.ops._runtime.pallas import Block, Out, PallasCall, Scratch
+from kernelab.core.runtime.pallas import Block, Out, PallasCall, Scratch
 
 MIB = 2**20
 

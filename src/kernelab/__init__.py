@@ -2,7 +2,7 @@
 prove them (verify, bench, inspect, trace, tune, compare).
 
 ``kernelab.kernel`` is ``@triton.jit`` that also runs on CPU tensors, through Triton's
-interpreter with kernelab's fixes to it (``kernelab.ops._runtime.interpreter``), in any process
+interpreter with kernelab's fixes to it (``kernelab.core.runtime.interpreter``), in any process
 and without TRITON_INTERPRET.
 
 Importing kernelab patches nothing and compiles nothing (nor imports torch or Triton).
@@ -20,7 +20,7 @@ def __getattr__(name: str):
 
         return getattr(ops, name)
     if name == "kernel":
-        from kernelab.ops._runtime.triton import kernel
+        from kernelab.core.runtime.triton import kernel
 
         return kernel
     raise AttributeError(f"module 'kernelab' has no attribute {name!r}")

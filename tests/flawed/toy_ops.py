@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from kernelab.core.runtime import inputs as _inputs
 from kernelab.ops import Contract, Cost, Op, Shape, Variant
-from kernelab.ops._runtime import inputs as _inputs
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0

@@ -9,7 +9,7 @@ import functools
 import pytest
 import torch
 
-from kernelab.ops._runtime import pallas
+from kernelab.core.runtime import pallas
 from kernelab.verify import verify_candidate
 
 jax_ok, jax_why = pallas.available()

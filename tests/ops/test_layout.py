@@ -1,6 +1,7 @@
 """The ops package's layout rules, read from the source (AST), so they stay true as ops are added.
 
-- one folder per family, plus ``_model/`` and ``_runtime/``;
+- one folder per family; the op model and the runtime the families share live below them, in
+  the public core (``kernelab/core/``);
 - a module without a leading underscore is one op: it registers exactly one;
 - ``_kernels.py`` holds only Triton kernels (and the constants they use);
 - no family imports another family's private modules or names, and no op module imports
@@ -21,8 +22,8 @@ import pytest
 import kernelab.ops
 
 OPS = Path(kernelab.ops.__file__).parent
+CORE = OPS.parent / "core"
 TESTS = Path(__file__).parent
-SHARED = ("_model", "_runtime")
 FAMILIES = sorted(p.name for p in OPS.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
 #: Triton's type spellings: a family module that writes them is writing a signature by hand.
 TRITON_TYPES = {"*fp16", "*bf16", "*fp32", "*fp8e4nv", "*fp8e4b8", "*i8", "*u8", "*i32", "i32"}
@@ -47,7 +48,9 @@ def _is_kernel(fn: ast.FunctionDef) -> bool:
 
 def test_families_and_shared_folders_exist():
     assert set(FAMILIES) >= {"norm", "matmul", "quant", "activation", "rotary", "logits"}
-    assert all((OPS / s / "__init__.py").is_file() for s in SHARED)
+    assert (CORE / "__init__.py").is_file() and (CORE / "runtime" / "__init__.py").is_file()
+    private = [p.name for p in OPS.iterdir() if p.is_dir() and p.name.startswith("_")]
+    assert not [p for p in private if p != "__pycache__"], f"private folders in ops/: {private}"
     stray = [p.name for p in OPS.glob("*.py") if p.name != "__init__.py"]
     assert not stray, f"modules outside a family folder: {stray}"
 
@@ -101,6 +104,8 @@ def _imports(path: Path):
 
 def _family_of(module: str) -> tuple[str | None, str | None]:
     parts = module.split(".")
+    if parts[:2] == ["kernelab", "core"]:
+        return "core", ".".join(parts[2:]) or None
     if len(parts) >= 3 and parts[:2] == ["kernelab", "ops"]:
         return parts[2], parts[3] if len(parts) > 3 else None
     return None, None
@@ -115,8 +120,8 @@ def test_no_private_names_cross_a_family_or_an_op_module(family):
             if fam is None:
                 continue
             where = f"{family}/{path.name}: from {module} import {name}"
-            if fam in SHARED:
-                assert not name.startswith("_"), f"{where} (a private name of {fam})"
+            if fam == "core":
+                assert not name.startswith("_"), f"{where} (a private name of the core)"
             elif fam != family:
                 assert mod is not None and not mod.startswith("_"), f"{where} (another family)"
                 assert not name.startswith("_"), f"{where} (another family's private name)"

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from kernelab.ops._model import Shape, dtype_name
+from kernelab.core import Shape, dtype_name
 
 #: Floors within this fraction of each other are a tie (compare's default noise floor).
 TIE = 0.02

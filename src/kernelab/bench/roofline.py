@@ -15,7 +15,7 @@ import torch
 
 from kernelab._host import torch_threads
 from kernelab.bench.timers import timer_for
-from kernelab.ops._model import dtype_name
+from kernelab.core import dtype_name
 
 COPY = "copy_bytes_per_s"
 MATMUL = "matmul_flops_"  # + dtype name, e.g. matmul_flops_bfloat16

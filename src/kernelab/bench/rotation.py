@@ -41,8 +41,8 @@ import torch
 
 from kernelab.bench import integrity
 from kernelab.bench.cache import copies_for_cold, replicate, tensor_bytes
+from kernelab.core import changeable
 from kernelab.numerics import bits
-from kernelab.ops._model import changeable
 
 #: Fraction of each data input's elements that differ between a slot's two states.
 PARTIAL_FRACTION = 0.01

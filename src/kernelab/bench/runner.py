@@ -25,8 +25,8 @@ from kernelab.bench.shapes import explicit_shapes as explicit_shapes
 from kernelab.bench.shapes import parse_dims as parse_dims
 from kernelab.bench.stats import StopRule, stable, summarize
 from kernelab.bench.telemetry import NoTelemetry, energy_per_call
-from kernelab.ops._model import dtype_name
-from kernelab.ops._runtime.backends import INTERPRETED
+from kernelab.core import dtype_name
+from kernelab.core.runtime.backends import INTERPRETED
 
 #: Default stopping rules: the CPU is noisier and slower to sample than a GPU.
 CPU_RULE = StopRule(rel_ci=0.03, min_samples=10, min_time=0.05, max_time=0.5)
@@ -169,7 +169,7 @@ def _first_call(run, op, shape, dtype, on_cpu: bool, skipped) -> bool:
     if not on_cpu:
         run.call()
         return True
-    from kernelab.ops._runtime.interpreter import interpreting_user_kernels
+    from kernelab.core.runtime.interpreter import interpreting_user_kernels
 
     with interpreting_user_kernels() as watch:
         run.call()

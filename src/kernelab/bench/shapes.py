@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import torch
 
-from kernelab.ops._model import Shape
+from kernelab.core import Shape
 
 
 def parse_dims(text: str, arg: str = "--shape") -> dict[str, int]:

@@ -14,7 +14,7 @@ import torch
 
 from kernelab.bench.runner import BenchConfig, bench_case, subjects_for
 from kernelab.bench.stats import StopRule
-from kernelab.ops._runtime.backends import INTERPRETED
+from kernelab.core.runtime.backends import INTERPRETED
 from kernelab.stages import Cell, StageReport
 
 CPU_STAGE_RULE = StopRule(rel_ci=0.05, min_samples=5, min_time=0.02, max_time=0.3)

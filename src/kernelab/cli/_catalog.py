@@ -114,15 +114,15 @@ def rows(device_type: str, names: list[str] | None = None) -> list[dict] | None:
 
 
 def calling(name: str) -> dict:
-    """The calling convention of op ``name`` (:func:`kernelab.cli.ops_cmd.calling_convention`)."""
+    """The calling convention of op ``name`` (:func:`kernelab.core.calling.calling_convention`)."""
     return next(o["calling"] for o in load()["ops"] if o["op"] == name)
 
 
 def build() -> dict:
     """The catalogue, made from the registry (imports every op)."""
     from kernelab import ops
-    from kernelab.cli.ops_cmd import calling_convention, op_row
-    from kernelab.ops._runtime.backends import backends
+    from kernelab.core.calling import calling_convention, op_row
+    from kernelab.core.runtime.backends import backends
 
     def answers(backend, missing: str | None = None) -> dict:
         needed = getattr(backend, "requires", ())

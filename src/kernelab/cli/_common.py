@@ -389,6 +389,20 @@ def store_run(db, kind: str, cases: list, provenance, label=None, what: str = "c
     return rec
 
 
+def record_bench(db, info, result, label):
+    """Store a bench run (:func:`store_run`), with its config and ceilings in the provenance:
+    (run id, None, None) or, when the ledger cannot, (None, the file keeping it or None, the
+    error line to print). ``bench`` and its ``--sweep`` both record through it."""
+    from kernelab import ledger
+
+    about = {"config": result.config, "ceilings": result.ceilings}
+    if result.interrupted:
+        about["interrupted"] = True
+    prov = ledger.provenance(info, bench=about)
+    rec = store_run(db, "bench", result.cases, prov, label)
+    return rec.run_id, rec.path, rec.error
+
+
 def unstored(rec) -> None:
     """After a command's output: a run the ledger could not store (:func:`store_run`) is one
     line on stderr saying where it is kept, and exit 1."""
@@ -433,14 +447,19 @@ def user_errors(fn: Callable) -> Callable:
 
 def check_op_names(names, argument: str = "op") -> None:
     """Refuse an unknown op name before anything heavy loads (the ops' catalogue, no torch):
-    a ValueError naming ``argument``, the ops, and the closest of them (did you mean)."""
+    a ValueError naming ``argument``, the ops, and the closest of them (did you mean). An op
+    registered in this process and not in the catalogue (one declared by the caller, the CLI
+    run in-process) is known too: the registry is read where it is already loaded."""
     from kernelab._suggest import unknown_name
     from kernelab.cli._catalog import op_names as known
 
     ops = known()
     for name in names:
         if name not in ops:
-            raise unknown_name(argument, name, ops)
+            registry = getattr(sys.modules.get("kernelab.core.op"), "_REGISTRY", {})
+            if name in registry:
+                continue
+            raise unknown_name(argument, name, sorted({*ops, *registry}))
 
 
 def op_names(ctx, param, value):

@@ -85,7 +85,7 @@ def _measure(op, variants, dim, values, dtypes, shape_set, labels, device, knobs
     from kernelab.bench.runner import CPU_RULE, GPU_RULE, BenchResult
     from kernelab.bench.telemetry import open_telemetry
     from kernelab.bench.timers import timer_for
-    from kernelab.cli.bench_cmd import _record
+    from kernelab.cli._common import record_bench
     from kernelab.hardware import detect
 
     info = detect(device)
@@ -126,7 +126,7 @@ def _measure(op, variants, dim, values, dtypes, shape_set, labels, device, knobs
         config = {"shape_set": shape_set, "mode": cfg.mode, "rule": cfg.rule.as_dict(),
                   "seed": cfg.seed, "sweep": study.as_dict()}  # fmt: skip
         result = BenchResult(info.as_dict(), ceilings.as_dict(), config, cases, list(skipped))
-        run_id, _, failure = _record(db, info, result, label)
+        run_id, _, failure = record_bench(db, info, result, label)
         if run_id is not None:
             kept(f"ledger run {run_id}: {len(cases)} case(s) of the sweep")
         if failure:
@@ -141,8 +141,8 @@ def _num(v) -> str:
 
 
 def _print(study, run_id, html_out) -> None:
+    from kernelab._table import Col, Sheet
     from kernelab.cli._common import console, echo
-    from kernelab.cli._table import Col, Sheet
 
     sheet = Sheet(
         f"{study.b} vs {study.a} over {study.dim} · {study.how} · {study.device}",

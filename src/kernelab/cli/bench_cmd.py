@@ -24,12 +24,12 @@ from kernelab.cli._common import (
     no_ledger_option,
     op_names,
     op_option,
+    record_bench,
     reference_option,
     select_ops,
     shape_option,
     shape_set_option,
     spinner,
-    store_run,
     user_errors,
     variant_option,
 )
@@ -286,7 +286,7 @@ def register(app: click.Group) -> None:
         doing(None)
         run_id, unrecorded, failure = None, None, None
         if db is not None and result.cases:
-            run_id, unrecorded, failure = _record(db, info, result, label)
+            run_id, unrecorded, failure = record_bench(db, info, result, label)
         lost(None)
         if not result.cases and not result.interrupted:  # selected, but each case skipped
             failure = "error: nothing was timed: every case selected was skipped (lines above)"
@@ -319,22 +319,9 @@ def register(app: click.Group) -> None:
             raise click.exceptions.Exit(1)
 
 
-def _record(db, info, result, label):
-    """Store the run (:func:`store_run`): (run id, None, None) or, when the ledger cannot,
-    (None, the file keeping it or None, the error line to print)."""
-    from kernelab import ledger
-
-    about = {"config": result.config, "ceilings": result.ceilings}
-    if result.interrupted:
-        about["interrupted"] = True
-    prov = ledger.provenance(info, bench=about)
-    rec = store_run(db, "bench", result.cases, prov, label)
-    return rec.run_id, rec.path, rec.error
-
-
 def bench_sheet(result):
     """The bench table: one group per op and shape, one row per dtype and variant."""
-    from kernelab.cli._table import Col, Sheet
+    from kernelab._table import Col, Sheet
 
     sheet = Sheet(
         f"kernelab bench — {result.device['name']}",
@@ -395,8 +382,8 @@ def _print_floors(spec, rows, json: bool) -> None:
     if json:
         emit_json({"device": spec.name, "floors": rows})
         return
+    from kernelab._table import Col, Sheet
     from kernelab.cli._common import console, echo
-    from kernelab.cli._table import Col, Sheet
 
     sheet = Sheet(
         f"speed-of-light floors on {spec.name} (datasheet)",

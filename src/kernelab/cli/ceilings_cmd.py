@@ -49,7 +49,7 @@ def register(app: click.Group) -> None:
                 {"device": info.as_dict(), "key": info.key, "measured": rows, "datasheet": sheet}
             )
             return
-        from kernelab.cli._table import Col, Sheet
+        from kernelab._table import Col, Sheet
 
         table = Sheet(
             f"ceilings — {info.key}",

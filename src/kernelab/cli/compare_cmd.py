@@ -17,7 +17,7 @@ from kernelab.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from kernelab.cli._table import Sheet
+    from kernelab._table import Sheet
 
 _CSV_COLUMNS = [
     "op",
@@ -66,7 +66,7 @@ def compare_sheet(result, threshold: float) -> Sheet:
     """The compare table: one group per op and shape, one row per variant, dtype and mode."""
     from rich.text import Text
 
-    from kernelab.cli._table import Col, Sheet
+    from kernelab._table import Col, Sheet
     from kernelab.report import fmt
 
     a, b = result.run_a, result.run_b

@@ -20,7 +20,7 @@ from kernelab.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from kernelab.cli._table import Sheet
+    from kernelab._table import Sheet
 
 _CSV_COLUMNS = [
     "created",
@@ -123,7 +123,7 @@ def _when(created: str) -> str:
 
 def runs_sheet(runs: list[dict]) -> Sheet:
     """Recent runs, one row each: the run id (what ``compare`` takes) is never cut."""
-    from kernelab.cli._table import Col, Sheet
+    from kernelab._table import Col, Sheet
 
     sheet = Sheet(
         "recent runs (newest first; times UTC)",
@@ -152,7 +152,7 @@ def runs_sheet(runs: list[dict]) -> Sheet:
 
 def history_sheet(op: str, rows: list[dict]) -> Sheet:
     """One op's cases over time: a group per shape, its rows oldest first."""
-    from kernelab.cli._table import Col, Sheet
+    from kernelab._table import Col, Sheet
     from kernelab.report import fmt
 
     sheet = Sheet(

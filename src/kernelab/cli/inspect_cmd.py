@@ -260,7 +260,7 @@ def inspect_sheet(result, shown):
     narrow. The title names the dtypes shown."""
     from rich.text import Text
 
-    from kernelab.cli._table import Col, Sheet
+    from kernelab._table import Col, Sheet
 
     dtypes = [r.key.split("/")[3] for r in result.reports if r.op and r.key.count("/") >= 4]
     dtypes = list(dict.fromkeys(dtypes))
@@ -336,7 +336,7 @@ def tpu_sheet(shown):
     VMEM estimate and limit (MiB)."""
     from rich.text import Text
 
-    from kernelab.cli._table import Col, Sheet
+    from kernelab._table import Col, Sheet
 
     sheet = Sheet(
         "kernelab inspect — Pallas calls lowered for TPU (Mosaic)",

@@ -151,7 +151,7 @@ def _pm(spread: dict) -> str:
 
 
 def model_sheet(preset: str, info, rows):
-    from kernelab.cli._table import Col, Sheet
+    from kernelab._table import Col, Sheet
 
     sheet = Sheet(
         f"kernelab model-bench — {preset} on {info.type}: {info.name}",
@@ -198,7 +198,7 @@ def _us(v) -> str:
 
 def profile_sheet(row):
     """The CPU ops of one profiled decode step; a long op name moves under its numbers."""
-    from kernelab.cli._table import Col, Sheet
+    from kernelab._table import Col, Sheet
 
     d = row["decode_profile"]
     share = d.get("framework_overhead_share")

@@ -141,8 +141,8 @@ def _check_profile(configs, prefill, sets, as_json) -> None:
             for step, checks, unchecked in report
         } | {"ok": not failed})  # fmt: skip
     else:
+        from kernelab._table import Col, Sheet
         from kernelab.cli._common import console, echo
-        from kernelab.cli._table import Col, Sheet
 
         for step, checks, unchecked in report:
             what = (f"a prefill of {step.tokens} tokens" if step.phase == "prefill"
@@ -200,7 +200,7 @@ def _ms(s: float) -> str:
 
 
 def _step_sheet(cost, step):
-    from kernelab.cli._table import Col, Sheet
+    from kernelab._table import Col, Sheet
 
     what = (
         f"prefill of {step.tokens} tokens"
@@ -271,7 +271,7 @@ def _print_one(cost, first: bool) -> None:
 
 
 def _pair_sheet(a, b, phase: str):
-    from kernelab.cli._table import Col, Sheet
+    from kernelab._table import Col, Sheet
     from kernelab.models import model_cost as mc
 
     d = mc.diff(a, b, phase)

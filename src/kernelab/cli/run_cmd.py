@@ -129,7 +129,7 @@ def card_sheet(info, selected, reports, width: int):
     line per variant and stage (each op's variants grouped under it)."""
     from rich.text import Text
 
-    from kernelab.cli._table import Col, Sheet
+    from kernelab._table import Col, Sheet
 
     title = f"kernelab report card — {info.type}: {info.name}"
     rows = []

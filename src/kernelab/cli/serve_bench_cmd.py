@@ -115,7 +115,7 @@ def _ms(v) -> str:
 
 
 def serve_sheet(result, info):
-    from kernelab.cli._table import Col, Sheet
+    from kernelab._table import Col, Sheet
 
     sheet = Sheet(
         f"kernelab serve-bench — {result['preset']}, {len(result['requests'])} requests on "

@@ -141,8 +141,8 @@ def _dry_run(spec, tasks, skipped, ledger_url, as_json) -> None:
     if as_json:
         emit_json({"dry_run": True, "spec": spec.as_dict(), **out})
         return
+    from kernelab._table import Col, Sheet
     from kernelab.cli._common import console
-    from kernelab.cli._table import Col, Sheet
 
     sheet = Sheet(
         f"sweep {out['sweep']} (dry run: nothing runs)",
@@ -299,8 +299,8 @@ def show_sweeps(db, limit: int, json: bool, csv: bool) -> None:
         flat = [{**r, "kind": r["spec"].get("kind")} for r in rows]
         sys.stdout.write(fmt.to_csv(flat, ["created", "id", "kind", "done", "failed"]))
         return
+    from kernelab._table import Col, Sheet
     from kernelab.cli._common import console
-    from kernelab.cli._table import Col, Sheet
 
     if not rows:
         echo("the ledger holds no sweeps")
@@ -347,8 +347,8 @@ def show_sweep(db, sweep_id: str, json: bool, csv: bool) -> None:
 
         sys.stdout.write(fmt.to_csv(tasks, _TASK_COLUMNS))
         return
+    from kernelab._table import Col, Sheet
     from kernelab.cli._common import console
-    from kernelab.cli._table import Col, Sheet
 
     done = sum(t["status"] == "done" for t in tasks)
     sheet = Sheet(

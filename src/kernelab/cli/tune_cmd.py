@@ -146,7 +146,7 @@ def config_text(config) -> str:
 def tune_sheet(op: str, info, results):
     """One group per shape: its space, what pruning left and why, the winner (or, untimed,
     the configs inspect prefers)."""
-    from kernelab.cli._table import Col, Sheet
+    from kernelab._table import Col, Sheet
     from kernelab.tune.static import PREFERRED
 
     sheet = Sheet(

@@ -244,7 +244,7 @@ def verify_sheet(report):
     """One group per op and shape set, one row per variant."""
     from rich.text import Text
 
-    from kernelab.cli._table import Col, Sheet
+    from kernelab._table import Col, Sheet
 
     sheet = Sheet(
         f"kernelab verify — {report.device}, seed {report.seed}, {report.trials} trial(s) per case",
@@ -325,7 +325,7 @@ def audit_sheet(report):
     """One group per op, one row per null candidate and dtype."""
     from rich.text import Text
 
-    from kernelab.cli._table import Col, Sheet
+    from kernelab._table import Col, Sheet
 
     sheet = Sheet(
         f"kernelab verify --audit — {report.device}, seed {report.seed}",

@@ -1,5 +1,5 @@
 """Compile a :class:`Spec` for a target, on a machine without the device: the spec's backend
-does it (``kernelab.ops._runtime.backends``; Triton runs its whole pipeline for any target on a
+does it (``kernelab.core.runtime.backends``; Triton runs its whole pipeline for any target on a
 CPU — Triton IR, PTX and a cubin through the ptxas in its wheel, AMDGCN and an HSA code
 object for AMD; Pallas calls lower to Mosaic for TPU generations). The artifacts are text and
 small numbers only, so they pickle across
@@ -8,9 +8,9 @@ processes and parse into a report (:mod:`kernelab.inspect.parse`) without the co
 
 from __future__ import annotations
 
+from kernelab.core.runtime.backends import get_backend
 from kernelab.inspect.spec import Spec
 from kernelab.inspect.targets import Target
-from kernelab.ops._runtime.backends import get_backend
 
 
 def backend_version(name: str = "triton") -> str:

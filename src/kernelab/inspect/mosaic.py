@@ -1,4 +1,4 @@
-"""Read a Mosaic module (the text :mod:`kernelab.ops._runtime.mosaic` prints) into facts: grid,
+"""Read a Mosaic module (the text :mod:`kernelab.core.runtime.mosaic` prints) into facts: grid,
 dimension semantics, block shapes, scratch, VMEM limit and a VMEM estimate.
 
 The text is parsed, never executed: a few regular expressions and a bracket-aware splitter

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernelab.core import dtype_name
+from kernelab.core.runtime.backends import get_backend
 from kernelab.inspect.report import Job
 from kernelab.inspect.spec import from_launch
 from kernelab.inspect.targets import Target
-from kernelab.ops._model import dtype_name
-from kernelab.ops._runtime.backends import get_backend
 
 
 @dataclass
@@ -107,7 +107,7 @@ def _pallas_variants(op) -> list:
 def _plan_pallas(out: Plan, ops, targets: Sequence[Target], dtypes, shape_set: str) -> None:
     """Jobs for every Pallas call each op's Pallas variants make, per TPU target: a variant's
     config is chosen per TPU generation, so each target lowers its own calls."""
-    from kernelab.ops._runtime import pallas
+    from kernelab.core.runtime import pallas
 
     without = [op.name for op in ops if not _pallas_variants(op)]
     if without:

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from kernelab.ops._runtime.backends import jit_of, triton_signature
+from kernelab.core.runtime.backends import jit_of, triton_signature
 
 #: Element types a signature may name (Triton's spellings).
 SCALAR_TYPES = (
@@ -55,7 +55,7 @@ class Spec:
     max_elements: int | None = None
     label: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
-    #: The backend that compiles it (``kernelab.ops._runtime.backends``).
+    #: The backend that compiles it (``kernelab.core.runtime.backends``).
     backend: str = "triton"
 
     @property
@@ -64,7 +64,7 @@ class Spec:
 
     def triton_signature(self) -> tuple[dict, dict, dict]:
         """(signature, constexprs, attrs) as ``triton.compiler.ASTSource`` takes them (see
-        ``kernelab.ops._runtime.backends.triton_signature``)."""
+        ``kernelab.core.runtime.backends.triton_signature``)."""
         return triton_signature(self)
 
     def config_text(self) -> str:
@@ -113,7 +113,7 @@ def _short(v) -> Any:
 def from_launch(launch, max_elements: int | None = None, label: str = "") -> Spec:
     """A :class:`Spec` from an op's :class:`kernelab.ops.Launch`; a
     :class:`kernelab.inspect.tpu.TpuSpec` from a declared Pallas call."""
-    from kernelab.ops._runtime.pallas import PallasCall
+    from kernelab.core.runtime.pallas import PallasCall
 
     if isinstance(launch, PallasCall):
         from kernelab.inspect.tpu import TpuSpec

@@ -43,7 +43,7 @@ MIB = 2**20
 
 @dataclass(frozen=True)
 class TpuSpec:
-    """One declared Pallas call (``kernelab.ops._runtime.pallas.PallasCall``) to lower.
+    """One declared Pallas call (``kernelab.core.runtime.pallas.PallasCall``) to lower.
 
     Lowered in this process (jax starts threads: never in forked workers). Cached under
     :meth:`source_key`: the full text of every source file defining the kernel or one of its
@@ -82,7 +82,7 @@ class TpuSpec:
         return hashlib.sha256(text).hexdigest()[:20]
 
     def source_key(self) -> str:
-        from kernelab.ops._runtime import pallas
+        from kernelab.core.runtime import pallas
 
         h = hashlib.sha256(self.identity().encode())
         fns = [self.call.kernel] + [b.index_map for b in self.call.in_specs]

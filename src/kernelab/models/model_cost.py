@@ -54,6 +54,7 @@ from typing import Any
 
 import torch
 
+from kernelab.core.contract import Cost
 from kernelab.models.model_config import (
     ACTIVATIONS,
     WORKLOAD_KEYS,
@@ -63,7 +64,6 @@ from kernelab.models.model_config import (
     _positive_int,
     load_config,
 )
-from kernelab.ops._model.contract import Cost
 
 #: GEMM precision recipes: the op each runs on, and the dtype whose peak bounds its FLOPs.
 RECIPES = ("bf16", "fp8", "w4a16", "w8a16", "mxfp4")
@@ -240,7 +240,7 @@ class ModelCost:
 
 
 def _shape(label, dims, params=None):
-    from kernelab.ops._model import Shape
+    from kernelab.core import Shape
 
     return Shape(label, dims, params or {})
 
@@ -249,7 +249,7 @@ def _op_cost(op_name: str, shape, dtype, host=None) -> tuple[Cost, dict]:
     """The op's own cost model on the inputs it makes for ``shape`` (meta tensors), with
     ``host`` replacing inputs a cost model reads values of (sequence lengths)."""
     from kernelab import ops as _ops  # noqa: F401 (registers the ops)
-    from kernelab.ops._model.op import get
+    from kernelab.core.op import get
 
     op = get(op_name)
     inputs = op.inputs(shape, dtype, "meta")

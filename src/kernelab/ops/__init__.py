@@ -1,12 +1,13 @@
 """Ops, one folder per family (norm, matmul, quant, activation, rotary, logits, attention,
-moe), each op declared once through the op model (``_model``) in one module of its family;
-what families share lives in ``_runtime``.
+moe), each op declared once through the public op core (:mod:`kernelab.core`: Op, Variant,
+Contract, Shape, launches, registries, and the runtime the families share) in one module of its
+family.
 
 Adding an op: one module in its family's folder, one test file, one export line below; then
 ``python -m kernelab.cli._catalog`` (the ops' catalogue that torch-free commands read).
 """
 
-from kernelab.ops._model import (
+from kernelab.core import (
     SHAPE_SETS,
     Contract,
     Cost,

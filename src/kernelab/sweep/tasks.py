@@ -120,7 +120,7 @@ def config_text(config) -> str:
 
 
 def _make(kind, op, variant, shape_set, shape_key, dtype, config, target, params, units=1):
-    from kernelab.ops._runtime.tuned import kernel_hash
+    from kernelab.core.runtime.tuned import kernel_hash
 
     khash = kernel_hash(op.kernels) if op.kernels else "-"
     text = _json(
@@ -146,7 +146,7 @@ def _make(kind, op, variant, shape_set, shape_key, dtype, config, target, params
 def _dtypes(op, names) -> list:
     """The op's dtypes that are named (all when none are); as ``kernelab inspect``, an op
     taking none of them is run in its first."""
-    from kernelab.ops._model import dtype_name
+    from kernelab.core import dtype_name
 
     if not names:
         return list(op.dtypes)
@@ -199,7 +199,7 @@ def _configs(op, shape, dtype, configs, skipped: list[str]) -> list:
 
 def _compile_targets(op, shape, dtype, targets) -> list[str]:
     """The targets among ``targets`` that some launch of the op compiles for."""
-    from kernelab.ops._runtime.backends import get_backend
+    from kernelab.core.runtime.backends import get_backend
 
     try:
         backends = {launch.backend for launch in op.launches(shape, dtype, None)}
@@ -212,7 +212,7 @@ def _compile_targets(op, shape, dtype, targets) -> list[str]:
 def expand(spec: SweepSpec) -> tuple[list[Task], list[str]]:
     """The tasks of ``spec`` (in a stable order) and what was left out, one line each."""
     from kernelab import ops as registry
-    from kernelab.ops._model import dtype_name
+    from kernelab.core import dtype_name
 
     tasks: list[Task] = []
     skipped: list[str] = []

@@ -1,4 +1,4 @@
-"""Tables for people, laid out for 80 columns first (:class:`kernelab.cli._table.Sheet`): no
+"""Tables for people, laid out for 80 columns first (:class:`kernelab._table.Sheet`): no
 kernel, op or device name and no number is ever cut; long names move below their row and
 secondary columns give way on narrow terminals. Every name from a trace is untrusted text:
 control characters are shown as escapes (a kernel name must not move the cursor or recolour
@@ -12,7 +12,7 @@ import re
 from rich.console import Console
 from rich.markup import escape as _markup_escape
 
-from kernelab.cli._table import Col, Sheet
+from kernelab._table import Col, Sheet
 
 #: C0 controls (tab and newline included: a name is one line), DEL and C1 controls.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")

@@ -11,7 +11,7 @@
 4. verifies the winner against the float64 reference before storing it, falling back to the
    next best if it fails;
 5. stores it in the ledger's cache and in the tuned-config file the ops read at run time
-   (``kernelab.ops._runtime.tuned``), keyed by device, kernel source hash, Triton version, dtype and
+   (``kernelab.core.runtime.tuned``), keyed by device, kernel source hash, Triton version, dtype and
    shape bucket.
 """
 

@@ -12,9 +12,9 @@ import torch
 
 from kernelab import _flags
 from kernelab.bench import integrity
+from kernelab.core import dtype_name
+from kernelab.core.runtime import tuned as _tuned
 from kernelab.ops import Op, Shape
-from kernelab.ops._model import dtype_name
-from kernelab.ops._runtime import tuned as _tuned
 from kernelab.tune.search import Trial, search
 from kernelab.tune.static import Analysis, Standing, rank
 

@@ -1,7 +1,7 @@
 """verify: the correctness harness (METHOD.md, "Correct first").
 
 For each op × variant × shape × dtype, several trials with fresh inputs from the distributions
-of ``kernelab.ops._runtime.inputs.DISTRIBUTIONS`` (the last trial also holds a NaN, a +Inf and
+of ``kernelab.core.runtime.inputs.DISTRIBUTIONS`` (the last trial also holds a NaN, a +Inf and
 a −Inf),
 each seed derived from one run seed that is printed and can be given back with ``seed=``:
 

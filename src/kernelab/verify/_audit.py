@@ -24,8 +24,8 @@ from collections.abc import Callable
 
 import torch
 
+from kernelab.core import dtype_name
 from kernelab.ops import Op
-from kernelab.ops._model import dtype_name
 from kernelab.verify._case import Subject, expected, run_case
 from kernelab.verify._runner import (
     DEFAULT_TRIALS,

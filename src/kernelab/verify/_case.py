@@ -44,10 +44,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kernelab.core import changeable
+from kernelab.core.runtime.inputs import DISTRIBUTIONS
 from kernelab.numerics import error
 from kernelab.ops import as_tuple
-from kernelab.ops._model import changeable
-from kernelab.ops._runtime.inputs import DISTRIBUTIONS
 from kernelab.verify import _buffers, _checks
 from kernelab.verify._tolerance import tolerance
 from kernelab.verify._types import CLASSES, CaseResult, Failure

@@ -2,7 +2,7 @@
 
 The input generator is called as ``make_inputs(seed=..., dist=..., device=...)`` (each keyword
 only if it accepts it) and returns the inputs dict; ``dist`` is one of
-``kernelab.ops._runtime.inputs.DISTRIBUTIONS``. The reference is called on float64 CPU copies of the
+``kernelab.core.runtime.inputs.DISTRIBUTIONS``. The reference is called on float64 CPU copies of the
 inputs (the truth) and on the inputs as generated (the baseline the tolerance is derived from,
 as eager torch is for registered ops). Nothing is declared in place: any change to an input is
 reported.

@@ -12,9 +12,9 @@ import torch
 from kernelab._host import memory_available as host_memory_available
 from kernelab._host import torch_threads
 from kernelab._loader import check_signature
+from kernelab.core import dtype_name
+from kernelab.core.sampling import two_tiles
 from kernelab.ops import Op, all_ops, get
-from kernelab.ops._model import dtype_name
-from kernelab.ops._model.sampling import two_tiles
 from kernelab.verify import _full
 from kernelab.verify._case import Subject, run_case
 from kernelab.verify._types import Report
@@ -196,7 +196,7 @@ def run_subject(
     shapes: Sequence | None = None,
     tier: str = "full",
 ) -> None:
-    from kernelab.ops._runtime.interpreter import numeric_warnings
+    from kernelab.core.runtime.interpreter import numeric_warnings
 
     before = numeric_warnings()
     with cpu_threads(device):
@@ -214,7 +214,7 @@ def _run_subject(
     report, op, subject, shape_sets, dtypes, device, trials, cap, baseline, progress, shapes,
     tier="full",
 ) -> None:  # fmt: skip
-    from kernelab.ops._runtime.interpreter import interpreted_launches
+    from kernelab.core.runtime.interpreter import interpreted_launches
 
     launches = interpreted_launches()
     dtypes = list(dtypes)
@@ -337,7 +337,7 @@ def candidate_on(fn: Callable, device) -> Callable:
     launches run through kernelab's interpreter (no TRITON_INTERPRET needed)."""
     if torch.device(device).type != "cpu":
         return fn
-    from kernelab.ops._runtime.interpreter import interpreted_on_cpu
+    from kernelab.core.runtime.interpreter import interpreted_on_cpu
 
     return interpreted_on_cpu(fn)
 
@@ -465,7 +465,7 @@ def verify_candidate(
     """Verify any callable with a registered op's signature (called as ``fn(**inputs)``).
 
     On the CPU, plain ``@triton.jit`` kernels that ``fn`` launches run through kernelab's
-    interpreter, with its fixes (``kernelab.ops._runtime.interpreter``).
+    interpreter, with its fixes (``kernelab.core.runtime.interpreter``).
 
     ``shapes``: explicit ``Shape`` objects instead of the op's shape sets (labelled "given").
     """

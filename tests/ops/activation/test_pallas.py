@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 import torch
 
+from kernelab.core.runtime import pallas
 from kernelab.ops import SILU_AND_MUL, Shape
-from kernelab.ops._runtime import pallas
 from tests.ops import pallas_checks as pc
 
 pytestmark = pc.needs_jax

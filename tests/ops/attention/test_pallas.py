@@ -10,8 +10,8 @@ import dataclasses
 import pytest
 import torch
 
+from kernelab.core.runtime import pallas
 from kernelab.ops import ATTENTION_PREFILL, PAGED_ATTENTION
-from kernelab.ops._runtime import pallas
 from kernelab.ops.attention import _pallas as ap
 from kernelab.ops.attention._pallas import PagedSteps, PrefillBlocks
 from tests.ops import pallas_checks as pc

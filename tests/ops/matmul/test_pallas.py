@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 import torch
 
+from kernelab.core.runtime import pallas
 from kernelab.ops import GEMM, W8A16_GEMM, Shape
-from kernelab.ops._runtime import pallas
 from kernelab.ops.matmul import _pallas as mp
 from kernelab.ops.matmul._pallas import MatmulTiles
 from tests.ops import pallas_checks as pc

@@ -8,9 +8,9 @@ import pytest
 import torch
 import triton.language as tl
 
+from kernelab.core.runtime.triton import kernel
 from kernelab.ops import FUSED_MOE_MXFP4, Shape, fused_moe_mxfp4
 from kernelab.ops import packing as _packing
-from kernelab.ops._runtime.triton import kernel
 from kernelab.ops.moe.fused_moe_mxfp4 import (
     MoEConfig,
     fused_moe_mxfp4_ref,

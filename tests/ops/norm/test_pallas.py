@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 import torch
 
+from kernelab.core.runtime import pallas
+from kernelab.core.runtime.pallas import RowBlocks
 from kernelab.ops import RMSNORM, Shape
-from kernelab.ops._runtime import pallas
-from kernelab.ops._runtime.pallas import RowBlocks
 from tests.ops import pallas_checks as pc
 
 pytestmark = pc.needs_jax

@@ -7,9 +7,9 @@ import importlib
 import pytest
 import torch
 
+from kernelab.core.runtime.fp8 import FP8_DTYPES, MIN_SCALE
 from kernelab.numerics import special_mismatch
 from kernelab.ops import RMSNORM_FP8_QUANT, Shape, rmsnorm_fp8_quant
-from kernelab.ops._runtime.fp8 import FP8_DTYPES, MIN_SCALE
 from kernelab.ops.norm import _common as _norm
 from kernelab.ops.norm._kernels import _norm_kernel
 from kernelab.ops.norm.rmsnorm_fp8_quant import rmsnorm_fp8_quant_torch, rmsnorm_fp8_quant_triton

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelab.ops._model import Cost, Shape
-from kernelab.ops._runtime import check as _check
-from kernelab.ops._runtime import inputs as _inputs
-from kernelab.ops._runtime import shapes as _shapes
-from kernelab.ops._runtime.launch import KernelCall, LaunchPlan, cdiv, rows, shrink_to_fill
-from kernelab.ops._runtime.triton import next_pow2
+from kernelab.core import Cost, Shape
+from kernelab.core.runtime import check as _check
+from kernelab.core.runtime import inputs as _inputs
+from kernelab.core.runtime import shapes as _shapes
+from kernelab.core.runtime.launch import KernelCall, LaunchPlan, cdiv, rows, shrink_to_fill
+from kernelab.core.runtime.triton import next_pow2
 from kernelab.ops.activation._kernels import GELU_ERF, GELU_TANH
 
 #: The GELU forms (``approximate``) as the kernel's ACT constexpr.

@@ -4,7 +4,7 @@ activation chosen by the ``ACT`` constexpr (SiLU, or GELU in its tanh or erf for
 
 import triton.language as tl
 
-from kernelab.ops._runtime.triton import kernel
+from kernelab.core.runtime.triton import kernel
 
 #: The activations, as the kernel's ACT constexpr.
 SILU, GELU_TANH, GELU_ERF = 0, 1, 2

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelab.ops._runtime import pallas as _pl
-from kernelab.ops._runtime.launch import rows
-from kernelab.ops._runtime.pallas import Block, Out, PallasCall, PallasPlan, RowBlocks
+from kernelab.core.runtime import pallas as _pl
+from kernelab.core.runtime.launch import rows
+from kernelab.core.runtime.pallas import Block, Out, PallasCall, PallasPlan, RowBlocks
 
 
 def _silu(g):

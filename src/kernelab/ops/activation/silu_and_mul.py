@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernelab.ops._model import Contract, Op, Sampling, Variant, register
-from kernelab.ops._runtime.triton import use_triton
+from kernelab.core import Contract, Op, Sampling, Variant, register
+from kernelab.core.runtime.triton import use_triton
 from kernelab.ops.activation import _common as _act
 from kernelab.ops.activation._common import ActConfig
 from kernelab.ops.activation._kernels import SILU, _act_and_mul_kernel

@@ -20,7 +20,7 @@ j ≥ pos − window, the block mask):
 
 import triton.language as tl
 
-from kernelab.ops._runtime.triton import kernel
+from kernelab.core.runtime.triton import kernel
 
 # --- paged KV: kv_cache_write, merge_attention_states, paged_attention ------------------------
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelab.ops._runtime import check as _check
-from kernelab.ops._runtime import inputs as _inputs
-from kernelab.ops._runtime.fp8 import FP8_DTYPES
-from kernelab.ops._runtime.launch import KernelCall, cdiv
-from kernelab.ops._runtime.triton import next_pow2
+from kernelab.core.runtime import check as _check
+from kernelab.core.runtime import inputs as _inputs
+from kernelab.core.runtime.fp8 import FP8_DTYPES
+from kernelab.core.runtime.launch import KernelCall, cdiv
+from kernelab.core.runtime.triton import next_pow2
 
 #: Float8 formats a cache may hold (e4m3: NVIDIA's OCP format, AMD gfx942's fnuz).
 CACHE_FP8 = FP8_DTYPES
@@ -90,7 +90,7 @@ def validate_caches(k_cache, v_cache, value_dtype: torch.dtype, device) -> None:
 
 def positive_int(name: str, value, what: str) -> None:
     """None, or a positive int: a bool or a float is a TypeError (the repository's rule, see
-    ``_runtime/check.py``), zero or less a ValueError."""
+    ``kernelab/core/runtime/check.py``), zero or less a ValueError."""
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

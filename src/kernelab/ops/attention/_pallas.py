@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelab.ops._runtime import pallas as _pl
-from kernelab.ops._runtime.pallas import Block, Out, PallasCall, PallasPlan, Scratch
+from kernelab.core.runtime import pallas as _pl
+from kernelab.core.runtime.pallas import Block, Out, PallasCall, PallasPlan, Scratch
 
 #: A running maximum that is finite (exp(m − m') stays a number when nothing was seen yet).
 M_INIT = -1e30

@@ -23,9 +23,9 @@ import math
 
 import torch
 
-from kernelab.ops._model import Shape
-from kernelab.ops._runtime import check as _check
-from kernelab.ops._runtime import inputs as _inputs
+from kernelab.core import Shape
+from kernelab.core.runtime import check as _check
+from kernelab.core.runtime import inputs as _inputs
 
 #: Head dimensions the kernels support (96 is padded to 128 inside, with masking).
 HEAD_DIMS = (64, 96, 128, 256)

@@ -28,11 +28,11 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
-from kernelab.ops._runtime import check as _check
-from kernelab.ops._runtime import inputs as _inputs
-from kernelab.ops._runtime.launch import KernelCall, LaunchPlan
-from kernelab.ops._runtime.triton import arch_of, next_pow2, sm_version, use_triton
+from kernelab.core import Contract, Cost, Op, Shape, Variant, register
+from kernelab.core.runtime import check as _check
+from kernelab.core.runtime import inputs as _inputs
+from kernelab.core.runtime.launch import KernelCall, LaunchPlan
+from kernelab.core.runtime.triton import arch_of, next_pow2, sm_version, use_triton
 from kernelab.ops.attention import _paged, _ragged
 from kernelab.ops.attention._kernels import _attention_prefill_kernel
 

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
-from kernelab.ops._runtime import check as _check
-from kernelab.ops._runtime import inputs as _inputs
-from kernelab.ops._runtime.launch import KernelCall, LaunchPlan, cdiv
-from kernelab.ops._runtime.triton import next_pow2, use_triton
+from kernelab.core import Contract, Cost, Op, Shape, Variant, register
+from kernelab.core.runtime import check as _check
+from kernelab.core.runtime import inputs as _inputs
+from kernelab.core.runtime.launch import KernelCall, LaunchPlan, cdiv
+from kernelab.core.runtime.triton import next_pow2, use_triton
 from kernelab.ops.attention import _paged
 from kernelab.ops.attention._kernels import _kv_cache_write_kernel
 

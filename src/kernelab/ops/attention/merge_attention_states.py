@@ -22,11 +22,11 @@ import math
 
 import torch
 
-from kernelab.ops._model import Contract, Cost, Op, Sampling, Shape, Variant, register
-from kernelab.ops._runtime import check as _check
-from kernelab.ops._runtime import inputs as _inputs
-from kernelab.ops._runtime.launch import LaunchPlan
-from kernelab.ops._runtime.triton import use_triton
+from kernelab.core import Contract, Cost, Op, Sampling, Shape, Variant, register
+from kernelab.core.runtime import check as _check
+from kernelab.core.runtime import inputs as _inputs
+from kernelab.core.runtime.launch import LaunchPlan
+from kernelab.core.runtime.triton import use_triton
 from kernelab.ops.attention import _paged
 from kernelab.ops.attention._kernels import _merge_attention_states_kernel
 

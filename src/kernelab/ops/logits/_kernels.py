@@ -5,7 +5,7 @@ held in registers (SINGLE_PASS), else an online running max and sum then the nor
 
 import triton.language as tl
 
-from kernelab.ops._runtime.triton import kernel
+from kernelab.core.runtime.triton import kernel
 
 
 @kernel

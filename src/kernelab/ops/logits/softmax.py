@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import torch
 
-from kernelab.ops._model import Contract, Cost, Op, Sampling, Shape, Variant, register
-from kernelab.ops._runtime import check as _check
-from kernelab.ops._runtime import inputs as _inputs
-from kernelab.ops._runtime import shapes as _shapes
-from kernelab.ops._runtime.launch import KernelCall, LaunchPlan, RowConfig, cdiv, rows
-from kernelab.ops._runtime.triton import use_triton
+from kernelab.core import Contract, Cost, Op, Sampling, Shape, Variant, register
+from kernelab.core.runtime import check as _check
+from kernelab.core.runtime import inputs as _inputs
+from kernelab.core.runtime import shapes as _shapes
+from kernelab.core.runtime.launch import KernelCall, LaunchPlan, RowConfig, cdiv, rows
+from kernelab.core.runtime.triton import use_triton
 from kernelab.ops.logits._kernels import _softmax_kernel
 
 # --- launch heuristics as data ----------------------------------------------------------------

@@ -14,12 +14,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kernelab.ops._model import Sampling, Shape
-from kernelab.ops._runtime import shapes as _shapes
-from kernelab.ops._runtime.launch import KernelCall
-from kernelab.ops._runtime.launch import cdiv as cdiv  # re-exported for the GEMM modules
-from kernelab.ops._runtime.triton import arch_of as arch_of  # re-exported, as cdiv
-from kernelab.ops._runtime.triton import sm_version as sm_version
+from kernelab.core import Sampling, Shape
+from kernelab.core.runtime import shapes as _shapes
+from kernelab.core.runtime.launch import KernelCall
+from kernelab.core.runtime.launch import cdiv as cdiv  # re-exported for the GEMM modules
+from kernelab.core.runtime.triton import arch_of as arch_of  # re-exported, as cdiv
+from kernelab.core.runtime.triton import sm_version as sm_version
 from kernelab.ops.matmul._kernels import _splitk_reduce_kernel
 
 #: Activation codes understood by ``_epilogue`` (constexpr ACTIVATION).

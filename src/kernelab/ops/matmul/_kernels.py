@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import triton.language as tl
 
-from kernelab.ops._runtime.triton import kernel
+from kernelab.core.runtime.triton import kernel
 
 # --- helpers ------------------------------------------------------------------------------------
 

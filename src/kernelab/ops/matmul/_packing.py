@@ -43,8 +43,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelab.ops._runtime import check as _check
-from kernelab.ops._runtime import fp8 as _fp8
+from kernelab.core.runtime import check as _check
+from kernelab.core.runtime import fp8 as _fp8
 
 GROUP_SIZES = (64, 128)
 #: Nibble p of an AWQ word holds column 8j + AWQ_ORDER[p].

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelab.ops._runtime import pallas as _pl
-from kernelab.ops._runtime.pallas import Block, Out, PallasCall, PallasPlan, Scratch
+from kernelab.core.runtime import pallas as _pl
+from kernelab.core.runtime.pallas import Block, Out, PallasCall, PallasPlan, Scratch
 
 # --- the kernels -------------------------------------------------------------------------------
 
@@ -127,7 +127,7 @@ class MatmulTiles:
     """(block_m, block_n, block_k) of the tiled Pallas GEMM.
 
     Defaults: tiles a multiple of the MXU width (128 on v5e, 256 on v6e and TPU7x, from jax's
-    chip table in ``_runtime/pallas.CHIPS``): 512 × 512 × 512 on v6e/TPU7x, 256 × 256 × 512 on
+    chip table in ``core/runtime/pallas.CHIPS``): 512 × 512 × 512 on v6e/TPU7x, 256 × 256 × 512 on
     v5e, about 4 MiB of VMEM with double buffering. A dimension smaller than its tile is taken
     whole (Mosaic accepts a block equal to the array dimension). A choice from the MXU
     geometry, not a measurement (no TPU here); ``tuning_space`` lists the alternatives.

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelab.ops._model import Contract, Cost, Shape
-from kernelab.ops._runtime import check as _check
-from kernelab.ops._runtime import inputs as _inputs
-from kernelab.ops._runtime.launch import KernelCall, LaunchPlan
-from kernelab.ops._runtime.triton import num_sms
+from kernelab.core import Contract, Cost, Shape
+from kernelab.core.runtime import check as _check
+from kernelab.core.runtime import inputs as _inputs
+from kernelab.core.runtime.launch import KernelCall, LaunchPlan
+from kernelab.core.runtime.triton import num_sms
 from kernelab.ops.matmul import _common as gc
 from kernelab.ops.matmul import _packing
 

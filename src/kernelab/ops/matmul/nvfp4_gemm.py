@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import torch
 
-from kernelab.ops._model import Contract, Cost, Op, Shape, Variant, register
-from kernelab.ops._runtime import check as _check
-from kernelab.ops._runtime import inputs as _inputs
-from kernelab.ops._runtime.launch import KernelCall, LaunchPlan
-from kernelab.ops._runtime.triton import use_triton
+from kernelab.core import Contract, Cost, Op, Shape, Variant, register
+from kernelab.core.runtime import check as _check
+from kernelab.core.runtime import inputs as _inputs
+from kernelab.core.runtime.launch import KernelCall, LaunchPlan
+from kernelab.core.runtime.triton import use_triton
 from kernelab.ops.matmul import _common as gc
 from kernelab.ops.matmul._kernels import _nvfp4_gemm_kernel
 from kernelab.ops.matmul._packing import (

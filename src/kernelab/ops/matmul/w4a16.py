@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from kernelab.ops._model import Op, Shape, Variant, register
-from kernelab.ops._runtime.triton import use_triton
+from kernelab.core import Op, Shape, Variant, register
+from kernelab.core.runtime.triton import use_triton
 from kernelab.ops.matmul import _common as gc
 from kernelab.ops.matmul import _packing
 from kernelab.ops.matmul import _weight_only as _wo

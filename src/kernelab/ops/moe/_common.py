@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelab.ops._runtime import check as _check
-from kernelab.ops._runtime.launch import KernelCall, LaunchPlan, cdiv
-from kernelab.ops._runtime.triton import next_pow2
+from kernelab.core.runtime import check as _check
+from kernelab.core.runtime.launch import KernelCall, LaunchPlan, cdiv
+from kernelab.core.runtime.triton import next_pow2
 from kernelab.ops.moe._kernels import _fused_moe_kernel, _moe_align_kernel, _moe_sum_kernel
 
 INDEX_DTYPES = (torch.int32, torch.int64)

@@ -9,8 +9,8 @@ import math
 
 import torch
 
-from kernelab.ops._model import Cost, Shape
-from kernelab.ops._runtime import inputs as _inputs
+from kernelab.core import Cost, Shape
+from kernelab.core.runtime import inputs as _inputs
 
 # --- the reference loop -----------------------------------------------------------------------
 

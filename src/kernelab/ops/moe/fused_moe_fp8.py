@@ -52,12 +52,12 @@ import math
 
 import torch
 
+from kernelab.core import Contract, Op, Shape, Variant, register
+from kernelab.core.runtime import check as _check
+from kernelab.core.runtime import fp8 as _fp8
+from kernelab.core.runtime import inputs as _inputs
+from kernelab.core.runtime.triton import use_triton
 from kernelab.ops import packing
-from kernelab.ops._model import Contract, Op, Shape, Variant, register
-from kernelab.ops._runtime import check as _check
-from kernelab.ops._runtime import fp8 as _fp8
-from kernelab.ops._runtime import inputs as _inputs
-from kernelab.ops._runtime.triton import use_triton
 from kernelab.ops.matmul.fp8_gemm import E4M3, e4m3_for, fp8_supported
 from kernelab.ops.moe import _common as mc
 from kernelab.ops.moe import _spec as ms

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import torch
 
+from kernelab.core import Contract, Op, Shape, Variant, register
+from kernelab.core.runtime import check as _check
+from kernelab.core.runtime import inputs as _inputs
+from kernelab.core.runtime.triton import use_triton
 from kernelab.ops import packing
-from kernelab.ops._model import Contract, Op, Shape, Variant, register
-from kernelab.ops._runtime import check as _check
-from kernelab.ops._runtime import inputs as _inputs
-from kernelab.ops._runtime.triton import use_triton
 from kernelab.ops.moe import _common as mc
 from kernelab.ops.moe import _spec as ms
 from kernelab.ops.moe._kernels import _fused_moe_kernel, _moe_align_kernel, _moe_sum_kernel

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import torch
 
-from kernelab.ops._model import DEFAULT_FLOORS, Contract, Cost, Op, Shape, Variant, register
-from kernelab.ops._runtime import check as _check
-from kernelab.ops._runtime.launch import LaunchPlan
-from kernelab.ops._runtime.triton import use_triton
+from kernelab.core import DEFAULT_FLOORS, Contract, Cost, Op, Shape, Variant, register
+from kernelab.core.runtime import check as _check
+from kernelab.core.runtime.launch import LaunchPlan
+from kernelab.core.runtime.triton import use_triton
 from kernelab.ops.moe import _common as mc
 from kernelab.ops.moe import _spec as ms
 from kernelab.ops.moe._kernels import _moe_align_kernel

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelab.ops._model import (
+from kernelab.core import (
     DEFAULT_FLOORS,
     Contract,
     Cost,
@@ -51,10 +51,10 @@ from kernelab.ops._model import (
     Variant,
     register,
 )
-from kernelab.ops._runtime import check as _check
-from kernelab.ops._runtime import inputs as _inputs
-from kernelab.ops._runtime.launch import KernelCall, LaunchPlan, cdiv
-from kernelab.ops._runtime.triton import next_pow2, use_triton
+from kernelab.core.runtime import check as _check
+from kernelab.core.runtime import inputs as _inputs
+from kernelab.core.runtime.launch import KernelCall, LaunchPlan, cdiv
+from kernelab.core.runtime.triton import next_pow2, use_triton
 from kernelab.ops.moe import _spec as ms
 from kernelab.ops.moe._kernels import _moe_topk_kernel
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import torch
 
-from kernelab.ops._model import Cost, Shape
-from kernelab.ops._runtime import check as _check
-from kernelab.ops._runtime import inputs as _inputs
-from kernelab.ops._runtime import shapes as _shapes
-from kernelab.ops._runtime import tuned as _tuned
-from kernelab.ops._runtime.fp8 import MIN_SCALE
-from kernelab.ops._runtime.launch import KernelCall, LaunchPlan, RowConfig, cdiv, rows
+from kernelab.core import Cost, Shape
+from kernelab.core.runtime import check as _check
+from kernelab.core.runtime import inputs as _inputs
+from kernelab.core.runtime import shapes as _shapes
+from kernelab.core.runtime import tuned as _tuned
+from kernelab.core.runtime.fp8 import MIN_SCALE
+from kernelab.core.runtime.launch import KernelCall, LaunchPlan, RowConfig, cdiv, rows
 
 # --- launch heuristics as data ----------------------------------------------------------------
 
@@ -170,7 +170,7 @@ def cost(inputs: dict, flops_per_element: int) -> Cost:
     return Cost(flops=flops, bytes=nbytes)
 
 
-# Shapes: the row-wise shape sets of kernelab.ops._runtime.shapes.
+# Shapes: the row-wise shape sets of kernelab.core.runtime.shapes.
 suffix = _shapes.row_suffix
 representative = _shapes.hidden_rows
 edge = _shapes.row_edge

@@ -10,7 +10,7 @@ quantization of its output, each with the optional fused residual add.
 
 import triton.language as tl
 
-from kernelab.ops._runtime.triton import kernel
+from kernelab.core.runtime.triton import kernel
 
 
 @kernel

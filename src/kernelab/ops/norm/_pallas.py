@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from kernelab.ops._runtime import pallas as _pl
-from kernelab.ops._runtime.launch import rows
-from kernelab.ops._runtime.pallas import Block, Out, PallasCall, PallasPlan, RowBlocks
+from kernelab.core.runtime import pallas as _pl
+from kernelab.core.runtime.launch import rows
+from kernelab.core.runtime.pallas import Block, Out, PallasCall, PallasPlan, RowBlocks
 
 
 def _rmsnorm_kernel(x_ref, w_ref, o_ref, *, eps):

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernelab.ops._model import Contract, Cost, Op, Sampling, Shape, Variant, register
-from kernelab.ops._runtime.triton import use_triton
+from kernelab.core import Contract, Cost, Op, Sampling, Shape, Variant, register
+from kernelab.core.runtime.triton import use_triton
 from kernelab.ops.norm import _common as _norm
 from kernelab.ops.norm._kernels import _norm_kernel
 

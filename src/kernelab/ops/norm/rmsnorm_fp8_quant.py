@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from kernelab.ops._model import Contract, Cost, Op, Sampling, Shape, Variant, register
-from kernelab.ops._runtime import fp8
-from kernelab.ops._runtime.fp8 import FP8_DTYPES, MIN_SCALE
-from kernelab.ops._runtime.launch import LaunchPlan
-from kernelab.ops._runtime.triton import use_triton
+from kernelab.core import Contract, Cost, Op, Sampling, Shape, Variant, register
+from kernelab.core.runtime import fp8
+from kernelab.core.runtime.fp8 import FP8_DTYPES, MIN_SCALE
+from kernelab.core.runtime.launch import LaunchPlan
+from kernelab.core.runtime.triton import use_triton
 from kernelab.ops.norm import _common as _norm
 from kernelab.ops.norm._kernels import _norm_kernel
 

@@ -10,7 +10,7 @@ per-token-group or per-tensor scales, or a given one (``MODE``; conventions in
 
 import triton.language as tl
 
-from kernelab.ops._runtime.triton import kernel
+from kernelab.core.runtime.triton import kernel
 
 #: The kernel's MODE: per-token scales; the global max|x| (first launch of per-tensor);
 #: quantize with the scale derived from that max (second launch); quantize with a given scale;

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelab.ops._model import Contract, Cost, Op, Sampling, Shape, Variant, register
-from kernelab.ops._runtime import check as _check
-from kernelab.ops._runtime import fp8
-from kernelab.ops._runtime import inputs as _inputs
-from kernelab.ops._runtime import shapes as _shapes
-from kernelab.ops._runtime.fp8 import FP8_DTYPES, MIN_SCALE
-from kernelab.ops._runtime.launch import (
+from kernelab.core import Contract, Cost, Op, Sampling, Shape, Variant, register
+from kernelab.core.runtime import check as _check
+from kernelab.core.runtime import fp8
+from kernelab.core.runtime import inputs as _inputs
+from kernelab.core.runtime import shapes as _shapes
+from kernelab.core.runtime.fp8 import FP8_DTYPES, MIN_SCALE
+from kernelab.core.runtime.launch import (
     KernelCall,
     LaunchPlan,
     RowConfig,
@@ -39,7 +39,7 @@ from kernelab.ops._runtime.launch import (
     rows,
     shrink_to_fill,
 )
-from kernelab.ops._runtime.triton import next_pow2, use_triton
+from kernelab.core.runtime.triton import next_pow2, use_triton
 from kernelab.ops.quant._kernels import (
     AMAX,
     PER_GROUP,

@@ -5,7 +5,7 @@ NeoX (halves) or GPT-J (interleaved pairs) layout, from a cos/sin cache (convent
 
 import triton.language as tl
 
-from kernelab.ops._runtime.triton import kernel
+from kernelab.core.runtime.triton import kernel
 
 
 @kernel

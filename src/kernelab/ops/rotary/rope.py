@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelab.ops._model import Contract, Cost, Op, Sampling, Shape, Variant, register
-from kernelab.ops._runtime import check as _check
-from kernelab.ops._runtime import inputs as _inputs
-from kernelab.ops._runtime import shapes as _shapes
-from kernelab.ops._runtime.launch import KernelCall, LaunchPlan, cdiv, shrink_to_fill
-from kernelab.ops._runtime.triton import next_pow2, use_triton
+from kernelab.core import Contract, Cost, Op, Sampling, Shape, Variant, register
+from kernelab.core.runtime import check as _check
+from kernelab.core.runtime import inputs as _inputs
+from kernelab.core.runtime import shapes as _shapes
+from kernelab.core.runtime.launch import KernelCall, LaunchPlan, cdiv, shrink_to_fill
+from kernelab.core.runtime.triton import next_pow2, use_triton
 from kernelab.ops.rotary._kernels import _rope_kernel
 
 # --- launch heuristics as data ----------------------------------------------------------------

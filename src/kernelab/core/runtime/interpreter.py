@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
 
-from kernelab.ops._runtime import interpreter_fixes as fx
+from kernelab.core.runtime import interpreter_fixes as fx
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-_TEST = "tests/ops/_runtime/test_interpreter.py::test_upstream_interpreter_is_still_wrong"
+_TEST = "tests/core/runtime/test_interpreter.py::test_upstream_interpreter_is_still_wrong"
 _BUILDER = "InterpreterBuilder"
 _BIN = ("self", "lhs", "rhs", "op")
 
@@ -328,7 +328,7 @@ def _fail(what: str, version: str, why: str) -> InterpreterFixError:
     return InterpreterFixError(
         f"{what} cannot apply to the installed Triton {version}: {why}. Triton kernels cannot "
         "run on the CPU until kernelab's table of interpreter fixes "
-        "(kernelab/ops/_runtime/interpreter.py) is updated for it; GPU launches are unaffected."
+        "(kernelab/core/runtime/interpreter.py) is updated for it; GPU launches are unaffected."
     )
 
 

@@ -11,8 +11,8 @@ import orjson
 import pytest
 import torch
 
-from kernelab.ops._runtime import tuned as _tuned
-from kernelab.ops._runtime.launch import RowConfig
+from kernelab.core.runtime import tuned as _tuned
+from kernelab.core.runtime.launch import RowConfig
 from kernelab.ops.matmul.gemm import GEMM, GemmConfig
 from kernelab.ops.norm import _common as _norm
 from kernelab.ops.norm.rmsnorm import RMSNORM, rmsnorm_ref, rmsnorm_triton

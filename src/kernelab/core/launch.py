@@ -15,7 +15,7 @@ class Launch:
     or "constexpr"); ``constexprs`` gives the constexpr values. ``divisible_16`` lists the
     arguments Triton would specialise as 16-divisible at run time (16-byte aligned pointers,
     sizes and strides divisible by 16); ``equal_1`` those it would specialise as the constant 1.
-    ``backend`` names the adapter that compiles it (``kernelab.ops._runtime.backends``).
+    ``backend`` names the adapter that compiles it (``kernelab.core.runtime.backends``).
     """
 
     kernel: Any

@@ -8,8 +8,8 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 import kernelab
-from kernelab.ops._runtime.triton import Kernel
-from tests.ops._runtime.fresh import run_python
+from kernelab.core.runtime.triton import Kernel
+from tests.core.runtime.fresh import run_python
 
 
 @kernelab.kernel
@@ -32,7 +32,7 @@ def test_import_kernelab_loads_neither_torch_nor_triton():
         "assert 'kernel' in kernelab.__all__\n"
         "assert not {'torch', 'triton'} & set(sys.modules), sorted(sys.modules)\n"
         "k = kernelab.kernel\n"
-        "assert 'triton' in sys.modules and k.__module__ == 'kernelab.ops._runtime.triton'\n"
+        "assert 'triton' in sys.modules and k.__module__ == 'kernelab.core.runtime.triton'\n"
         "assert 'triton.runtime.interpreter' not in sys.modules\n"
     )
     out = run_python(code)

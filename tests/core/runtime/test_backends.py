@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from kernelab.bench.runner import BenchConfig, subjects_for
+from kernelab.core.runtime import backends
+from kernelab.core.runtime.backends import INTERPRETED, get_backend, register_backend
 from kernelab.inspect import ops as inspect_ops
 from kernelab.inspect.targets import TARGETS
 from kernelab.ops import RMSNORM, Launch, Op, Variant
-from kernelab.ops._runtime import backends
-from kernelab.ops._runtime.backends import INTERPRETED, get_backend, register_backend
 from kernelab.ops.norm._kernels import _norm_kernel
 from tests.flawed import toy_ops
 

@@ -1,7 +1,7 @@
 """Declared Pallas launches: what a Pallas variant calls, written once, run or lowered from it.
 
 The contract. A Pallas variant of an op has a *plan* function, the Pallas counterpart of a
-Triton family's ``plan`` (``_runtime/launch.py``)::
+Triton family's ``plan`` (``runtime/launch.py``)::
 
     plan(**inputs, config=None, target=None) -> PallasPlan
 
@@ -91,7 +91,7 @@ class PallasRace(PallasError):
 
 def available() -> tuple[bool, str]:
     """Whether jax (with Pallas) can be imported here, and if not, why; imports nothing."""
-    from kernelab.ops._runtime.backends import Pallas
+    from kernelab.core.runtime.backends import Pallas
 
     for name in Pallas.requires:
         try:

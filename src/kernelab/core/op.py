@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
-from kernelab.ops._model.contract import Contract, Cost, dtype_name
-from kernelab.ops._model.launch import Launch
-from kernelab.ops._model.sampling import Sampling
-from kernelab.ops._model.shape import SHAPE_SETS, Shape, ShapeSets
-from kernelab.ops._model.variant import Variant, _compiled
-from kernelab.ops._runtime import inputs as _inputs
-from kernelab.ops._runtime import registry
+from kernelab.core.contract import Contract, Cost, dtype_name
+from kernelab.core.launch import Launch
+from kernelab.core.runtime import inputs as _inputs
+from kernelab.core.runtime import registry
+from kernelab.core.sampling import Sampling
+from kernelab.core.shape import SHAPE_SETS, Shape, ShapeSets
+from kernelab.core.variant import Variant, _compiled
 
 
 class Op:
@@ -64,7 +64,7 @@ class Op:
         #: The Triton kernels behind the "kernelab" variant (for inspect).
         self.kernels = tuple(kernels)
         #: ``plan(**inputs, config=None) -> LaunchPlan``: the kernel launches the "kernelab"
-        #: variant makes for these inputs (``kernelab.ops._runtime.launch``). The launcher runs
+        #: variant makes for these inputs (``kernelab.core.runtime.launch``). The launcher runs
         #: it; static analysis describes it, from meta tensors of a shape's inputs.
         self.plan = plan
         if plan is not None and launches is not None:
@@ -76,7 +76,7 @@ class Op:
         #: ``tuning_space(shape, dtype) -> [config, ...]``: the configs worth trying.
         self.tuning_space = tuning_space
         #: Which outputs are row-independent (rows × columns for a GEMM): verify checks a
-        #: full-size call on a sample of them (``kernelab.ops._model.sampling``). None: none.
+        #: full-size call on a sample of them (``kernelab.core.sampling``). None: none.
         if sampling is not None and not isinstance(sampling, Sampling):
             raise TypeError(f"sampling: expected a Sampling, got {type(sampling).__name__}")
         self.sampling = sampling

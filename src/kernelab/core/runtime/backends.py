@@ -25,7 +25,7 @@ import tempfile
 import warnings
 from typing import Any, Protocol, runtime_checkable
 
-from kernelab.ops._runtime import registry
+from kernelab.core.runtime import registry
 
 
 @runtime_checkable
@@ -204,7 +204,7 @@ def _cuobjdump(cubin: bytes) -> tuple[str, str]:
 class Pallas:
     """Pallas TPU kernels (jax, an extra): native on a TPU, the TPU interpreter on CPU tensors
     (correctness only: races, bounds, uninitialised memory), lowered for TPU generations on a
-    machine without one. Its launches are ``kernelab.ops._runtime.pallas.PallasCall`` s."""
+    machine without one. Its launches are ``kernelab.core.runtime.pallas.PallasCall`` s."""
 
     name = "pallas"
     targets = ("tpu_v5e", "tpu_v6e", "tpu7x")
@@ -212,7 +212,7 @@ class Pallas:
     requires = ("jax", "jaxlib")
 
     def runs_on(self, device_type: str) -> tuple[bool, str]:
-        from kernelab.ops._runtime import pallas
+        from kernelab.core.runtime import pallas
 
         ok, why = pallas.available()
         if not ok:
@@ -222,7 +222,7 @@ class Pallas:
         return False, "Pallas TPU kernels run on TPUs, or on CPU tensors through the interpreter"
 
     def timed_on(self, device_type: str) -> tuple[bool, str]:
-        from kernelab.ops._runtime import pallas
+        from kernelab.core.runtime import pallas
 
         if device_type == "cpu":
             return False, pallas.INTERPRETED_TPU
@@ -236,8 +236,8 @@ class Pallas:
     def compile(self, launch: Any, target: Any) -> dict:
         """Lower ``launch`` (a ``PallasCall``) for the TPU generation ``target`` names, under
         an abstract device of that kind; the Mosaic text of each kernel, its backend config
-        and operand types (``kernelab.ops._runtime.mosaic``)."""
-        from kernelab.ops._runtime import mosaic
+        and operand types (``kernelab.core.runtime.mosaic``)."""
+        from kernelab.core.runtime import mosaic
 
         return mosaic.compile_call(launch, target)
 

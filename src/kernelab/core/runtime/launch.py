@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from kernelab.ops._model.launch import Launch
-from kernelab.ops._runtime.triton import next_pow2, num_sms
+from kernelab.core.launch import Launch
+from kernelab.core.runtime.triton import next_pow2, num_sms
 
 #: Triton's names for the element types of pointer arguments.
 TL = {
@@ -123,7 +123,7 @@ class KernelCall:
     A family's ``plan`` function builds these from tensors (real ones in the launcher, meta
     tensors for static analysis), so a kernel's argument list is written only in the kernel:
     :meth:`run` orders the values by the kernel's own argument names, and :meth:`describe`
-    derives the inspect :class:`~kernelab.ops._model.Launch` (types, specialisations,
+    derives the inspect :class:`~kernelab.core.Launch` (types, specialisations,
     constexprs) from the same values, as Triton's JIT would see them.
     """
 

@@ -9,19 +9,19 @@ from typing import Any
 
 import torch
 
-from kernelab.ops._runtime.backends import Backend, get_backend
+from kernelab.core.runtime.backends import Backend, get_backend
 
 
 @dataclass(frozen=True)
 class Variant:
     """One implementation of an op.
 
-    ``kind`` names the backend it runs on (``kernelab.ops._runtime.backends``): "triton"
+    ``kind`` names the backend it runs on (``kernelab.core.runtime.backends``): "triton"
     (ours), "torch" (eager), "compile" (torch.compile of eager), "external" (a third-party
     package, listed only when ``requires`` is importable), or any registered backend.
     ``prepare`` turns generated inputs into what this variant consumes (packed weights, say);
     it runs once, outside any timed region. ``plan`` (Pallas variants) declares the launches
-    for given inputs (``kernelab.ops._runtime.pallas``). ``supports(shape)`` returns None when
+    for given inputs (``kernelab.core.runtime.pallas``). ``supports(shape)`` returns None when
     the variant handles a shape, or why not (a feature it leaves out): verify and bench then
     skip the case and say so, rather than judge a result the variant never claimed.
     """

@@ -14,10 +14,10 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-from kernelab.ops._runtime import interpreter
-from kernelab.ops._runtime.interpreter import FIXES, InterpreterFixError, interpreting_user_kernels
-from kernelab.ops._runtime.triton import kernel
-from tests.ops._runtime.fresh import SRC, run_python
+from kernelab.core.runtime import interpreter
+from kernelab.core.runtime.interpreter import FIXES, InterpreterFixError, interpreting_user_kernels
+from kernelab.core.runtime.triton import kernel
+from tests.core.runtime.fresh import SRC, run_python
 
 VERSION = triton.__version__
 BF16 = torch.bfloat16
@@ -745,7 +745,7 @@ def test_interpreted_on_cpu_keeps_the_signature():
 USER_SETS_TRITON_INTERPRET = """
 import torch, triton, triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
-from kernelab.ops._runtime.interpreter import interpreting_user_kernels
+from kernelab.core.runtime.interpreter import interpreting_user_kernels
 
 @triton.jit
 def add(Z, X, Y, N: tl.constexpr):

@@ -106,7 +106,7 @@ class Contract:
     data_inputs: tuple[str, ...] | None = None
     regions: Mapping[str, Callable[[dict], torch.Tensor]] = field(default_factory=dict)
     #: Input distributions verify draws from for this op beside every op's
-    #: (``kernelab.ops._runtime.inputs.EXTRA_DISTRIBUTIONS``): "offset" for an op that
+    #: (``kernelab.core.runtime.inputs.EXTRA_DISTRIBUTIONS``): "offset" for an op that
     #: subtracts a mean, where a one-pass variance cancels catastrophically.
     distributions: tuple[str, ...] = ()
     reduction: Callable[[dict], int] | None = None
@@ -115,7 +115,7 @@ class Contract:
     intermediate_dtype: str | None = None
 
     def __post_init__(self):
-        from kernelab.ops._runtime.inputs import EXTRA_DISTRIBUTIONS
+        from kernelab.core.runtime.inputs import EXTRA_DISTRIBUTIONS
 
         unknown = [d for d in self.distributions if d not in EXTRA_DISTRIBUTIONS]
         if unknown:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernelab.ops._model.shape import Shape
-from kernelab.ops._runtime.launch import RowConfig
+from kernelab.core.runtime.launch import RowConfig
+from kernelab.core.shape import Shape
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernelab.ops._runtime import pallas
-from kernelab.ops._runtime.pallas import Block, Out, PallasCall, Scratch
-from tests.ops._runtime.fresh import run_python
+from kernelab.core.runtime import pallas
+from kernelab.core.runtime.pallas import Block, Out, PallasCall, Scratch
+from tests.core.runtime.fresh import run_python
 
 jax_ok, jax_why = pallas.available()
 needs_jax = pytest.mark.skipif(not jax_ok, reason=jax_why)

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from kernelab import ops
+from kernelab.core.op import _REGISTRY
 from kernelab.ops import Contract, Op, Shape, Variant
-from kernelab.ops._model.op import _REGISTRY
 
 
 def _op(name="toy"):
@@ -23,7 +23,7 @@ def _op(name="toy"):
 
 
 def test_duplicate_op_name_is_an_error(monkeypatch):
-    monkeypatch.setattr("kernelab.ops._model.op._REGISTRY", dict(_REGISTRY))
+    monkeypatch.setattr("kernelab.core.op._REGISTRY", dict(_REGISTRY))
     with pytest.raises(ValueError, match="already registered"):
         ops.register(_op("rmsnorm"))
 

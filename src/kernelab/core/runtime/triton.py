@@ -15,7 +15,7 @@ import torch
 from triton.runtime.jit import JITFunction
 
 from kernelab import _flags
-from kernelab.ops._runtime import interpreter
+from kernelab.core.runtime import interpreter
 
 
 class Kernel(JITFunction):

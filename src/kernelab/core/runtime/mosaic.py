@@ -67,7 +67,7 @@ def lower(fn, avals, target: str) -> dict:
 
 
 def compile_call(call, target) -> dict:
-    """Lower one declared Pallas call (``kernelab.ops._runtime.pallas.PallasCall``: ``name``,
+    """Lower one declared Pallas call (``kernelab.core.runtime.pallas.PallasCall``: ``name``,
     ``build(interpret=False)``, ``avals()``) for an inspect target (or its name)."""
     name = getattr(target, "name", target)
     art = lower(call.build(interpret=False), call.avals(), name)

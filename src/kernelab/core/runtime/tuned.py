@@ -297,8 +297,8 @@ def _space(op: str, dims: dict, batch_dim, dtype: str):
     """The op's tuning space for a bucket, or None where none can be computed."""
     import torch
 
-    from kernelab.ops._model.op import get
-    from kernelab.ops._model.shape import Shape
+    from kernelab.core.op import get
+    from kernelab.core.shape import Shape
 
     try:
         declared = get(op)
