@@ -47,6 +47,14 @@ KINDS = ("inspect", "verify", "bench", "tune", "floors")
 DEFAULT_RETRIES = 2
 MAX_RETRIES = 20
 
+#: A spec file's largest size: a spec names ops, shapes and configs (a few KiB); a file far
+#: larger is a mistake (or a data file given by accident), refused before it is read.
+MAX_SPEC_BYTES = 1 << 20
+#: How deeply a spec file's tables and arrays may nest. The keys need 3 levels (the file's
+#: table, ``configs``, one config's table); the parsers recurse once per level, and a file of
+#: nested brackets would otherwise end in a RecursionError.
+MAX_DEPTH = 10
+
 #: GPU device types a verify or bench task may ask for (the Ray custom resource ``gpu:<type>``).
 GPU_TYPES = ("A100", "H100", "H200", "B200", "MI300X")
 
@@ -297,21 +305,62 @@ def validate(raw: Mapping) -> SweepSpec:
     return SweepSpec(**out)
 
 
+def _depth(value, limit: int, level: int = 0) -> int:
+    """How many levels of tables and arrays ``value`` is (counting stops past ``limit``)."""
+    if not isinstance(value, dict | list):
+        return level
+    if level >= limit:
+        return level + 1
+    items = value.values() if isinstance(value, dict) else value
+    return max((_depth(v, limit, level + 1) for v in items), default=level + 1)
+
+
+def _brackets(data: bytes) -> int:
+    """An upper bound of the nesting of ``[`` and ``{`` in ``data`` (strings not told apart):
+    cheap, so that a file nested far too deeply never reaches a recursive parser."""
+    depth = deepest = 0
+    for b in data:
+        if b in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif b in (0x5D, 0x7D) and depth:
+            depth -= 1
+    return deepest
+
+
 def load(path: str | Path) -> dict:
-    """The raw table of a spec file: ``.toml`` through tomllib, ``.json`` through orjson."""
+    """The raw table of a spec file: ``.toml`` through tomllib, ``.json`` through orjson. A
+    file over :data:`MAX_SPEC_BYTES` or nested deeper than :data:`MAX_DEPTH` is refused."""
     p = Path(path)
     if p.suffix not in (".toml", ".json"):
         raise SpecError(f"spec: expected a .toml or .json file, got {str(p)!r}")
     try:
-        data = p.read_bytes()
+        with p.open("rb") as f:
+            data = f.read(MAX_SPEC_BYTES + 1)
     except OSError as exc:
         raise SpecError(f"spec: cannot read {str(p)!r} ({exc.strerror or exc})") from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError(
+            f"spec: {str(p)!r} is larger than {MAX_SPEC_BYTES:,} bytes, the limit of a spec file"
+        )
+    too_deep = SpecError(
+        f"spec: {str(p)!r} nests tables and arrays more than {MAX_DEPTH} levels deep, the "
+        "limit of a spec file"
+    )
+    # Brackets inside strings count too, so the bound is loose: only a file far past the
+    # limit is refused unparsed; the parsed table is measured exactly below.
+    if _brackets(data) > 4 * MAX_DEPTH + 64:
+        raise too_deep
     if p.suffix == ".toml" and tomllib is None:
         raise SpecError(f"spec: {str(p)!r}: TOML needs Python 3.11 (tomllib); use JSON")
     try:
         raw = tomllib.loads(data.decode()) if p.suffix == ".toml" else orjson.loads(data)
+    except RecursionError:
+        raise too_deep from None
     except (ValueError, UnicodeDecodeError) as exc:  # TOMLDecodeError, JSONDecodeError
         raise SpecError(f"spec: {str(p)!r} is not valid {p.suffix[1:].upper()} ({exc})") from None
+    if _depth(raw, MAX_DEPTH) > MAX_DEPTH:
+        raise too_deep
     if not isinstance(raw, dict):
         raise SpecError(f"spec: {str(p)!r} must hold a table of keys, got {type(raw).__name__}")
     return raw
