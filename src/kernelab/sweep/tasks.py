@@ -116,7 +116,49 @@ def _json(value) -> str:
 
 
 def config_text(config) -> str:
-    return "default" if config is None else _json(dataclasses.asdict(config))
+    """A config as the task key holds it: "default", a config class's fields as JSON, or a
+    plain value's JSON (an op whose configs are one number: moe_topk's tokens per program)."""
+    if config is None:
+        return "default"
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return _json(dataclasses.asdict(config))
+    if isinstance(config, int | str) and not isinstance(config, bool):
+        return _json(config)
+    raise TypeError(
+        f"a config of type {type(config).__name__} ({config!r:.60}): expected a dataclass "
+        "instance or a plain integer or string"
+    )
+
+
+def _space(op, shape, dtype) -> list:
+    """``op``'s tuning space for the shape, every config checked to have a task key."""
+    from kernelab.ops._model import dtype_name
+
+    space = list(op.tuning_space(shape, dtype))
+    for i, config in enumerate(space):
+        try:
+            config_text(config)
+        except TypeError as exc:
+            raise ValueError(
+                f"{op.name}: tuning_space({shape.label}, {dtype_name(dtype)})[{i}]: {exc}"
+            ) from None
+    return space
+
+
+def _check_spaces(spec: SweepSpec, ops) -> None:
+    """Before anything is expanded: each op's tuning space, at the first shape of each set
+    and dtype, holds configs a task key can name (a bad entry is named at once, not after
+    the other ops' tasks)."""
+    if spec.kind != "inspect" or spec.configs == "default":
+        return
+    for op in ops:
+        if op.tuning_space is None or op.launches is None:
+            continue
+        for dtype in _dtypes(op, spec.dtypes):
+            for shape_set in spec.shape_sets:
+                shapes = _shapes(op, shape_set, spec.shapes, spec.sizes)
+                if shapes:
+                    _space(op, shapes[0], dtype)
 
 
 def _make(kind, op, variant, shape_set, shape_key, dtype, config, target, params, units=1):
@@ -184,11 +226,17 @@ def _configs(op, shape, dtype, configs, skipped: list[str]) -> list:
     if op.tuning_space is None:
         skipped.append(f"{op.name}: declares no tuning space; default configs only")
         return [None]
-    space = list(op.tuning_space(shape, dtype))
+    space = _space(op, shape, dtype)
     if configs == "space":
         return space or [None]
     out = []
     for i, fields in enumerate(configs):
+        if space and not dataclasses.is_dataclass(space[0]):
+            shown = ", ".join(map(repr, space[:4])) + (", ..." if len(space) > 4 else "")
+            raise ValueError(
+                f"spec.configs[{i}]: {op.name}'s configs are plain values ({shown}), not "
+                'tables of fields; use configs = "space"'
+            )
         for name, _ in fields:
             if space and not hasattr(space[0], name):
                 known = ", ".join(f.name for f in dataclasses.fields(space[0]))
@@ -217,7 +265,9 @@ def expand(spec: SweepSpec) -> tuple[list[Task], list[str]]:
     tasks: list[Task] = []
     skipped: list[str] = []
     suffix, selection = _selection(spec)  # floors and bench: their shapes, named once
-    for op in (registry.get(n) for n in spec.ops):
+    ops = [registry.get(n) for n in spec.ops]
+    _check_spaces(spec, ops)
+    for op in ops:
         if spec.kind in ("inspect", "tune"):
             if op.launches is None:
                 skipped.append(f"{op.name}: declares no launches (nothing to compile)")
