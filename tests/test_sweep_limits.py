@@ -34,9 +34,7 @@ def _one_line(result) -> str:
         ("shallow.toml", 'kind = "floors"\nx = ' + "[" * 40 + "]" * 40 + "\n"),
     ],
 )
-def test_a_deeply_nested_spec_file_is_one_error_naming_the_file_and_the_limit(
-    tmp_path, name, text
-):
+def test_a_deeply_nested_spec_file_is_one_error_naming_the_file_and_the_limit(tmp_path, name, text):
     path = tmp_path / name
     path.write_text(text)
     result = _invoke(["sweep", "--spec", str(path), "--dry-run"])
@@ -104,14 +102,32 @@ def test_more_tasks_than_the_limit_are_refused_before_expanding(tmp_path):
     assert took < 30, f"refused after {took:.0f} s"  # was: over 120 s and 2 GB
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"kind": "inspect", "ops": ["rmsnorm", "gemm"], "configs": "space",
+         "targets": ["sm_80", "gfx942"]},
+        {"kind": "inspect", "ops": ["rmsnorm"], "configs": [{"num_warps": 4}], "shapes": ["dec"]},
+        {"kind": "tune", "ops": ["rmsnorm", "moe_align"], "targets": ["sm_90", "H100"]},
+        {"kind": "verify", "ops": ["rmsnorm", "softmax"], "seeds": [1, 2], "dtypes": ["fp32"]},
+        {"kind": "bench", "ops": ["rmsnorm", "gemm"], "variants": ["torch"]},
+        {"kind": "floors", "ops": ["rmsnorm"], "shape_sets": ["representative", "edge"],
+         "targets": ["H100", "B200"]},
+    ],
+)  # fmt: skip
+def test_the_count_checked_before_expanding_is_the_number_of_tasks(raw):
+    spec = sweep.validate(raw)
+    assert sweep.count(spec) == len(sweep.expand(spec)[0]) > 0
+
+
 def test_the_task_limit_is_raised_by_the_option_or_the_environment(tmp_path):
-    args = ["sweep", "verify", "--ops", "rmsnorm", "--variant", "torch", "--seeds", "1,2,3"]
-    args += ["--dry-run", "--json", "--ledger", str(tmp_path / "l.sqlite")]
-    low = _invoke(args, env={"KERNELAB_SWEEP_MAX_TASKS": "2"})
-    assert low.exit_code == 2 and "3 tasks" in _one_line(low), low.output
-    assert _invoke([*args, "--max-tasks", "2"]).exit_code == 2
-    ok = _invoke([*args, "--max-tasks", "3"], env={"KERNELAB_SWEEP_MAX_TASKS": "2"})
-    assert ok.exit_code == 0 and json.loads(ok.output)["tasks"] == {"verify": 3}, ok.output
+    args = ["sweep", "verify", "--ops", "rmsnorm", "--variant", "torch", "--seeds", "1,2"]
+    args += ["--dtype", "fp32,bf16", "--dry-run", "--json", "--ledger", str(tmp_path / "l")]
+    low = _invoke(args, env={"KERNELAB_SWEEP_MAX_TASKS": "3"})
+    assert low.exit_code == 2 and "spec: 4 tasks, more than" in _one_line(low), low.output
+    assert _invoke([*args, "--max-tasks", "3"]).exit_code == 2
+    ok = _invoke([*args, "--max-tasks", "4"], env={"KERNELAB_SWEEP_MAX_TASKS": "3"})
+    assert ok.exit_code == 0 and json.loads(ok.output)["tasks"] == {"verify": 4}, ok.output
     bad = _invoke(args, env={"KERNELAB_SWEEP_MAX_TASKS": "many"})
     assert bad.exit_code == 2 and "KERNELAB_SWEEP_MAX_TASKS" in _one_line(bad), bad.output
 
@@ -134,9 +150,7 @@ def test_a_spec_that_selects_no_task_is_an_error_saying_why(tmp_path):
     assert "no task" in _one_line(result) and "softmax" in _one_line(result)
 
 
-def test_a_full_disk_mid_sweep_keeps_every_finished_result_and_says_where(
-    tmp_path, monkeypatch
-):
+def test_a_full_disk_mid_sweep_keeps_every_finished_result_and_says_where(tmp_path, monkeypatch):
     path = tmp_path / "l.sqlite"
     real, calls = SQLiteBackend.write, []
 

@@ -217,11 +217,17 @@ def register(app: click.Group) -> None:
     @click.option("--address", help="--engine ray: a cluster's address (default: a local Ray).")
     @click.option("--jobs", "-j", type=int, help="Local workers (default: CPUs); Ray: in flight.")
     @click.option("--dry-run", is_flag=True, help="Print the task count and cost; run nothing.")
+    @click.option(
+        "--max-tasks",
+        type=int,
+        help="The most tasks the sweep may have (default: KERNELAB_SWEEP_MAX_TASKS, else "
+        "500,000); checked before any task is made.",
+    )
     @ledger_option
     @json_option
     @user_errors
     def sweep_command(
-        kind, spec_file, engine, address, jobs, dry_run, ledger_url, as_json, **flags
+        kind, spec_file, engine, address, jobs, dry_run, max_tasks, ledger_url, as_json, **flags
     ):
         """Run KIND (inspect, verify, bench, tune or floors) over every combination of the
         spec as independent tasks; each result goes to the ledger as it finishes, and a re-run
@@ -229,13 +235,15 @@ def register(app: click.Group) -> None:
         """
         from kernelab import ledger, sweep
         from kernelab.sweep import engines, runner
+        from kernelab.sweep.spec import max_tasks as task_limit
 
-        spec = sweep.validate(spec_from(kind, spec_file, flags))
+        limit = task_limit(max_tasks)
+        spec = sweep.validate(spec_from(kind, spec_file, flags), limit)
         if jobs is not None and jobs < 1:
             raise ValueError(f"jobs: expected at least 1, got {jobs}")
         if address and engine != "ray":
             raise ValueError("address: only --engine ray takes --address")
-        tasks, skipped = sweep.expand(spec)
+        tasks, skipped = sweep.expand(spec, limit)
         if dry_run:
             _dry_run(spec, tasks, skipped, ledger_url, as_json)
             return

@@ -28,6 +28,9 @@ Keys (all optional except ``kind``):
 ``max_rows``    bench: cap of the batch dimension (default: bench's)
 ``mode``        bench: "auto", "cold" or "hot"
 ``retries``     how often a task whose worker died is tried again (default: 2)
+
+A sweep may have at most :data:`DEFAULT_MAX_TASKS` tasks unless told otherwise (``--max-tasks``,
+``KERNELAB_SWEEP_MAX_TASKS``): the count is checked before any task is made.
 """
 
 from __future__ import annotations
@@ -46,6 +49,11 @@ except ImportError:  # Python 3.10: JSON specs only
 KINDS = ("inspect", "verify", "bench", "tune", "floors")
 DEFAULT_RETRIES = 2
 MAX_RETRIES = 20
+
+#: The most tasks a sweep may have unless raised (``--max-tasks``, KERNELAB_SWEEP_MAX_TASKS).
+#: Each task costs about 1 KiB and 0.1 ms to make before anything runs; every op's whole
+#: inspect space at sm_90 is about 167,000 tasks (16 s to expand on a 2-core VM).
+DEFAULT_MAX_TASKS = 500_000
 
 #: A spec file's largest size: a spec names ops, shapes and configs (a few KiB); a file far
 #: larger is a mistake (or a data file given by accident), refused before it is read.
@@ -127,6 +135,25 @@ def _sizes(raw, ops, shape_sets) -> tuple:
 
 class SpecError(ValueError):
     """A spec that cannot run; the message names the key."""
+
+
+def max_tasks(value: int | None = None) -> int:
+    """The task limit: ``value`` (an option) if given, else KERNELAB_SWEEP_MAX_TASKS, else
+    :data:`DEFAULT_MAX_TASKS`."""
+    from kernelab import _flags
+
+    if value is not None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SpecError(f"max_tasks: expected a positive integer, got {value!r}")
+        return value
+    return _flags.sweep_max_tasks() or DEFAULT_MAX_TASKS
+
+
+def too_many(what: str, limit: int) -> SpecError:
+    return SpecError(
+        f"{what}, more than the limit of {limit:,} tasks per sweep (raise it with "
+        "--max-tasks N or KERNELAB_SWEEP_MAX_TASKS=N, or split the sweep)"
+    )
 
 
 @dataclass(frozen=True)
@@ -219,15 +246,20 @@ def _configs(value):
     return tuple(out)
 
 
-def validate(raw: Mapping) -> SweepSpec:
+def validate(raw: Mapping, limit: int | None = None) -> SweepSpec:
     """A :class:`SweepSpec` from plain values (a parsed file, flags); :class:`SpecError` names
     the first bad key. Ops, variants, dtypes, shape sets and targets are checked against what
-    is registered."""
+    is registered; a list of seeds or sizes that alone makes more tasks than ``limit``
+    (:func:`max_tasks`) is refused before its entries are checked."""
     from kernelab import ops as registry
     from kernelab.inspect.targets import TARGETS
 
     if not isinstance(raw, Mapping):
         raise SpecError(f"spec: expected a table of keys, got {type(raw).__name__}")
+    cap = max_tasks(limit)
+    for key in ("seeds", "sizes"):  # each entry is a task or more of every op
+        if isinstance(raw.get(key), list | tuple) and len(raw[key]) > cap:
+            raise too_many(f"spec.{key}: {len(raw[key]):,} {key} make at least as many tasks", cap)
     unknown = [k for k in raw if k not in _KEYS]
     if unknown:
         raise SpecError(f"spec.{unknown[0]}: unknown key (expected some of: {', '.join(_KEYS)})")
@@ -366,4 +398,13 @@ def load(path: str | Path) -> dict:
     return raw
 
 
-__all__ = ["GPU_TYPES", "KINDS", "SpecError", "SweepSpec", "load", "validate"]
+__all__ = [
+    "DEFAULT_MAX_TASKS",
+    "GPU_TYPES",
+    "KINDS",
+    "SpecError",
+    "SweepSpec",
+    "load",
+    "max_tasks",
+    "validate",
+]

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from kernelab.sweep.spec import GPU_TYPES, SweepSpec
+from kernelab.sweep.spec import GPU_TYPES, SweepSpec, max_tasks, too_many
 
 #: Rough core-seconds per unit of work, for ``--dry-run``'s estimate (measured on a 2-core
 #: x86_64 VM, cold caches: inspect ~0.1 s per kernel and target compiled — the 1,840-job
@@ -257,8 +257,50 @@ def _compile_targets(op, shape, dtype, targets) -> list[str]:
     return [t for t in targets if t in ok]
 
 
-def expand(spec: SweepSpec) -> tuple[list[Task], list[str]]:
-    """The tasks of ``spec`` (in a stable order) and what was left out, one line each."""
+def _variants(op, spec: SweepSpec) -> list[str]:
+    if spec.kind == "floors":
+        return ["-"]
+    return [
+        v.name
+        for v in op.variants.values()
+        if (spec.variants is None or v.name in spec.variants)
+        and (spec.variants is not None or v.kind != "compile")
+    ]
+
+
+def count(spec: SweepSpec) -> int:
+    """How many tasks :func:`expand` makes of ``spec``, without making them (no key is
+    hashed): products of the spec's lists, and for inspect and tune each shape's configs and
+    targets."""
+    from kernelab import ops as registry
+
+    n = 0
+    for op in (registry.get(name) for name in spec.ops):
+        dtypes = _dtypes(op, spec.dtypes)
+        if spec.kind not in ("inspect", "tune"):
+            per = len(spec.targets) * len(dtypes) * len(spec.shape_sets)
+            if spec.kind == "verify":
+                per *= len(_variants(op, spec)) * len(spec.seeds)
+            n += per if _variants(op, spec) else 0
+            continue
+        if op.launches is None or (spec.kind == "tune" and op.tuning_space is None):
+            continue
+        for dtype in dtypes:
+            for shape_set in spec.shape_sets:
+                for shape in _shapes(op, shape_set, spec.shapes, spec.sizes):
+                    targets = len(_compile_targets(op, shape, dtype, spec.targets))
+                    if spec.kind == "tune":
+                        n += targets + sum(t in GPU_TYPES for t in spec.targets)
+                    else:
+                        n += targets * len(_configs(op, shape, dtype, spec.configs, []))
+    return n
+
+
+def expand(spec: SweepSpec, limit: int | None = None) -> tuple[list[Task], list[str]]:
+    """The tasks of ``spec`` (in a stable order) and what was left out, one line each.
+
+    More than ``limit`` tasks (:func:`kernelab.sweep.spec.max_tasks`) is a
+    :class:`~kernelab.sweep.spec.SpecError`, raised before any task is made."""
     from kernelab import ops as registry
     from kernelab.ops._model import dtype_name
 
@@ -267,6 +309,10 @@ def expand(spec: SweepSpec) -> tuple[list[Task], list[str]]:
     suffix, selection = _selection(spec)  # floors and bench: their shapes, named once
     ops = [registry.get(n) for n in spec.ops]
     _check_spaces(spec, ops)
+    cap = max_tasks(limit)
+    n = count(spec)
+    if n > cap:
+        raise too_many(f"spec: {n:,} tasks", cap)
     for op in ops:
         if spec.kind in ("inspect", "tune"):
             if op.launches is None:
@@ -318,16 +364,7 @@ def expand(spec: SweepSpec) -> tuple[list[Task], list[str]]:
                                     )
                                 )
             continue
-        variants = (
-            ["-"]
-            if spec.kind == "floors"
-            else [
-                v.name
-                for v in op.variants.values()
-                if (spec.variants is None or v.name in spec.variants)
-                and (spec.variants is not None or v.kind != "compile")
-            ]
-        )
+        variants = _variants(op, spec)
         if not variants:
             skipped.append(f"{op.name}: none of the variants asked for ({spec.variants})")
             continue
@@ -414,4 +451,4 @@ def estimate(tasks: list[Task]) -> dict:
     }
 
 
-__all__ = ["COST_S", "Task", "estimate", "expand", "resources", "versions"]
+__all__ = ["COST_S", "Task", "count", "estimate", "expand", "resources", "versions"]
