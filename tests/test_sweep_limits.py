@@ -145,9 +145,10 @@ def test_a_config_table_that_matches_nothing_is_an_error_naming_it(tmp_path):
 
 
 def test_a_spec_that_selects_no_task_is_an_error_saying_why(tmp_path):
-    result = _invoke(["sweep", "tune", "--ops", "softmax", "--dry-run"])
+    result = _invoke(["sweep", "tune", "--ops", "moe_align", "--dry-run"])
     assert result.exit_code == 2, result.output
-    assert "no task" in _one_line(result) and "softmax" in _one_line(result)
+    out = _one_line(result)
+    assert "no task to run" in out and "moe_align: declares no tuning space" in out, out
 
 
 def test_a_full_disk_mid_sweep_keeps_every_finished_result_and_says_where(tmp_path, monkeypatch):

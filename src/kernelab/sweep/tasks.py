@@ -220,7 +220,10 @@ def _selection(spec) -> tuple[str, dict]:
     }
 
 
-def _configs(op, shape, dtype, configs, skipped: list[str]) -> list:
+def _configs(op, shape, dtype, configs, skipped: list[str], matched=None) -> list:
+    """The configs of a task list: [None] (the default), the space, or the space's configs
+    that a table of ``configs`` selects (the index of each table that selected one goes into
+    ``matched``)."""
     if configs == "default":
         return [None]
     if op.tuning_space is None:
@@ -241,8 +244,15 @@ def _configs(op, shape, dtype, configs, skipped: list[str]) -> list:
             if space and not hasattr(space[0], name):
                 known = ", ".join(f.name for f in dataclasses.fields(space[0]))
                 raise ValueError(f"spec.configs[{i}].{name}: {op.name}'s configs have {known}")
-        out += [c for c in space if all(getattr(c, k) == v for k, v in fields) and c not in out]
+        picked = [c for c in space if all(getattr(c, k) == v for k, v in fields)]
+        if picked and matched is not None:
+            matched.add(i)
+        out += [c for c in picked if c not in out]
     return out
+
+
+def _table(fields) -> str:
+    return "{" + ", ".join(f"{k} = {_json(v)}" for k, v in fields) + "}"
 
 
 def _compile_targets(op, shape, dtype, targets) -> list[str]:
@@ -275,6 +285,8 @@ def count(spec: SweepSpec) -> int:
     from kernelab import ops as registry
 
     n = 0
+    matched: set[int] = set()
+    spaced = []  # the ops whose tuning spaces the config tables were matched against
     for op in (registry.get(name) for name in spec.ops):
         dtypes = _dtypes(op, spec.dtypes)
         if spec.kind not in ("inspect", "tune"):
@@ -292,7 +304,17 @@ def count(spec: SweepSpec) -> int:
                     if spec.kind == "tune":
                         n += targets + sum(t in GPU_TYPES for t in spec.targets)
                     else:
-                        n += targets * len(_configs(op, shape, dtype, spec.configs, []))
+                        configs = _configs(op, shape, dtype, spec.configs, [], matched)
+                        n += targets * len(configs)
+                        if op.tuning_space is not None and op.name not in spaced:
+                            spaced.append(op.name)
+    if spec.kind == "inspect" and not isinstance(spec.configs, str) and spaced:
+        for i, fields in enumerate(spec.configs):
+            if i not in matched:
+                raise ValueError(
+                    f"spec.configs[{i}] {_table(fields)}: matches no config of the tuning "
+                    f"space of {', '.join(spaced)} (for the shapes and dtypes of the sweep)"
+                )
     return n
 
 
@@ -428,7 +450,17 @@ def expand(spec: SweepSpec, limit: int | None = None) -> tuple[list[Task], list[
                                     n_shapes,
                                 )
                             )
-    return tasks, list(dict.fromkeys(skipped))
+    skipped = list(dict.fromkeys(skipped))
+    if not tasks:
+        why = "; ".join(skipped) or (
+            f"no shape label contains {' or '.join(map(repr, spec.shapes))}"
+            if spec.shapes
+            else f"no launch of theirs compiles for {', '.join(spec.targets)}"
+            if spec.kind in ("inspect", "tune")
+            else "nothing selected"
+        )
+        raise ValueError(f"spec: no task to run for ops {', '.join(spec.ops)}: {why}")
+    return tasks, skipped
 
 
 def estimate(tasks: list[Task]) -> dict:
