@@ -184,6 +184,21 @@ def _print(result) -> None:
     echo((f"results: kernelab history --sweep {d['sweep']}", "dim"))
 
 
+def _unstored(result) -> None:
+    """The ledger failed mid-sweep: its error, and where each finished result is kept."""
+    n, files = len(result.unrecorded), result.unrecorded
+    click.echo(result.ledger_error.splitlines()[0] if n else result.ledger_error, err=True)
+    if n:
+        click.echo(f"{n} finished task result(s) the ledger could not store, kept in:", err=True)
+        for path in files:
+            click.echo(f"  {path}", err=True)
+    click.echo(
+        f"the sweep stopped: {result.progress.done} result(s) stored, {result.cancelled} "
+        "task(s) not run; run the same sweep again once the ledger takes writes",
+        err=True,
+    )
+
+
 def register(app: click.Group) -> None:
     @app.command("sweep")
     @click.argument(
@@ -271,7 +286,9 @@ def register(app: click.Group) -> None:
             emit_json(result.as_dict())
         else:
             _print(result)
-        if result.failures:
+        if result.ledger_error:
+            _unstored(result)
+        if result.failures or result.ledger_error:
             raise click.exceptions.Exit(1)
 
 
