@@ -84,3 +84,54 @@ def test_verify_interrupted_gives_the_seed_to_repeat_it(monkeypatch):
     assert result.exit_code == 130, result.output
     assert "repeat with --seed 7" in result.output
     assert "interrupted while rmsnorm/torch edge 1x7 float32" in result.output
+
+
+def _bench_until(second_op: str, tmp_path):
+    """Start ``kernelab bench rmsnorm SECOND_OP`` on the CPU in a process of its own; return
+    it once its progress says rmsnorm's cases are finished (the second op has begun)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests import children
+
+    env = {**os.environ, "PYTHONPATH": children.SRC, "KERNELAB_LEDGER": str(tmp_path / "l.sqlite")}
+    env["KERNELAB_CACHE_DIR"] = str(tmp_path / "cache")
+    args = ["bench", "rmsnorm", second_op, "--device", "cpu", "--variant", "torch"]
+    args += ["--dtype", "float32", "--shape", "decode", "--max-time", "0.05", "--min-samples", "3"]
+    args += ["--ceilings", "stored"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", children._AS_FROM_A_SHELL, "-m", "kernelab", *args],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines, deadline = [], time.monotonic() + 240
+    for line in proc.stderr:
+        lines.append(line)
+        if f"bench {second_op}" in line or time.monotonic() > deadline:
+            break
+    return proc, lines
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="signals")
+def test_a_sigterm_to_bench_stores_the_finished_cases_and_exits_143(tmp_path):
+    import signal
+
+    proc, lines = _bench_until("silu_and_mul", tmp_path)
+    try:
+        assert proc.poll() is None, "".join(lines)
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.stderr.read()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = " ".join((("".join(lines)) + rest).split())
+    assert proc.returncode == 143, out[-3000:]  # was -15: ended at once, nothing stored
+    assert "Traceback" not in out, out[-3000:]
+    with ledger.open(str(tmp_path / "l.sqlite"), readonly=True) as db:
+        (run,) = db.list_runs()
+        stored = db.get_run(run["id"], samples=False)
+    assert stored["cases"] and {c["op"] for c in stored["cases"]} >= {"rmsnorm"}
+    assert stored["provenance"]["bench"]["interrupted"] is True

@@ -9,6 +9,7 @@
 | KERNELAB_DATA_DIR   | where the default ledger lives (else $XDG_DATA_HOME/kernelab).      |
 | KERNELAB_SHARED     | the folder with the shared device facts and traces (tests).         |
 | KERNELAB_TRACE_WORKERS | processes that decode a trace (unset: one).                       |
+| KERNELAB_SWEEP_MAX_TASKS | the most tasks a sweep may expand to (unset: 500,000).          |
 """
 
 from __future__ import annotations
@@ -61,6 +62,22 @@ def trace_workers() -> int | None:
         raise ValueError(
             f"KERNELAB_TRACE_WORKERS: expected a whole number of processes, got {value!r}"
         ) from None
+
+
+def sweep_max_tasks() -> int | None:
+    """The most tasks a sweep may have, if set (``None``: the default)."""
+    value = _get("KERNELAB_SWEEP_MAX_TASKS")
+    if value is None:
+        return None
+    try:
+        n = int(value.replace("_", ""))
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(
+            f"KERNELAB_SWEEP_MAX_TASKS: expected a positive number of tasks, got {value!r}"
+        )
+    return n
 
 
 def shared_dir() -> Path | None:

@@ -17,6 +17,12 @@ Handlers are installed only in the main thread and only over Python's defaults (
 with handlers of its own keeps them; exceptions still run ``stop()``). Forked workers inherit
 them: there they only end the worker. Workers call :func:`in_worker` first, which gives them
 the default SIGTERM back and leaves SIGINT to the parent.
+
+The command line goes further: inside :func:`sigterm_as_interrupt` (every command) SIGTERM
+means what Ctrl-C means. It raises :class:`Terminated`, a KeyboardInterrupt, in the main
+thread, so what a command keeps on Ctrl-C (finished cases stored, a sweep's results) it keeps
+on SIGTERM too, and the command exits 143 (128 + SIGTERM) where Ctrl-C exits 130. Inside it,
+``ending_with`` stops its workers as on Ctrl-C and raises :class:`Terminated` likewise.
 """
 
 from __future__ import annotations
@@ -45,14 +51,63 @@ def in_worker() -> None:
         torch.set_num_threads(1)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread inside :func:`sigterm_as_interrupt`."""
+
+
+class _Term:
+    """The SIGTERM handler of :func:`sigterm_as_interrupt` (one per command)."""
+
+    def __init__(self) -> None:
+        self.owner = os.getpid()
+        self.received = False
+
+    def __call__(self, signum, frame) -> None:
+        if os.getpid() != self.owner:  # a forked worker before ``in_worker``
+            _die(signum)
+        self.received = True
+        raise Terminated
+
+
+_TERM: _Term | None = None
+
+
+def terminated() -> bool:
+    """Whether the command now running was sent SIGTERM (inside :func:`sigterm_as_interrupt`)."""
+    return _TERM is not None and _TERM.received
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Run the block with SIGTERM raising :class:`Terminated` (a KeyboardInterrupt) in the
+    main thread; the handler before it comes back after. Only over the default handler and
+    only in the main thread (elsewhere the block runs as it is)."""
+    global _TERM
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+    outer, _TERM = _TERM, _Term()
+    previous = signal.signal(signal.SIGTERM, _TERM)
+    try:
+        yield
+    finally:
+        if os.getpid() == _TERM.owner:
+            signal.signal(signal.SIGTERM, previous)
+        _TERM = outer
+
+
 class Guard:
     """What ``ending_with`` yields: ``starting()`` defers the signals while a worker starts."""
 
-    def __init__(self, stop: Callable[[], None]):
+    def __init__(self, stop: Callable[[], None], term_raises: bool = False):
         self._stop = stop
         self._owner = os.getpid()
         self._depth = 0
         self._pending: int | None = None
+        #: SIGTERM raises Terminated (inside ``sigterm_as_interrupt``) instead of ending us
+        self._term_raises = term_raises
 
     @contextmanager
     def starting(self) -> Iterator[None]:
@@ -79,6 +134,9 @@ class Guard:
     def _deliver(self, signum: int) -> None:
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
+        if self._term_raises and _TERM is not None:  # ``ending_with`` runs ``stop()``
+            _TERM.received = True
+            raise Terminated
         try:
             self._stop()
         finally:
@@ -89,10 +147,14 @@ class Guard:
 def ending_with(stop: Callable[[], None]) -> Iterator[Guard]:
     """Run the block; ``stop()`` (kill this process's workers, quickly, never raising) runs on
     SIGTERM before the process ends, and when an exception leaves the block."""
-    guard = Guard(stop)
+    term_raises = _TERM is not None and signal.getsignal(signal.SIGTERM) is _TERM
+    guard = Guard(stop, term_raises)
     installed: dict[int, object] = {}
     if threading.current_thread() is threading.main_thread():
-        defaults = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
+        defaults = {
+            signal.SIGTERM: _TERM if term_raises else signal.SIG_DFL,
+            signal.SIGINT: signal.default_int_handler,
+        }
         for signum, default in defaults.items():
             if signal.getsignal(signum) is default:
                 installed[signum] = signal.signal(signum, guard.handle)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -411,9 +412,19 @@ def unstored(rec) -> None:
         raise click.exceptions.Exit(1)
 
 
+def interrupt_status() -> int:
+    """The exit status of an interrupted command: 143 after SIGTERM, else 130 (Ctrl-C)."""
+    from kernelab import _workers
+
+    return 128 + signal.SIGTERM if _workers.terminated() else 128 + signal.SIGINT
+
+
 def _interrupted() -> None:
+    from kernelab import _workers
+
     k = _KEPT
-    head = "interrupted" + (f" while {k.doing}" if k.doing else "")
+    what = "terminated (SIGTERM)" if _workers.terminated() else "interrupted"
+    head = what + (f" while {k.doing}" if k.doing else "")
     echo((head, "bold yellow"), err=True)
     if k.kept:
         echo("kept:", err=True)
@@ -427,20 +438,24 @@ def _interrupted() -> None:
 
 def user_errors(fn: Callable) -> Callable:
     """Turn bad input (ValueError, TypeError, FileNotFoundError) into one line and exit 2, and
-    Ctrl-C into what was kept (cases stored, files written) and exit 130."""
+    Ctrl-C into what was kept (cases stored, files written) and exit 130. SIGTERM means what
+    Ctrl-C means (:func:`kernelab._workers.sigterm_as_interrupt`), and exits 143."""
 
     @wraps(fn)
     def wrapper(*args, **kwargs):
+        from kernelab import _workers
+
         global _KEPT
         _KEPT = Kept()
-        try:
-            return fn(*args, **kwargs)
-        except (ValueError, TypeError, FileNotFoundError, PermissionError) as exc:
-            echo(("error:", "bold red"), f" {exc}", err=True, soft_wrap=True)
-            raise click.exceptions.Exit(2) from None
-        except KeyboardInterrupt:
-            _interrupted()
-            raise click.exceptions.Exit(130) from None
+        with _workers.sigterm_as_interrupt():
+            try:
+                return fn(*args, **kwargs)
+            except (ValueError, TypeError, FileNotFoundError, PermissionError) as exc:
+                echo(("error:", "bold red"), f" {exc}", err=True, soft_wrap=True)
+                raise click.exceptions.Exit(2) from None
+            except KeyboardInterrupt:
+                _interrupted()
+                raise click.exceptions.Exit(interrupt_status()) from None
 
     return wrapper
 

@@ -16,6 +16,7 @@ from kernelab.cli._common import (
     dtype_option,
     emit_json,
     inputs_option,
+    interrupt_status,
     json_option,
     label_option,
     ledger_option,
@@ -313,8 +314,8 @@ def register(app: click.Group) -> None:
             _print_table(result, run_id)
         if failure:
             click.echo(failure, err=True)
-        if result.interrupted:
-            raise click.exceptions.Exit(130)
+        if result.interrupted:  # Ctrl-C: 130, SIGTERM: 143
+            raise click.exceptions.Exit(interrupt_status())
         if invalid or failure:
             raise click.exceptions.Exit(1)
 

@@ -184,6 +184,21 @@ def _print(result) -> None:
     echo((f"results: kernelab history --sweep {d['sweep']}", "dim"))
 
 
+def _unstored(result) -> None:
+    """The ledger failed mid-sweep: its error, and where each finished result is kept."""
+    n, files = len(result.unrecorded), result.unrecorded
+    click.echo(result.ledger_error.splitlines()[0] if n else result.ledger_error, err=True)
+    if n:
+        click.echo(f"{n} finished task result(s) the ledger could not store, kept in:", err=True)
+        for path in files:
+            click.echo(f"  {path}", err=True)
+    click.echo(
+        f"the sweep stopped: {result.progress.done} result(s) stored, {result.cancelled} "
+        "task(s) not run; run the same sweep again once the ledger takes writes",
+        err=True,
+    )
+
+
 def register(app: click.Group) -> None:
     @app.command("sweep")
     @click.argument(
@@ -217,11 +232,17 @@ def register(app: click.Group) -> None:
     @click.option("--address", help="--engine ray: a cluster's address (default: a local Ray).")
     @click.option("--jobs", "-j", type=int, help="Local workers (default: CPUs); Ray: in flight.")
     @click.option("--dry-run", is_flag=True, help="Print the task count and cost; run nothing.")
+    @click.option(
+        "--max-tasks",
+        type=int,
+        help="The most tasks the sweep may have (default: KERNELAB_SWEEP_MAX_TASKS, else "
+        "500,000); checked before any task is made.",
+    )
     @ledger_option
     @json_option
     @user_errors
     def sweep_command(
-        kind, spec_file, engine, address, jobs, dry_run, ledger_url, as_json, **flags
+        kind, spec_file, engine, address, jobs, dry_run, max_tasks, ledger_url, as_json, **flags
     ):
         """Run KIND (inspect, verify, bench, tune or floors) over every combination of the
         spec as independent tasks; each result goes to the ledger as it finishes, and a re-run
@@ -229,13 +250,15 @@ def register(app: click.Group) -> None:
         """
         from kernelab import ledger, sweep
         from kernelab.sweep import engines, runner
+        from kernelab.sweep.spec import max_tasks as task_limit
 
-        spec = sweep.validate(spec_from(kind, spec_file, flags))
+        limit = task_limit(max_tasks)
+        spec = sweep.validate(spec_from(kind, spec_file, flags), limit)
         if jobs is not None and jobs < 1:
             raise ValueError(f"jobs: expected at least 1, got {jobs}")
         if address and engine != "ray":
             raise ValueError("address: only --engine ray takes --address")
-        tasks, skipped = sweep.expand(spec)
+        tasks, skipped = sweep.expand(spec, limit)
         if dry_run:
             _dry_run(spec, tasks, skipped, ledger_url, as_json)
             return
@@ -263,7 +286,9 @@ def register(app: click.Group) -> None:
             emit_json(result.as_dict())
         else:
             _print(result)
-        if result.failures:
+        if result.ledger_error:
+            _unstored(result)
+        if result.failures or result.ledger_error:
             raise click.exceptions.Exit(1)
 
 

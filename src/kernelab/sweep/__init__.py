@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kernelab.sweep.runner import Progress, SweepInterrupted, SweepResult, sweep_id
-from kernelab.sweep.spec import KINDS, SpecError, SweepSpec, load, validate
-from kernelab.sweep.tasks import Task, estimate, expand, resources
+from kernelab.sweep.spec import DEFAULT_MAX_TASKS, KINDS, SpecError, SweepSpec, load, validate
+from kernelab.sweep.tasks import Task, count, estimate, expand, resources
 
 
 def run_sweep(
@@ -33,15 +33,17 @@ def run_sweep(
     jobs: int | None = None,
     address: str | None = None,
     progress=None,
+    max_tasks: int | None = None,
 ) -> SweepResult:
     """Validate (a dict), expand and run ``spec`` into the ledger ``ledger`` (a URL, path or
-    an open :class:`kernelab.ledger.Ledger`; None: the default ledger)."""
+    an open :class:`kernelab.ledger.Ledger`; None: the default ledger). ``max_tasks``: the
+    task limit (default: KERNELAB_SWEEP_MAX_TASKS, else :data:`DEFAULT_MAX_TASKS`)."""
     from kernelab import ledger as ledger_mod
     from kernelab.sweep import engines, runner
 
     if not isinstance(spec, SweepSpec):
-        spec = validate(spec)
-    tasks, skipped = expand(spec)
+        spec = validate(spec, max_tasks)
+    tasks, skipped = expand(spec, max_tasks)
     own = not isinstance(ledger, ledger_mod.Ledger)
     db = ledger_mod.open(ledger) if own else ledger
     try:
@@ -58,6 +60,7 @@ def run_sweep(
 
 
 __all__ = [
+    "DEFAULT_MAX_TASKS",
     "KINDS",
     "Progress",
     "SpecError",
@@ -65,6 +68,7 @@ __all__ = [
     "SweepResult",
     "SweepSpec",
     "Task",
+    "count",
     "estimate",
     "expand",
     "load",

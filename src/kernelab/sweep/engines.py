@@ -22,6 +22,8 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import wait
@@ -36,9 +38,33 @@ def _error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:1000] + where
 
 
-def _serve(conn, run: Callable[[Task], dict]) -> None:
-    """A local worker: run each task it is sent and send back ("ok", result) or ("error", why)."""
+#: How often a local worker checks that the sweep that started it still runs (seconds).
+PARENT_CHECK_S = 0.5
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this worker soon after the sweep's process does, even if killed by SIGKILL (nothing
+    of it runs then): a thread checks that the parent is still ours."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="kernelab-parent-check", daemon=True).start()
+
+
+def _serve(conn, run: Callable[[Task], dict], parent: int, inherited=()) -> None:
+    """A local worker: run each task it is sent and send back ("ok", result) or ("error", why).
+
+    ``inherited``: the sweep's ends of this worker's pipe and the others', copied by the fork;
+    closed at once, or each worker would keep its own and the others' pipes open (none seeing
+    its end-of-file when the sweep ends)."""
+    for other in inherited:
+        with contextlib.suppress(OSError):
+            other.close()
     _workers.in_worker()
+    _exit_with_parent(parent)
     while True:
         try:
             task = conn.recv()
@@ -78,7 +104,10 @@ class LocalEngine:
 
     def _start(self):
         parent, child = self._ctx.Pipe()
-        p = self._ctx.Process(target=_serve, args=(child, self._run), daemon=True)
+        others = [parent, *(c for _, c in self._idle), *self._busy]  # the sweep's ends
+        p = self._ctx.Process(
+            target=_serve, args=(child, self._run, os.getpid(), others), daemon=True
+        )
         p.start()
         child.close()
         return p, parent

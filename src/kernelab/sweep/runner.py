@@ -44,7 +44,12 @@ class SweepResult:
     runs: list[str] = field(default_factory=list)  # run ids stored by this run
     seconds: float = 0.0
     interrupted: bool = False
-    cancelled: int = 0  # tasks running or queued when interrupted
+    cancelled: int = 0  # tasks running or queued when interrupted or stopped
+    #: the ledger's failure that stopped the sweep (a full disk, a lost server), if any
+    ledger_error: str | None = None
+    #: files keeping the finished results the ledger could not store (``record_run``'s
+    #: arguments, :func:`kernelab.ledger.unrecorded.write_unrecorded`)
+    unrecorded: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         p = self.progress
@@ -60,6 +65,8 @@ class SweepResult:
             "duplicates_dropped": p.duplicates,
             "interrupted": self.interrupted,
             "cancelled": self.cancelled,
+            "ledger_error": self.ledger_error,
+            "unrecorded": self.unrecorded,
             "seconds": round(self.seconds, 2),
             "failures": self.failures,
             "skipped": self.skipped,
@@ -92,7 +99,11 @@ def run(
     poll_s: float = 0.2,
 ) -> SweepResult:
     """Run ``spec`` on ``engine`` (:mod:`kernelab.sweep.engines`), storing into the ledger
-    ``db``. ``tasks``: already expanded (default: ``expand(spec)``)."""
+    ``db``. ``tasks``: already expanded (default: ``expand(spec)``).
+
+    When the ledger fails (a full disk, a lost server), every result finished so far is kept
+    in a file beside it (:func:`kernelab.ledger.record_or_keep`; ``result.unrecorded``), the
+    rest is cancelled and the result returned with ``ledger_error`` set."""
     from kernelab import ledger
     from kernelab.ledger import sweeps
 
@@ -121,8 +132,40 @@ def run(
         if progress:
             progress(p)
 
+    def stop(error: str) -> None:
+        if result.ledger_error is None:
+            result.ledger_error = error
+
+    def store(task: Task, payload: dict) -> None:
+        def write(d) -> str | None:
+            return sweeps.record_task(
+                d,
+                sid,
+                task.row(),
+                payload["kind"],
+                payload["cases"],
+                payload["provenance"],
+                attempts[task.key],
+            )
+
+        rec = ledger.record_or_keep(
+            db, payload["kind"], payload["cases"], payload["provenance"], write=write
+        )
+        if rec.run_id is not None:
+            result.runs.append(rec.run_id)
+            p.done += 1
+        elif rec.error is not None:  # kept in a file (or, failing that, in the message)
+            if rec.path is not None:
+                result.unrecorded.append(str(rec.path))
+            stop(rec.error)
+        else:
+            p.duplicates += 1
+
     def fail(task: Task, reason: str) -> None:
-        sweeps.record_failure(db, sid, task.row(), reason, attempts[task.key])
+        try:
+            sweeps.record_failure(db, sid, task.row(), reason, attempts[task.key])
+        except Exception as exc:  # a failure is no result: it is reported, not kept
+            stop(f"error: the ledger {db.location} could not store a failure ({exc})")
         result.failures.append(
             {
                 "task": task.label(),
@@ -135,7 +178,7 @@ def run(
 
     tell()
     try:
-        while pending or in_flight:
+        while (pending or in_flight) and result.ledger_error is None:
             while pending and engine.capacity() > 0:
                 task = pending.popleft()
                 attempts[task.key] = attempts.get(task.key, 0) + 1
@@ -145,20 +188,7 @@ def run(
                 in_flight.discard(key)
                 task = by_key[key]
                 if status == "ok":
-                    run_id = sweeps.record_task(
-                        db,
-                        sid,
-                        task.row(),
-                        payload["kind"],
-                        payload["cases"],
-                        payload["provenance"],
-                        attempts[key],
-                    )
-                    if run_id is None:
-                        p.duplicates += 1
-                    else:
-                        result.runs.append(run_id)
-                        p.done += 1
+                    store(task, payload)
                     tell(f"{task.label()}: {payload.get('summary', '')}")
                 elif status == "died" and attempts[key] <= spec.retries:
                     p.retried += 1
@@ -170,6 +200,12 @@ def run(
                 else:
                     fail(task, str(payload))
                     tell(f"{task.label()}: failed")
+            tell()
+        if result.ledger_error is not None:  # stopped: what still runs is not waited for
+            result.cancelled = len(in_flight) + len(pending)
+            engine.cancel()
+            in_flight.clear()
+            pending.clear()
             tell()
     except KeyboardInterrupt:
         result.cancelled = len(in_flight) + len(pending)

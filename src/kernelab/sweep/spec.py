@@ -28,6 +28,9 @@ Keys (all optional except ``kind``):
 ``max_rows``    bench: cap of the batch dimension (default: bench's)
 ``mode``        bench: "auto", "cold" or "hot"
 ``retries``     how often a task whose worker died is tried again (default: 2)
+
+A sweep may have at most :data:`DEFAULT_MAX_TASKS` tasks unless told otherwise (``--max-tasks``,
+``KERNELAB_SWEEP_MAX_TASKS``): the count is checked before any task is made.
 """
 
 from __future__ import annotations
@@ -46,6 +49,19 @@ except ImportError:  # Python 3.10: JSON specs only
 KINDS = ("inspect", "verify", "bench", "tune", "floors")
 DEFAULT_RETRIES = 2
 MAX_RETRIES = 20
+
+#: The most tasks a sweep may have unless raised (``--max-tasks``, KERNELAB_SWEEP_MAX_TASKS).
+#: Each task costs about 1 KiB and 0.1 ms to make before anything runs; every op's whole
+#: inspect space at sm_90 is about 167,000 tasks (16 s to expand on a 2-core VM).
+DEFAULT_MAX_TASKS = 500_000
+
+#: A spec file's largest size: a spec names ops, shapes and configs (a few KiB); a file far
+#: larger is a mistake (or a data file given by accident), refused before it is read.
+MAX_SPEC_BYTES = 1 << 20
+#: How deeply a spec file's tables and arrays may nest. The keys need 3 levels (the file's
+#: table, ``configs``, one config's table); the parsers recurse once per level, and a file of
+#: nested brackets would otherwise end in a RecursionError.
+MAX_DEPTH = 10
 
 #: GPU device types a verify or bench task may ask for (the Ray custom resource ``gpu:<type>``).
 GPU_TYPES = ("A100", "H100", "H200", "B200", "MI300X")
@@ -119,6 +135,25 @@ def _sizes(raw, ops, shape_sets) -> tuple:
 
 class SpecError(ValueError):
     """A spec that cannot run; the message names the key."""
+
+
+def max_tasks(value: int | None = None) -> int:
+    """The task limit: ``value`` (an option) if given, else KERNELAB_SWEEP_MAX_TASKS, else
+    :data:`DEFAULT_MAX_TASKS`."""
+    from kernelab import _flags
+
+    if value is not None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SpecError(f"max_tasks: expected a positive integer, got {value!r}")
+        return value
+    return _flags.sweep_max_tasks() or DEFAULT_MAX_TASKS
+
+
+def too_many(what: str, limit: int) -> SpecError:
+    return SpecError(
+        f"{what}, more than the limit of {limit:,} tasks per sweep (raise it with "
+        "--max-tasks N or KERNELAB_SWEEP_MAX_TASKS=N, or split the sweep)"
+    )
 
 
 @dataclass(frozen=True)
@@ -211,15 +246,20 @@ def _configs(value):
     return tuple(out)
 
 
-def validate(raw: Mapping) -> SweepSpec:
+def validate(raw: Mapping, limit: int | None = None) -> SweepSpec:
     """A :class:`SweepSpec` from plain values (a parsed file, flags); :class:`SpecError` names
     the first bad key. Ops, variants, dtypes, shape sets and targets are checked against what
-    is registered."""
+    is registered; a list of seeds or sizes that alone makes more tasks than ``limit``
+    (:func:`max_tasks`) is refused before its entries are checked."""
     from kernelab import ops as registry
     from kernelab.inspect.targets import TARGETS
 
     if not isinstance(raw, Mapping):
         raise SpecError(f"spec: expected a table of keys, got {type(raw).__name__}")
+    cap = max_tasks(limit)
+    for key in ("seeds", "sizes"):  # each entry is a task or more of every op
+        if isinstance(raw.get(key), list | tuple) and len(raw[key]) > cap:
+            raise too_many(f"spec.{key}: {len(raw[key]):,} {key} make at least as many tasks", cap)
     unknown = [k for k in raw if k not in _KEYS]
     if unknown:
         raise SpecError(f"spec.{unknown[0]}: unknown key (expected some of: {', '.join(_KEYS)})")
@@ -297,24 +337,74 @@ def validate(raw: Mapping) -> SweepSpec:
     return SweepSpec(**out)
 
 
+def _depth(value, limit: int, level: int = 0) -> int:
+    """How many levels of tables and arrays ``value`` is (counting stops past ``limit``)."""
+    if not isinstance(value, dict | list):
+        return level
+    if level >= limit:
+        return level + 1
+    items = value.values() if isinstance(value, dict) else value
+    return max((_depth(v, limit, level + 1) for v in items), default=level + 1)
+
+
+def _brackets(data: bytes) -> int:
+    """An upper bound of the nesting of ``[`` and ``{`` in ``data`` (strings not told apart):
+    cheap, so that a file nested far too deeply never reaches a recursive parser."""
+    depth = deepest = 0
+    for b in data:
+        if b in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif b in (0x5D, 0x7D) and depth:
+            depth -= 1
+    return deepest
+
+
 def load(path: str | Path) -> dict:
-    """The raw table of a spec file: ``.toml`` through tomllib, ``.json`` through orjson."""
+    """The raw table of a spec file: ``.toml`` through tomllib, ``.json`` through orjson. A
+    file over :data:`MAX_SPEC_BYTES` or nested deeper than :data:`MAX_DEPTH` is refused."""
     p = Path(path)
     if p.suffix not in (".toml", ".json"):
         raise SpecError(f"spec: expected a .toml or .json file, got {str(p)!r}")
     try:
-        data = p.read_bytes()
+        with p.open("rb") as f:
+            data = f.read(MAX_SPEC_BYTES + 1)
     except OSError as exc:
         raise SpecError(f"spec: cannot read {str(p)!r} ({exc.strerror or exc})") from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError(
+            f"spec: {str(p)!r} is larger than {MAX_SPEC_BYTES:,} bytes, the limit of a spec file"
+        )
+    too_deep = SpecError(
+        f"spec: {str(p)!r} nests tables and arrays more than {MAX_DEPTH} levels deep, the "
+        "limit of a spec file"
+    )
+    # Brackets inside strings count too, so the bound is loose: only a file far past the
+    # limit is refused unparsed; the parsed table is measured exactly below.
+    if _brackets(data) > 4 * MAX_DEPTH + 64:
+        raise too_deep
     if p.suffix == ".toml" and tomllib is None:
         raise SpecError(f"spec: {str(p)!r}: TOML needs Python 3.11 (tomllib); use JSON")
     try:
         raw = tomllib.loads(data.decode()) if p.suffix == ".toml" else orjson.loads(data)
+    except RecursionError:
+        raise too_deep from None
     except (ValueError, UnicodeDecodeError) as exc:  # TOMLDecodeError, JSONDecodeError
         raise SpecError(f"spec: {str(p)!r} is not valid {p.suffix[1:].upper()} ({exc})") from None
+    if _depth(raw, MAX_DEPTH) > MAX_DEPTH:
+        raise too_deep
     if not isinstance(raw, dict):
         raise SpecError(f"spec: {str(p)!r} must hold a table of keys, got {type(raw).__name__}")
     return raw
 
 
-__all__ = ["GPU_TYPES", "KINDS", "SpecError", "SweepSpec", "load", "validate"]
+__all__ = [
+    "DEFAULT_MAX_TASKS",
+    "GPU_TYPES",
+    "KINDS",
+    "SpecError",
+    "SweepSpec",
+    "load",
+    "max_tasks",
+    "validate",
+]

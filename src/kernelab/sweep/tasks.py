@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from kernelab.sweep.spec import GPU_TYPES, SweepSpec
+from kernelab.sweep.spec import GPU_TYPES, SweepSpec, max_tasks, too_many
 
 #: Rough core-seconds per unit of work, for ``--dry-run``'s estimate (measured on a 2-core
 #: x86_64 VM, cold caches: inspect ~0.1 s per kernel and target compiled — the 1,840-job
@@ -116,7 +116,49 @@ def _json(value) -> str:
 
 
 def config_text(config) -> str:
-    return "default" if config is None else _json(dataclasses.asdict(config))
+    """A config as the task key holds it: "default", a config class's fields as JSON, or a
+    plain value's JSON (an op whose configs are one number: moe_topk's tokens per program)."""
+    if config is None:
+        return "default"
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return _json(dataclasses.asdict(config))
+    if isinstance(config, int | str) and not isinstance(config, bool):
+        return _json(config)
+    raise TypeError(
+        f"a config of type {type(config).__name__} ({config!r:.60}): expected a dataclass "
+        "instance or a plain integer or string"
+    )
+
+
+def _space(op, shape, dtype) -> list:
+    """``op``'s tuning space for the shape, every config checked to have a task key."""
+    from kernelab.ops._model import dtype_name
+
+    space = list(op.tuning_space(shape, dtype))
+    for i, config in enumerate(space):
+        try:
+            config_text(config)
+        except TypeError as exc:
+            raise ValueError(
+                f"{op.name}: tuning_space({shape.label}, {dtype_name(dtype)})[{i}]: {exc}"
+            ) from None
+    return space
+
+
+def _check_spaces(spec: SweepSpec, ops) -> None:
+    """Before anything is expanded: each op's tuning space, at the first shape of each set
+    and dtype, holds configs a task key can name (a bad entry is named at once, not after
+    the other ops' tasks)."""
+    if spec.kind != "inspect" or spec.configs == "default":
+        return
+    for op in ops:
+        if op.tuning_space is None or op.launches is None:
+            continue
+        for dtype in _dtypes(op, spec.dtypes):
+            for shape_set in spec.shape_sets:
+                shapes = _shapes(op, shape_set, spec.shapes, spec.sizes)
+                if shapes:
+                    _space(op, shapes[0], dtype)
 
 
 def _make(kind, op, variant, shape_set, shape_key, dtype, config, target, params, units=1):
@@ -178,23 +220,39 @@ def _selection(spec) -> tuple[str, dict]:
     }
 
 
-def _configs(op, shape, dtype, configs, skipped: list[str]) -> list:
+def _configs(op, shape, dtype, configs, skipped: list[str], matched=None) -> list:
+    """The configs of a task list: [None] (the default), the space, or the space's configs
+    that a table of ``configs`` selects (the index of each table that selected one goes into
+    ``matched``)."""
     if configs == "default":
         return [None]
     if op.tuning_space is None:
         skipped.append(f"{op.name}: declares no tuning space; default configs only")
         return [None]
-    space = list(op.tuning_space(shape, dtype))
+    space = _space(op, shape, dtype)
     if configs == "space":
         return space or [None]
     out = []
     for i, fields in enumerate(configs):
+        if space and not dataclasses.is_dataclass(space[0]):
+            shown = ", ".join(map(repr, space[:4])) + (", ..." if len(space) > 4 else "")
+            raise ValueError(
+                f"spec.configs[{i}]: {op.name}'s configs are plain values ({shown}), not "
+                'tables of fields; use configs = "space"'
+            )
         for name, _ in fields:
             if space and not hasattr(space[0], name):
                 known = ", ".join(f.name for f in dataclasses.fields(space[0]))
                 raise ValueError(f"spec.configs[{i}].{name}: {op.name}'s configs have {known}")
-        out += [c for c in space if all(getattr(c, k) == v for k, v in fields) and c not in out]
+        picked = [c for c in space if all(getattr(c, k) == v for k, v in fields)]
+        if picked and matched is not None:
+            matched.add(i)
+        out += [c for c in picked if c not in out]
     return out
+
+
+def _table(fields) -> str:
+    return "{" + ", ".join(f"{k} = {_json(v)}" for k, v in fields) + "}"
 
 
 def _compile_targets(op, shape, dtype, targets) -> list[str]:
@@ -209,15 +267,75 @@ def _compile_targets(op, shape, dtype, targets) -> list[str]:
     return [t for t in targets if t in ok]
 
 
-def expand(spec: SweepSpec) -> tuple[list[Task], list[str]]:
-    """The tasks of ``spec`` (in a stable order) and what was left out, one line each."""
+def _variants(op, spec: SweepSpec) -> list[str]:
+    if spec.kind == "floors":
+        return ["-"]
+    return [
+        v.name
+        for v in op.variants.values()
+        if (spec.variants is None or v.name in spec.variants)
+        and (spec.variants is not None or v.kind != "compile")
+    ]
+
+
+def count(spec: SweepSpec) -> int:
+    """How many tasks :func:`expand` makes of ``spec``, without making them (no key is
+    hashed): products of the spec's lists, and for inspect and tune each shape's configs and
+    targets."""
+    from kernelab import ops as registry
+
+    n = 0
+    matched: set[int] = set()
+    spaced = []  # the ops whose tuning spaces the config tables were matched against
+    for op in (registry.get(name) for name in spec.ops):
+        dtypes = _dtypes(op, spec.dtypes)
+        if spec.kind not in ("inspect", "tune"):
+            per = len(spec.targets) * len(dtypes) * len(spec.shape_sets)
+            if spec.kind == "verify":
+                per *= len(_variants(op, spec)) * len(spec.seeds)
+            n += per if _variants(op, spec) else 0
+            continue
+        if op.launches is None or (spec.kind == "tune" and op.tuning_space is None):
+            continue
+        for dtype in dtypes:
+            for shape_set in spec.shape_sets:
+                for shape in _shapes(op, shape_set, spec.shapes, spec.sizes):
+                    targets = len(_compile_targets(op, shape, dtype, spec.targets))
+                    if spec.kind == "tune":
+                        n += targets + sum(t in GPU_TYPES for t in spec.targets)
+                    else:
+                        configs = _configs(op, shape, dtype, spec.configs, [], matched)
+                        n += targets * len(configs)
+                        if op.tuning_space is not None and op.name not in spaced:
+                            spaced.append(op.name)
+    if spec.kind == "inspect" and not isinstance(spec.configs, str) and spaced:
+        for i, fields in enumerate(spec.configs):
+            if i not in matched:
+                raise ValueError(
+                    f"spec.configs[{i}] {_table(fields)}: matches no config of the tuning "
+                    f"space of {', '.join(spaced)} (for the shapes and dtypes of the sweep)"
+                )
+    return n
+
+
+def expand(spec: SweepSpec, limit: int | None = None) -> tuple[list[Task], list[str]]:
+    """The tasks of ``spec`` (in a stable order) and what was left out, one line each.
+
+    More than ``limit`` tasks (:func:`kernelab.sweep.spec.max_tasks`) is a
+    :class:`~kernelab.sweep.spec.SpecError`, raised before any task is made."""
     from kernelab import ops as registry
     from kernelab.core import dtype_name
 
     tasks: list[Task] = []
     skipped: list[str] = []
     suffix, selection = _selection(spec)  # floors and bench: their shapes, named once
-    for op in (registry.get(n) for n in spec.ops):
+    ops = [registry.get(n) for n in spec.ops]
+    _check_spaces(spec, ops)
+    cap = max_tasks(limit)
+    n = count(spec)
+    if n > cap:
+        raise too_many(f"spec: {n:,} tasks", cap)
+    for op in ops:
         if spec.kind in ("inspect", "tune"):
             if op.launches is None:
                 skipped.append(f"{op.name}: declares no launches (nothing to compile)")
@@ -268,16 +386,7 @@ def expand(spec: SweepSpec) -> tuple[list[Task], list[str]]:
                                     )
                                 )
             continue
-        variants = (
-            ["-"]
-            if spec.kind == "floors"
-            else [
-                v.name
-                for v in op.variants.values()
-                if (spec.variants is None or v.name in spec.variants)
-                and (spec.variants is not None or v.kind != "compile")
-            ]
-        )
+        variants = _variants(op, spec)
         if not variants:
             skipped.append(f"{op.name}: none of the variants asked for ({spec.variants})")
             continue
@@ -341,7 +450,17 @@ def expand(spec: SweepSpec) -> tuple[list[Task], list[str]]:
                                     n_shapes,
                                 )
                             )
-    return tasks, list(dict.fromkeys(skipped))
+    skipped = list(dict.fromkeys(skipped))
+    if not tasks:
+        why = "; ".join(skipped) or (
+            f"no shape label contains {' or '.join(map(repr, spec.shapes))}"
+            if spec.shapes
+            else f"no launch of theirs compiles for {', '.join(spec.targets)}"
+            if spec.kind in ("inspect", "tune")
+            else "nothing selected"
+        )
+        raise ValueError(f"spec: no task to run for ops {', '.join(spec.ops)}: {why}")
+    return tasks, skipped
 
 
 def estimate(tasks: list[Task]) -> dict:
@@ -364,4 +483,4 @@ def estimate(tasks: list[Task]) -> dict:
     }
 
 
-__all__ = ["COST_S", "Task", "estimate", "expand", "resources", "versions"]
+__all__ = ["COST_S", "Task", "count", "estimate", "expand", "resources", "versions"]
