@@ -9,6 +9,9 @@
 | KERNELAB_DATA_DIR   | where the default ledger lives (else $XDG_DATA_HOME/kernelab).      |
 | KERNELAB_SHARED     | the folder with the shared device facts and traces (tests).         |
 | KERNELAB_TRACE_WORKERS | processes that decode a trace (unset: one).                       |
+| KERNELAB_TRACE_MAX_BYTES | the most bytes a trace may decompress to (e.g. 4G; unset: 2G).  |
+| KERNELAB_TRACE_MAX_EVENTS | the most events a trace may hold (unset: 5000000).             |
+| KERNELAB_TRACE_MAX_DEPTH | the deepest nesting of a trace's JSON (unset: 128).             |
 """
 
 from __future__ import annotations
@@ -61,6 +64,12 @@ def trace_workers() -> int | None:
         raise ValueError(
             f"KERNELAB_TRACE_WORKERS: expected a whole number of processes, got {value!r}"
         ) from None
+
+
+def trace_limit(name: str) -> str | None:
+    """``KERNELAB_TRACE_MAX_<NAME>`` as written (``None``: unset); parsed by
+    :mod:`kernelab.trace._limits`."""
+    return _get(f"KERNELAB_TRACE_MAX_{name.upper()}")
 
 
 def shared_dir() -> Path | None:

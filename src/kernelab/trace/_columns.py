@@ -23,6 +23,7 @@ from kernelab.trace._events import (
     SHAPED_OPS,
     Trace,
 )
+from kernelab.trace._limits import Exceeded
 from kernelab.trace._schema import (
     _ANY_CATEGORY,
     _ARG_ATTRS,
@@ -127,7 +128,11 @@ class _Columns:
     :meth:`skip`) and pass its columns to another with :meth:`export` / :meth:`absorb`.
     """
 
-    def __init__(self):
+    def __init__(self, max_events: int | None = None):
+        #: Entries of the event array decoded here, of every phase; past ``max_events``
+        #: :class:`Exceeded` is raised before the chunk's columns are built.
+        self.events = 0
+        self.max_events = max_events
         self.table: dict[str, int] = _Intern()
         self.kinds = _KindMap()
         self.parts: list[_Part] = []
@@ -160,6 +165,8 @@ class _Columns:
             for decoder in decoders:
                 try:
                     events = decoder.decode(chunk)
+                except RecursionError:  # past ~1000 levels: the exact count measures them
+                    return False
                 except msgspec.ValidationError:
                     continue  # an unknown category (then odd field types): the next decoder
                 except msgspec.DecodeError:
@@ -168,7 +175,7 @@ class _Columns:
                 return True
         try:
             events = orjson.loads(chunk)
-        except orjson.JSONDecodeError:
+        except (orjson.JSONDecodeError, RecursionError):
             return False
         if type(events) is not list:
             return False
@@ -179,6 +186,7 @@ class _Columns:
         """Append one chunk of events: a fast path for well-formed chunks, else a careful one.
         ``memory``: whether it holds ``[memory]`` instants (None: look)."""
         self.next_chunk += 1
+        self._count(len(events))
         if memory or memory is None:
             self._memory(events, structs)
         try:
@@ -193,6 +201,11 @@ class _Columns:
         for cat, count in unknown.items():
             self.unknown[cat] = self.unknown.get(cat, 0) + count
         self._append(part)
+
+    def _count(self, n: int) -> None:
+        self.events += n
+        if self.max_events is not None and self.events > self.max_events:
+            raise Exceeded("events")
 
     def _memory(self, events: list, structs: bool) -> None:
         """Keep the chunk's ``[memory]`` instants as columns (file order)."""
@@ -431,6 +444,7 @@ class _Columns:
             "unknown": self.unknown,
             "malformed": self.malformed,
             "out_of_range": self.out_of_range,
+            "events": self.events,
             "memory": [[c, {k: v.tolist() for k, v in m.items()}] for c, m in self.memory],
             "shapes": self.shapes.pairs,
             "parts": [
@@ -477,6 +491,7 @@ class _Columns:
             self.unknown[cat] = self.unknown.get(cat, 0) + count
         self.malformed += header["malformed"]
         self.out_of_range += header["out_of_range"]
+        self._count(header["events"])
         for c, m in header["memory"]:
             part = {"ts_us": np.array(m["ts_us"], dtype=np.float64)}
             part.update({k: np.array(m[k], dtype=np.int64) for k in MEMORY_COLUMNS[1:]})
