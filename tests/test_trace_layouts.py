@@ -133,7 +133,7 @@ def test_default_chunk_sizes_stream_too(tmp_path, no_whole_parse):
 
 def test_structure_finds_exact_boundaries():
     text = b'{"a":"}, {\\"x"},{"b":[{"c":1},{"d":"\\\\"}]} , {"e":2}\n]'
-    ends, close = _scan.structure(bytearray(text), 0, len(text))
+    ends, close, _ = _scan.structure(bytearray(text), 0, len(text))
     assert [text[e - 1 : e] for e in ends] == [b"}", b"}", b"}"]
     assert close == len(text) - 1
     assert json.loads(b"[" + text[: ends[-1]] + b"]") == [
@@ -142,7 +142,7 @@ def test_structure_finds_exact_boundaries():
         {"e": 2},
     ]
     # A slice that ends inside an event: no close, the complete ones only.
-    ends, close = _scan.structure(bytearray(text), 0, 20)
+    ends, close, _ = _scan.structure(bytearray(text), 0, 20)
     assert close == -1 and len(ends) == 1
 
 

@@ -3,6 +3,7 @@ leaks and allocator slack, plausible on a real CPU trace recorded with profile_m
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -107,6 +108,41 @@ def test_malformed_memory_events_are_counted(tmp_path):
     b.events[-5]["args"]["Addr"] = "0x2000"
     s = public(summarize(b.write(tmp_path / "bad.json")))
     assert s["integrity"]["counts"]["malformed_events"] == 2
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "malformed", "tid"),
+    [
+        ("ts", True, 1, 1),  # a boolean is not a time
+        ("ts", float("nan"), 1, 1),
+        ("ts", 10**400, 1, 1),  # beyond a float
+        ("ts", 2e16, 1, 1),  # beyond the time limit
+        ("tid", "main", 0, -1),  # an odd thread is -1, the event kept
+        ("tid", -(2**63), 0, -1),
+        ("tid", 2**63, 0, -1),
+        ("Addr", 2**63, 1, 1),  # beyond int64
+        ("Addr", -(2**63), 1, 1),
+        ("Bytes", 1.5, 1, 1),
+        ("Device Id", None, 1, 1),
+        ("args", [], 1, 1),
+    ],
+)
+def test_odd_memory_values_in_a_chunk_of_good_ones(tmp_path, where, value, malformed, tid):
+    """One odd instant among good ones: the chunk's columns are read row by row, the odd
+    one counted (or its thread set to -1) and the others kept exactly."""
+    b = planted()
+    event = next(e for e in b.events if e["name"] == "[memory]")  # the first: 4 MiB
+    if where in ("ts", "tid", "args"):
+        event[where] = value
+    else:
+        event["args"][where] = value
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps(b.document()))  # Python's json: NaN and huge integers too
+    trace = load(path)
+    assert trace.malformed == malformed
+    sizes = [4, 16, -16, 2, -2, 1, -1][malformed:]
+    assert trace.memory["bytes"].tolist() == [MiB * x for x in sizes]
+    assert trace.memory["tid"].tolist() == [tid] * (1 - malformed) + [1] * 6
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

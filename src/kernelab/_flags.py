@@ -10,6 +10,11 @@
 | KERNELAB_SHARED     | the folder with the shared device facts and traces (tests).         |
 | KERNELAB_TRACE_WORKERS | processes that decode a trace (unset: one).                       |
 | KERNELAB_SWEEP_MAX_TASKS | the most tasks a sweep may expand to (unset: 500,000).          |
+
+
+| KERNELAB_TRACE_MAX_BYTES | the most bytes a trace may decompress to (e.g. 4G; unset: 2G).  |
+| KERNELAB_TRACE_MAX_EVENTS | the most events a trace may hold (unset: 5000000).             |
+| KERNELAB_TRACE_MAX_DEPTH | the deepest nesting of a trace's JSON (unset: 128).             |
 """
 
 from __future__ import annotations
@@ -78,6 +83,12 @@ def sweep_max_tasks() -> int | None:
             f"KERNELAB_SWEEP_MAX_TASKS: expected a positive number of tasks, got {value!r}"
         )
     return n
+
+
+def trace_limit(name: str) -> str | None:
+    """``KERNELAB_TRACE_MAX_<NAME>`` as written (``None``: unset); parsed by
+    :mod:`kernelab.trace._limits`."""
+    return _get(f"KERNELAB_TRACE_MAX_{name.upper()}")
 
 
 def shared_dir() -> Path | None:

@@ -18,6 +18,39 @@ def _one_blas_thread() -> None:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
+def _limit_options(fn):
+    """--max-bytes, --max-events, --max-depth: how much of an untrusted trace is read."""
+    fn = click.option(
+        "--max-depth",
+        help="Deepest JSON nesting read, at most 900 [default: 128; KERNELAB_TRACE_MAX_DEPTH].",
+    )(fn)
+    fn = click.option(
+        "--max-events",
+        help="Most events a trace may hold [default: 5000000; KERNELAB_TRACE_MAX_EVENTS].",
+    )(fn)
+    return click.option(
+        "--max-bytes",
+        help="Most bytes a trace may decompress to, e.g. 4G [default: 2G; "
+        "KERNELAB_TRACE_MAX_BYTES].",
+    )(fn)
+
+
+def _limits(max_bytes, max_events, max_depth):
+    from kernelab.trace._limits import Limits
+
+    return Limits.resolve(
+        max_bytes=max_bytes,
+        max_events=None if max_events is None else _whole(max_events, "--max-events"),
+        max_depth=None if max_depth is None else _whole(max_depth, "--max-depth"),
+    )
+
+
+def _whole(value: str, option: str) -> int:
+    from kernelab.trace._limits import parse
+
+    return parse(value, option)
+
+
 def register(app: click.Group) -> None:
     @app.group("trace")
     def trace_group() -> None:
@@ -40,8 +73,11 @@ def register(app: click.Group) -> None:
         type=click.IntRange(min=1),
         help="Processes that decode a large trace [default: 1; KERNELAB_TRACE_WORKERS].",
     )
+    @_limit_options
     @user_errors
-    def summary_command(trace, as_json, top, short_us, perfetto, html, workers):
+    def summary_command(
+        trace, as_json, top, short_us, perfetto, html, workers, max_bytes, max_events, max_depth
+    ):
         """Summarise a trace: GPU time, idle causes, launches, top kernels, what to change.
 
         TRACE is a .json or .json.gz trace, or a folder of per-rank traces.
@@ -57,6 +93,7 @@ def register(app: click.Group) -> None:
             perfetto=perfetto,
             html=html,
             workers=workers,
+            limits=_limits(max_bytes, max_events, max_depth),
         )
         if code:
             raise click.exceptions.Exit(code)
@@ -66,8 +103,9 @@ def register(app: click.Group) -> None:
     @click.argument("b")
     @json_option
     @click.option("--top", default=20, help="Kernel groups to show.")
+    @_limit_options
     @user_errors
-    def diff_command(a, b, as_json, top):
+    def diff_command(a, b, as_json, top, max_bytes, max_events, max_depth):
         """Kernel time and count deltas per kernel group and category, ranked by impact.
 
         A is the baseline trace, B the trace compared with it.
@@ -75,4 +113,4 @@ def register(app: click.Group) -> None:
         _one_blas_thread()
         from kernelab.trace.commands import run_diff
 
-        run_diff(a, b, as_json=as_json, top=top)
+        run_diff(a, b, as_json=as_json, top=top, limits=_limits(max_bytes, max_events, max_depth))

@@ -6,6 +6,17 @@ to change. Importing this package loads numpy and orjson only (no torch).
 """
 
 from kernelab.trace._ingest import Trace, TraceError, load
+from kernelab.trace._limits import Limits, TraceLimitError
 from kernelab.trace.summary import SCHEMA, NothingToAnalyse, public, summarize
 
-__all__ = ["SCHEMA", "NothingToAnalyse", "Trace", "TraceError", "load", "public", "summarize"]
+__all__ = [
+    "SCHEMA",
+    "Limits",
+    "NothingToAnalyse",
+    "Trace",
+    "TraceError",
+    "TraceLimitError",
+    "load",
+    "public",
+    "summarize",
+]

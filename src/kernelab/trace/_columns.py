@@ -23,6 +23,7 @@ from kernelab.trace._events import (
     SHAPED_OPS,
     Trace,
 )
+from kernelab.trace._limits import Exceeded
 from kernelab.trace._schema import (
     _ANY_CATEGORY,
     _ARG_ATTRS,
@@ -77,6 +78,42 @@ def _pick(seq, idx) -> list:
     return list(itemgetter(*idx.tolist())(seq))
 
 
+_INT64_MIN = np.iinfo(np.int64).min  # -2**63: out of range for the memory columns
+
+
+def _int64s(values: list) -> np.ndarray | None:
+    """``values`` as int64 when every one is an int in (-2**63, 2**63), else None."""
+    if set(map(type, values)) != {int}:
+        return None
+    try:
+        out = np.fromiter(values, np.int64, len(values))
+    except OverflowError:
+        return None
+    return None if (out == _INT64_MIN).any() else out
+
+
+def _memory_columns(ts: list, tid: list, args: list) -> dict | None:
+    """The columns of well-formed ``[memory]`` instants (their times, threads and args), one
+    C-level pass per field; None where a row is not (the caller then goes row by row)."""
+    if set(map(type, args)) != {dict} or not set(map(type, ts)) <= {int, float}:
+        return None
+    try:
+        ts_a = np.fromiter(ts, np.float64, len(ts))
+    except OverflowError:
+        return None
+    with np.errstate(invalid="ignore"):
+        if not (np.abs(ts_a) < TIME_LIMIT_US).all():
+            return None
+    part = {"ts_us": ts_a, "tid": _int64s(tid)}
+    if part["tid"] is None:
+        return None
+    for col, key in zip(MEMORY_COLUMNS[2:], _MEM_KEYS, strict=True):
+        part[col] = _int64s(list(map(methodcaller("get", key), args)))
+        if part[col] is None:
+            return None
+    return part
+
+
 #: The args of a ``[memory]`` instant, in the order of :data:`MEMORY_COLUMNS` after ts, tid.
 _MEM_KEYS = ("Addr", "Bytes", "Total Allocated", "Total Reserved", "Device Type", "Device Id")
 #: The columns of :attr:`Trace.memory` (ts in ns like the events', the rest int64).
@@ -91,7 +128,11 @@ class _Columns:
     :meth:`skip`) and pass its columns to another with :meth:`export` / :meth:`absorb`.
     """
 
-    def __init__(self):
+    def __init__(self, max_events: int | None = None):
+        #: Entries of the event array decoded here, of every phase; past ``max_events``
+        #: :class:`Exceeded` is raised before the chunk's columns are built.
+        self.events = 0
+        self.max_events = max_events
         self.table: dict[str, int] = _Intern()
         self.kinds = _KindMap()
         self.parts: list[_Part] = []
@@ -124,6 +165,8 @@ class _Columns:
             for decoder in decoders:
                 try:
                     events = decoder.decode(chunk)
+                except RecursionError:  # past ~1000 levels: the exact count measures them
+                    return False
                 except msgspec.ValidationError:
                     continue  # an unknown category (then odd field types): the next decoder
                 except msgspec.DecodeError:
@@ -132,7 +175,7 @@ class _Columns:
                 return True
         try:
             events = orjson.loads(chunk)
-        except orjson.JSONDecodeError:
+        except (orjson.JSONDecodeError, RecursionError):
             return False
         if type(events) is not list:
             return False
@@ -143,6 +186,7 @@ class _Columns:
         """Append one chunk of events: a fast path for well-formed chunks, else a careful one.
         ``memory``: whether it holds ``[memory]`` instants (None: look)."""
         self.next_chunk += 1
+        self._count(len(events))
         if memory or memory is None:
             self._memory(events, structs)
         try:
@@ -158,40 +202,57 @@ class _Columns:
             self.unknown[cat] = self.unknown.get(cat, 0) + count
         self._append(part)
 
+    def _count(self, n: int) -> None:
+        self.events += n
+        if self.max_events is not None and self.events > self.max_events:
+            raise Exceeded("events")
+
     def _memory(self, events: list, structs: bool) -> None:
         """Keep the chunk's ``[memory]`` instants as columns (file order)."""
         if structs:
             if _Instant not in map(type, events):  # one C-level pass: most chunks have none
                 return
-            found = [
-                (e.ts, e.tid, e.args)
-                for e in events
-                if type(e) is _Instant and e.name == "[memory]"
-            ]
+            found = [e for e in events if type(e) is _Instant and e.name == "[memory]"]
+            get = attrgetter
         else:
             found = [
-                (e.get("ts"), e.get("tid"), e.get("args"))
+                e
                 for e in events
                 if type(e) is dict and e.get("ph") in ("i", "I") and e.get("name") == "[memory]"
             ]
+
+            def get(key):
+                return methodcaller("get", key)
+
         if not found:
             return
+        ts, tid, args = (list(map(get(k), found)) for k in ("ts", "tid", "args"))
+        part = _memory_columns(ts, tid, args)
+        if part is None:  # odd values somewhere: row by row, counting the malformed
+            part = self._memory_rows(ts, tid, args)
+        if part is not None:
+            self.memory.append((self.next_chunk - 1, part))
+
+    def _memory_rows(self, ts: list, tid: list, args: list) -> dict | None:
+        """:func:`_memory_columns` one row at a time: a row with a missing or odd value is
+        counted malformed and left out."""
         rows = []
-        for ts, tid, args in found:
-            a = args if type(args) is dict else {}
+        for t, i, a in zip(ts, tid, args, strict=True):
+            a = a if type(a) is dict else {}
             vals = [a.get(k) for k in _MEM_KEYS]
-            ok = type(ts) in (int, float) and abs(ts) < TIME_LIMIT_US
+            ok = type(t) in (int, float) and abs(t) < TIME_LIMIT_US
             ok = ok and all(type(v) is int and abs(v) < 2**63 for v in vals)
             if not ok:
                 self.malformed += 1
                 continue
-            rows.append((float(ts), tid if type(tid) is int and abs(tid) < 2**63 else -1, *vals))
-        if rows:
-            cols = list(zip(*rows, strict=True))
-            part = {"ts_us": np.array(cols[0], dtype=np.float64)}
-            for k, v in zip(MEMORY_COLUMNS[1:], cols[1:], strict=True):
-                part[k] = np.array(v, dtype=np.int64)
-            self.memory.append((self.next_chunk - 1, part))
+            rows.append((float(t), i if type(i) is int and abs(i) < 2**63 else -1, *vals))
+        if not rows:
+            return None
+        cols = list(zip(*rows, strict=True))
+        part = {"ts_us": np.array(cols[0], dtype=np.float64)}
+        for k, v in zip(MEMORY_COLUMNS[1:], cols[1:], strict=True):
+            part[k] = np.array(v, dtype=np.int64)
+        return part
 
     def _fast(self, events: list, structs: bool = False):
         """Columns of a chunk where every 'X' event has all the fields; raises otherwise.
@@ -383,6 +444,7 @@ class _Columns:
             "unknown": self.unknown,
             "malformed": self.malformed,
             "out_of_range": self.out_of_range,
+            "events": self.events,
             "memory": [[c, {k: v.tolist() for k, v in m.items()}] for c, m in self.memory],
             "shapes": self.shapes.pairs,
             "parts": [
@@ -429,6 +491,7 @@ class _Columns:
             self.unknown[cat] = self.unknown.get(cat, 0) + count
         self.malformed += header["malformed"]
         self.out_of_range += header["out_of_range"]
+        self._count(header["events"])
         for c, m in header["memory"]:
             part = {"ts_us": np.array(m["ts_us"], dtype=np.float64)}
             part.update({k: np.array(m[k], dtype=np.int64) for k in MEMORY_COLUMNS[1:]})

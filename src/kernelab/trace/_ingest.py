@@ -44,6 +44,7 @@ from kernelab.trace._events import (  # noqa: F401 - re-exported for the analyse
     Trace,
     TraceError,
 )
+from kernelab.trace._limits import Exceeded, Limits, refusal
 
 try:  # ISA-L inflates about twice as fast as zlib, with the same API; optional
     from isal import isal_zlib as _inflate
@@ -58,12 +59,15 @@ _CHUNK_BYTES = 1 << 20
 _PIECE_BYTES = 1 << 16
 
 
-def _read_bytes(path: Path) -> bytearray:
+def _read_bytes(path: Path, cap: int | None = None) -> bytearray:
+    """The file's bytes, decompressed when gzip; more than ``cap`` raises :class:`Exceeded`."""
     if not path.exists():
         raise FileNotFoundError(f"trace: no such file {str(path)!r}")
     if path.is_dir():
         raise TraceError(f"trace: {str(path)!r} is a folder, expected a .json or .json.gz file")
     size = path.stat().st_size
+    if cap is not None and size > cap:
+        raise Exceeded("bytes")
     data = bytearray(size)
     with open(path, "rb") as fh:
         fh.readinto(data)
@@ -71,16 +75,18 @@ def _read_bytes(path: Path) -> bytearray:
         raise TraceError(f"trace: {str(path)!r} is empty (0 bytes)")
     if data[:2] == b"\x1f\x8b":
         try:
-            return _gunzip(data)
+            return _gunzip(data, cap)
         except (OSError, EOFError, zlib.error) as exc:
             raise TraceError(f"trace: {str(path)!r} is not a readable gzip file ({exc})") from None
     return data
 
 
-def _gunzip(data: bytes) -> bytearray:
+def _gunzip(data: bytes, cap: int | None = None) -> bytearray:
     """Decompress into a buffer sized from the gzip trailer (gzip.decompress peaks at twice
     the output); multi-member files or a trailer that disagrees take the growing path."""
     size = int.from_bytes(data[-4:], "little") if len(data) >= 18 else 0
+    if cap is not None and size > cap:  # the size modulo 2**32: the real one is no smaller
+        raise Exceeded("bytes")
     if size:
         out = bytearray(size)
         dest = memoryview(out)
@@ -100,10 +106,10 @@ def _gunzip(data: bytes) -> bytearray:
             return out
         dest.release()
         del out, dest
-    return _gunzip_growing(data)
+    return _gunzip_growing(data, cap)
 
 
-def _gunzip_growing(data: bytes) -> bytearray:
+def _gunzip_growing(data: bytes, cap: int | None = None) -> bytearray:
     out = bytearray()
     view = memoryview(data)
     pos = 0
@@ -113,6 +119,8 @@ def _gunzip_growing(data: bytes) -> bytearray:
         while pos < len(data) and not d.eof:
             out += d.decompress(view[pos : pos + step])
             pos += step
+            if cap is not None and len(out) > cap:
+                raise Exceeded("bytes")
         out += d.flush()
         if not d.eof:
             raise EOFError("the compressed stream is truncated")
@@ -122,15 +130,22 @@ def _gunzip_growing(data: bytes) -> bytearray:
     return out
 
 
-def _pieces(path: Path, size: int | None = None):
+def _pieces(path: Path, size: int | None = None, cap: int | None = None):
     """The file's bytes, gzip-decompressed when compressed, in pieces of about ``size``
-    (default :data:`_PIECE_BYTES`)."""
+    (default :data:`_PIECE_BYTES`); past ``cap`` bytes in all, :class:`Exceeded` (the
+    stream is inflated a piece at a time, so a small file that inflates to gigabytes is
+    refused after ``cap`` bytes, none of them kept)."""
     size = size or _PIECE_BYTES
+    total = 0
+    cap = cap if cap is not None else float("inf")
     with open(path, "rb") as fh:
         magic = fh.read(2)
         fh.seek(0)
         if magic != b"\x1f\x8b":
             while piece := fh.read(size):
+                total += len(piece)
+                if total > cap:
+                    raise Exceeded("bytes")
                 yield piece
             return
         d = _inflate.decompressobj(31)
@@ -140,7 +155,11 @@ def _pieces(path: Path, size: int | None = None):
                 pending = fh.read(size // 8)
                 if not pending:
                     break
-            yield d.decompress(pending, size)
+            piece = d.decompress(pending, size)
+            total += len(piece)
+            if total > cap:
+                raise Exceeded("bytes")
+            yield piece
             pending = d.unconsumed_tail
             if d.eof:
                 rest = d.unused_data + fh.read()
@@ -149,10 +168,15 @@ def _pieces(path: Path, size: int | None = None):
                 d = _inflate.decompressobj(31)  # another gzip member follows
                 pending = rest
         tail = d.flush()
+        if total + len(tail) > cap:
+            raise Exceeded("bytes")
         if tail:
             yield tail
         if not d.eof:
             raise EOFError("the compressed stream is truncated")
+
+
+_DEFAULTS = Limits()
 
 
 class _Fallback(Exception):
@@ -184,10 +208,10 @@ def _add_in_place(
         buf[a - 1], buf[b] = saved
 
 
-def _head(pieces) -> tuple[dict | None, bytearray, int]:
+def _head(pieces, max_depth: int) -> tuple[dict | None, bytearray, int]:
     """Read until the event array opens at the top level. Returns the top-level fields
     before it (None for a bare array document), the bytes read, and the position after
-    the array's '['."""
+    the array's '['. Fields nested deeper than ``max_depth`` raise :class:`Exceeded`."""
     buf = bytearray()
     search = 0
     while True:
@@ -202,6 +226,9 @@ def _head(pieces) -> tuple[dict | None, bytearray, int]:
             raise _Fallback
         m = _scan.EVENTS_KEY.search(buf, search)
         while m is not None:
+            deepest = _scan.depth(buf, first, m.start())  # before parsing: any depth
+            if deepest > max_depth:
+                raise Exceeded("depth", deepest)
             try:
                 head = _scan.lenient_loads(bytes(buf[: m.start()]).rstrip().rstrip(b",") + b"}")
             except ValueError:
@@ -222,7 +249,9 @@ def _lead(buf, lo: int, hi: int) -> int:
     return min(pos, hi)
 
 
-def _load_streaming(path: Path, cols: _Columns, rank: int = 0, workers: int = 1) -> dict:
+def _load_streaming(
+    path: Path, cols: _Columns, rank: int = 0, workers: int = 1, limits: Limits = _DEFAULTS
+) -> dict:
     """Decompress, cut and parse the events as they stream in; returns the top-level fields.
 
     Any layout: compact or indented, one line or many, the event array first, last or
@@ -231,7 +260,10 @@ def _load_streaming(path: Path, cols: _Columns, rank: int = 0, workers: int = 1)
     ``rank`` modulo ``workers``; every worker cuts the same chunks (the guesses depend on
     the bytes only), and a chunk that does not decode raises :class:`_WorkerFailed` (one
     process then reads again, proving each cut). Memory stays near one chunk plus the
-    look-ahead. Raises :class:`_Fallback` for a stream that is not a readable trace.
+    look-ahead. Raises :class:`_Fallback` for a stream that is not a readable trace, and
+    :class:`Exceeded` past a limit (decompressed bytes as they stream; events as chunks
+    decode; nesting where the exact bracket count runs, on the top-level fields and on the
+    chunks it cuts, and where a decoder gives up, past about 1000 levels).
     """
 
     def take(a: int, b: int) -> bool:
@@ -247,7 +279,9 @@ def _load_streaming(path: Path, cols: _Columns, rank: int = 0, workers: int = 1)
     def exact(a: int, hi: int) -> tuple[int, int]:
         """Decode the complete events of ``work[a:hi]`` at their exact boundaries; returns
         the end of the last one and the array's ']' (-1 if not in the slice)."""
-        ends, close = _scan.structure(work, a, hi)
+        ends, close, deepest = _scan.structure(work, a, hi)
+        if deepest + base > limits.max_depth:
+            raise Exceeded("depth", deepest + base)
         done = ends[-1] if ends else a
         if close >= 0 and _lead(work, done, close) != close:
             raise _Fallback  # a value that is not an object or array: not a trace
@@ -260,8 +294,9 @@ def _load_streaming(path: Path, cols: _Columns, rank: int = 0, workers: int = 1)
             cols.add(events)
         return done, close
 
-    pieces = _pieces(path)
-    head, buf, pos = _head(pieces)
+    pieces = _pieces(path, cap=limits.max_bytes)
+    head, buf, pos = _head(pieces, limits.max_depth)
+    base = 1 if head is None else 2  # the levels around an event: the array, the document
     # Kineto writes profile_memory before the events: without it (0), instants are skipped
     # in C; with it, or where the flag comes later or not at all, they are decoded.
     flag = head.get("profile_memory") if head else None
@@ -308,6 +343,9 @@ def _load_streaming(path: Path, cols: _Columns, rank: int = 0, workers: int = 1)
         return head
     if not rest.startswith(b","):
         raise _Fallback
+    deepest = _scan.depth(rest) + 1  # the fields after the array, inside the document
+    if deepest > limits.max_depth:
+        raise Exceeded("depth", deepest)
     try:
         trailer = _scan.lenient_loads(b"{" + rest[1:])
     except ValueError:
@@ -344,7 +382,7 @@ def _workers(workers: int | None) -> int:
     return workers if hasattr(os, "fork") else 1
 
 
-def _load_parallel(p: Path, cols: _Columns, workers: int) -> tuple[dict, list[int]]:
+def _load_parallel(p: Path, cols: _Columns, workers: int, limits: Limits) -> tuple[dict, list]:
     """Decode the chunks in ``workers`` processes: this one and forked ones, each reading the
     whole stream and decoding every ``workers``-th chunk. The others send their columns back
     through a pipe as raw arrays and a JSON header (never pickled). Returns the top-level
@@ -364,12 +402,14 @@ def _load_parallel(p: Path, cols: _Columns, workers: int) -> tuple[dict, list[in
 
     try:
         with ending_with(stop) as guard:
-            return _fork_and_decode(p, cols, workers, children, guard)
+            return _fork_and_decode(p, cols, workers, children, guard, limits)
     finally:
         stop()  # only on an error: nothing is left once the workers have been read
 
 
-def _fork_and_decode(p: Path, cols: _Columns, workers: int, children: list, guard) -> tuple:
+def _fork_and_decode(
+    p: Path, cols: _Columns, workers: int, children: list, guard, limits: Limits
+) -> tuple:
     """``_load_parallel``'s work; each forked worker is in ``children`` from its start until
     it has been read and reaped (signals wait while it starts: ``guard.starting``)."""
     for rank in range(1, workers):
@@ -381,8 +421,8 @@ def _fork_and_decode(p: Path, cols: _Columns, workers: int, children: list, guar
                 try:
                     in_worker()
                     os.close(r)
-                    mine = _Columns()
-                    _load_streaming(p, mine, rank, workers)
+                    mine = _Columns(limits.max_events)
+                    _load_streaming(p, mine, rank, workers, limits)
                     with open(w, "wb") as out:
                         for piece in mine.export():
                             out.write(piece)
@@ -391,7 +431,7 @@ def _fork_and_decode(p: Path, cols: _Columns, workers: int, children: list, guar
                     os._exit(code)
             os.close(w)
             children.append((pid, r))
-    meta = _load_streaming(p, cols, 0, workers)
+    meta = _load_streaming(p, cols, 0, workers, limits)
     peaks = []
     while children:
         pid, r = children[0]
@@ -409,14 +449,15 @@ def _fork_and_decode(p: Path, cols: _Columns, workers: int, children: list, guar
     return meta, peaks
 
 
-def load(path, *, workers: int | None = 1) -> Trace:
+def load(path, *, workers: int | None = 1, limits: Limits | None = None) -> Trace:
     """Read a Kineto trace (``.json`` or ``.json.gz``) into columns.
 
     ``workers``: processes that decode it: ``1`` (the default) this one alone; more fork
     helpers (POSIX) that each decode a share of the chunks (shorter wall time on idle CPUs,
     more CPU time); ``None``: ``KERNELAB_TRACE_WORKERS`` if set, else one (the command
-    line does this). Raises :class:`TraceError` (a ValueError) with one line for anything
-    unreadable.
+    line does this). ``limits``: the most it may hold (default: :meth:`Limits.resolve`,
+    the environment's or the defaults). Raises :class:`TraceError` (a ValueError) with
+    one line for anything unreadable, :class:`TraceLimitError` for a trace over a limit.
     """
     p = Path(path)
     if not p.exists():
@@ -425,20 +466,34 @@ def load(path, *, workers: int | None = 1) -> Trace:
         raise TraceError(f"trace: {str(p)!r} is a folder, expected a .json or .json.gz file")
     if p.stat().st_size == 0:
         raise TraceError(f"trace: {str(p)!r} is empty (0 bytes)")
+    limits = Limits.resolve() if limits is None else limits
     n = _workers(workers)
-    cols = _Columns()
+    try:
+        if _decompressed_floor(p) > limits.max_bytes:  # refused before inflating a byte
+            raise Exceeded("bytes")
+        trace, n, peaks = _load(p, n, limits)
+    except Exceeded as exc:
+        raise refusal(str(p), exc, limits) from None
+    except RecursionError:  # a decoder gave up (about 1000 levels): never a traceback
+        raise refusal(str(p), Exceeded("depth"), limits) from None
+    trace.ingest = {"workers": n, "worker_peak_rss": peaks}
+    return trace
+
+
+def _load(p: Path, n: int, limits: Limits) -> tuple[Trace, int, list[int]]:
+    cols = _Columns(limits.max_events)
     peaks: list[int] = []
     enabled = gc.isenabled()
     gc.disable()  # the decoders build many objects; the cyclic collector only slows them
     try:
         if n > 1:
             try:
-                meta, peaks = _load_parallel(p, cols, n)
+                meta, peaks = _load_parallel(p, cols, n, limits)
             except _WorkerFailed:
-                cols, n, peaks = _Columns(), 1, []
-                meta = _load_streaming(p, cols)
+                cols, n, peaks = _Columns(limits.max_events), 1, []
+                meta = _load_streaming(p, cols, limits=limits)
         else:
-            meta = _load_streaming(p, cols)
+            meta = _load_streaming(p, cols, limits=limits)
     except (_Fallback, orjson.JSONDecodeError):
         meta = None
     except (OSError, EOFError, *_ZLIB_ERRORS) as exc:
@@ -447,23 +502,32 @@ def load(path, *, workers: int | None = 1) -> Trace:
         if enabled:
             gc.enable()
     if meta is None:
-        trace, n, peaks = _load_whole(p), 1, []
-    else:
-        trace = cols.finish(str(p), meta)
-    trace.ingest = {"workers": n, "worker_peak_rss": peaks}
-    return trace
+        return _load_whole(p, limits), 1, []
+    return cols.finish(str(p), meta), n, peaks
 
 
-def _load_whole(p: Path) -> Trace:
+def _decompressed_floor(p: Path) -> int:
+    """The fewest bytes the file can inflate to: a plain file's size; for gzip the last
+    member's recorded size (modulo 2**32, so the real one is never smaller)."""
+    with open(p, "rb") as fh:
+        if fh.read(2) != b"\x1f\x8b" or p.stat().st_size < 18:
+            return p.stat().st_size
+        fh.seek(-4, 2)
+        return int.from_bytes(fh.read(4), "little")
+
+
+def _load_whole(p: Path, limits: Limits = _DEFAULTS) -> Trace:
     """Parse the whole document (any layout; exact JSON error messages)."""
-    data = _read_bytes(p)
-    cols = _Columns()
+    data = _read_bytes(p, limits.max_bytes)
+    cols = _Columns(limits.max_events)
     enabled = gc.isenabled()
     gc.disable()
     try:
         try:
             doc = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
+            if str(exc).startswith("depth limit exceeded"):  # orjson follows 1024 levels
+                raise Exceeded("depth") from None
             raise TraceError(f"trace: {str(p)!r} is not valid JSON ({exc})") from None
         del data
         if isinstance(doc, list):  # a bare event array is also a valid Chrome trace

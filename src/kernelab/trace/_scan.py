@@ -54,15 +54,10 @@ class Cutter:
                 return pos, m.end() - 1
 
 
-def structure(buf, lo: int, hi: int) -> tuple[list[int], int]:
-    """Exact boundaries of the values in ``buf[lo:hi]``, which starts at a value of the
-    events array (outside any string): the position one past each complete value that ends
-    in a bracket, and the position of the array's closing ``]`` (-1 if not in the slice).
-    Only brackets outside strings count; a quote after an odd run of backslashes is
-    escaped."""
-    n = hi - lo
-    if n <= 0:
-        return [], -1
+def _levels(buf, lo: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per byte of ``buf[lo:lo+n]``: +1 for a bracket that opens, -1 for one that closes,
+    0 otherwise or inside a string; and the nesting level after it, from 0 at ``lo`` (which
+    must be outside any string). A quote after an odd run of backslashes is escaped."""
     a = np.frombuffer(buf, np.uint8, n, lo)
     quote = a == _QUOTE
     bs = np.flatnonzero(a == _BACKSLASH)
@@ -78,11 +73,31 @@ def structure(buf, lo: int, hi: int) -> tuple[list[int], int]:
     step[(a == _OPEN) | (a == ord("["))] = 1
     step[(a == _CLOSE) | (a == ord("]"))] = -1
     step[inside] = 0
-    depth = np.cumsum(step, dtype=np.int32)
+    return step, np.cumsum(step, dtype=np.int32)
+
+
+def structure(buf, lo: int, hi: int) -> tuple[list[int], int, int]:
+    """Exact boundaries of the values in ``buf[lo:hi]``, which starts at a value of the
+    events array (outside any string): the position one past each complete value that ends
+    in a bracket, the position of the array's closing ``]`` (-1 if not in the slice), and
+    the deepest nesting of the values (1: an object holding no object or array). Only
+    brackets outside strings count."""
+    n = hi - lo
+    if n <= 0:
+        return [], -1, 0
+    step, depth = _levels(buf, lo, n)
     below = np.flatnonzero(depth < 0)
     close = int(below[0]) if len(below) else n
     ends = np.flatnonzero((step[:close] == -1) & (depth[:close] == 0)) + (lo + 1)
-    return ends.tolist(), (lo + close if len(below) else -1)
+    deepest = int(depth[:close].max()) if close else 0
+    return ends.tolist(), (lo + close if len(below) else -1), deepest
+
+
+def depth(buf, lo: int = 0, hi: int | None = None) -> int:
+    """The deepest nesting of the JSON text ``buf[lo:hi]`` (starting outside any string),
+    counted from 0 at ``lo``; exact, without parsing."""
+    n = (len(buf) if hi is None else hi) - lo
+    return int(_levels(buf, lo, n)[1].max()) if n > 0 else 0
 
 
 class NonFinite(float):
@@ -104,12 +119,16 @@ def lenient_loads(data) -> object:
 
 
 def has_non_finite(value) -> bool:
-    if type(value) is NonFinite:
-        return True
-    if type(value) is dict:
-        return any(has_non_finite(v) for v in value.values())
-    if type(value) is list:
-        return any(has_non_finite(v) for v in value)
+    """Whether a NaN or Infinity token is anywhere in ``value`` (no recursion: any depth)."""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if type(v) is NonFinite:
+            return True
+        if type(v) is dict:
+            todo.extend(v.values())
+        elif type(v) is list:
+            todo.extend(v)
     return False
 
 

@@ -35,8 +35,10 @@ def run_summary(
     html: str | None = None,
     console=None,
     workers: int | None = None,
+    limits=None,
 ) -> int:
     """Summarise a trace file (or a folder of per-rank traces); returns the exit code.
+    ``limits``: a :class:`~kernelab.trace.Limits` (None: the environment's or the defaults).
     ``workers``: processes decoding the file (``None``: one, or KERNELAB_TRACE_WORKERS); ``html``:
     also write the summary as a self-contained page there."""
     if top < 1:
@@ -60,7 +62,7 @@ def run_summary(
         console = console or Console()
     if p.is_dir():
         if as_json:
-            emit(summarize_ranks(p, top=top))
+            emit(summarize_ranks(p, top=top, limits=limits))
             return 0
         from kernelab.trace.render import render_ranks
 
@@ -69,15 +71,15 @@ def run_summary(
             def progress(i, n, name):
                 status.update(f"rank trace {i + 1}/{n}: {name}")
 
-            result = summarize_ranks(p, top=top, progress=progress)
+            result = summarize_ranks(p, top=top, progress=progress, limits=limits)
         render_ranks(console, result)
         return 0
     try:
         if as_json:
-            s = summarize(p, top=top, short_us=short_us, workers=workers)
+            s = summarize(p, top=top, short_us=short_us, workers=workers, limits=limits)
         else:
             with console.status(f"reading {p.name}"):
-                s = summarize(p, top=top, short_us=short_us, workers=workers)
+                s = summarize(p, top=top, short_us=short_us, workers=workers, limits=limits)
     except NothingToAnalyse as exc:
         sys.stderr.write(f"{exc}\n")
         return 1
@@ -107,10 +109,11 @@ def run_diff(
     top: int = 20,
     console=None,
     workers: int | None = None,
+    limits=None,
 ) -> int:
     if top < 1:
         raise ValueError(f"top: expected at least 1, got {top}")
-    d = diff(a, b, top=top, workers=workers)
+    d = diff(a, b, top=top, workers=workers, limits=limits)
     if as_json:
         emit(d)
     else:

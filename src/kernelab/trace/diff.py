@@ -37,10 +37,13 @@ def _devices(t: Trace) -> list[str]:
     return [f"{n} × {name}" for name, n in sorted(counts.items())]
 
 
-def diff(a: str | Trace, b: str | Trace, top: int = 20, workers: int | None = 1) -> dict:
-    """Kernel-group and category deltas from ``a`` to ``b`` (``workers`` as in ``load``)."""
-    ta = a if isinstance(a, Trace) else load(a, workers=workers)
-    tb = b if isinstance(b, Trace) else load(b, workers=workers)
+def diff(
+    a: str | Trace, b: str | Trace, top: int = 20, workers: int | None = 1, limits=None
+) -> dict:
+    """Kernel-group and category deltas from ``a`` to ``b`` (``workers`` and ``limits`` as
+    in ``load``)."""
+    ta = a if isinstance(a, Trace) else load(a, workers=workers, limits=limits)
+    tb = b if isinstance(b, Trace) else load(b, workers=workers, limits=limits)
     ga, gb = kernel_groups(Links(ta)), kernel_groups(Links(tb))
     rows = []
     for name in set(ga) | set(gb):

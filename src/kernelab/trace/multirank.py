@@ -25,7 +25,9 @@ def trace_files(folder: Path) -> list[Path]:
     return files
 
 
-def summarize_ranks(folder, top: int = 10, progress=None) -> dict:
+def summarize_ranks(folder, top: int = 10, progress=None, limits=None) -> dict:
+    """Each rank's trace summarised (``limits`` as in ``load``: a trace over one is skipped
+    with the reason), then compared."""
     folder = Path(folder)
     rows, summaries, skipped = [], [], []
     files = trace_files(folder)
@@ -33,7 +35,7 @@ def summarize_ranks(folder, top: int = 10, progress=None) -> dict:
         if progress is not None:
             progress(i, len(files), path.name)
         try:
-            s = public(summarize(path, top=top))
+            s = public(summarize(path, top=top, limits=limits))
         except (TraceError, NothingToAnalyse) as exc:
             skipped.append({"file": path.name, "reason": str(exc)})
             continue

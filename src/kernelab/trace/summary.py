@@ -7,6 +7,7 @@ starting with ``_`` hold arrays for annotations and are removed by :func:`public
 from __future__ import annotations
 
 from kernelab.trace._ingest import KIND_NAMES, Trace, TraceError, load
+from kernelab.trace._limits import Limits
 from kernelab.trace._link import Links
 from kernelab.trace.advice import SETUP_OPS, pageable_copies, warmup
 from kernelab.trace.breakdown import breakdown, idle_gaps
@@ -44,10 +45,11 @@ def summarize(
     short_us: float = 5.0,
     registered: set[str] | None = None,
     workers: int | None = 1,
+    limits: Limits | None = None,
 ) -> dict:
-    """Analyse one trace (a path or a loaded :class:`Trace`; ``workers`` as in
-    :func:`~kernelab.trace.load`)."""
-    trace = source if isinstance(source, Trace) else load(source, workers=workers)
+    """Analyse one trace (a path or a loaded :class:`Trace`; ``workers`` and ``limits`` as
+    in :func:`~kernelab.trace.load`)."""
+    trace = source if isinstance(source, Trace) else load(source, workers=workers, limits=limits)
     if len(trace) == 0:
         raise NothingToAnalyse(
             f"nothing to analyse: {trace.path!r} holds no complete events of known categories"
