@@ -276,7 +276,7 @@ def test_sizes_make_the_shapes_of_inspect_tune_floors_and_bench_tasks():
     "raw, match",
     [
         ({"sizes": ["rows=4096"]}, r"spec\.sizes\[0\]: rmsnorm takes sizes \['cols', 'rows'\]"),
-        ({"sizes": ["rows=0,cols=8"]}, r"spec\.sizes\[0\]: expected sizes as name=positive"),
+        ({"sizes": ["rows=-1,cols=8"]}, r"spec\.sizes\[0\]: expected sizes as name=integer ≥ 0"),
         ({"sizes": [{"rows": 2, "cols": "8"}]}, r"spec\.sizes\[0\]\.cols: expected a positive"),
         ({"sizes": []}, r"spec\.sizes: expected a non-empty list"),
         ({"sizes": ["rows=2,cols=8"], "shapes": ["decode"]}, r"spec\.sizes: give sizes"),

@@ -132,7 +132,7 @@ def config_text(config) -> str:
 
 def _space(op, shape, dtype) -> list:
     """``op``'s tuning space for the shape, every config checked to have a task key."""
-    from kernelab.ops._model import dtype_name
+    from kernelab.core import dtype_name
 
     space = list(op.tuning_space(shape, dtype))
     for i, config in enumerate(space):
