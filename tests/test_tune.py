@@ -236,7 +236,7 @@ def _facts(regs=32, spills=0, bits=128, shared=0):
 
 
 def test_static_ranking_prunes_by_reason_and_prefers_occupancy_then_width(monkeypatch):
-    from kernelab.inspect import report as _report
+    import kernelab.inspect as _inspect
 
     def plant(warps):
         if warps == 8:  # planted: spills
@@ -247,7 +247,7 @@ def test_static_ranking_prunes_by_reason_and_prefers_occupancy_then_width(monkey
             return _facts(bits=32), 1.0, []
         return _facts(regs=40), 1.0 if warps == 1 else 0.25, []
 
-    monkeypatch.setattr(_report, "analyze_jobs", _planted_reports(plant))
+    monkeypatch.setattr(_inspect, "analyze_jobs", _planted_reports(plant))
     shape = ops.Shape("t", {"rows": 5, "cols": 96}, {"residual": False}, batch_dim="rows")
     space = RMSNORM.tuning_space(shape, torch.float32)
     analysis = []
@@ -272,13 +272,13 @@ def test_static_ranking_prunes_by_reason_and_prefers_occupancy_then_width(monkey
 def test_cli_tune_on_cpu_names_the_preferred_configs_and_the_gpu_command(monkeypatch):
     from click.testing import CliRunner
 
+    import kernelab.inspect as _inspect
     from kernelab.cli import app
-    from kernelab.inspect import report as _report
 
     def plant(warps):
         return (_facts(spills=8), 0.5, ["spills"]) if warps > 2 else (_facts(), 1.0, [])
 
-    monkeypatch.setattr(_report, "analyze_jobs", _planted_reports(plant))
+    monkeypatch.setattr(_inspect, "analyze_jobs", _planted_reports(plant))
     args = ["tune", "rmsnorm", "--limit", "1", "--device", "cpu", "--dtype", "fp32"]
     result = CliRunner().invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output

@@ -1,7 +1,8 @@
 """The layers' import rules, read from the source (AST, imports inside functions included), so
 they hold as modules are added: the core imports no op family and no instrument; nothing outside
-the op families and the core reaches an op family's private module or name; no instrument
-imports the CLI (what a command and an instrument both use lives below them)."""
+the op families and the core reaches an op family's private module or name; no package reaches
+another package's private module, name or attribute (what it needs is exported); no instrument
+imports the CLI or the report (what a command and an instrument both use lives below them)."""
 
 from __future__ import annotations
 
@@ -73,14 +74,72 @@ def test_nothing_outside_the_families_reaches_their_privates():
 
 
 @pytest.mark.parametrize("package", BELOW_CLI)
-def test_no_instrument_imports_the_cli(package):
+def test_no_instrument_imports_the_cli_or_the_report(package):
     bad = [
         f"{_where(p)}:{line}: {module}"
         for p in _modules(package)
         for module, _name, line in _imported(p)
-        if module == "kernelab.cli" or module.startswith("kernelab.cli.")
+        if module.split(".")[:2] in (["kernelab", "cli"], ["kernelab", "report"])
     ]
-    assert not bad, f"{package} imports the CLI:\n" + "\n".join(bad)
+    assert not bad, f"{package} imports the CLI or the report:\n" + "\n".join(bad)
+
+
+def _package(module: str) -> str | None:
+    """``kernelab.trace._limits`` -> ``trace``; None for kernelab itself and its top-level
+    modules (``kernelab._flags``, ``kernelab._table``: the shared bottom) and for other
+    projects' modules (what kernelab uses of torch's or Triton's privates is not this rule's)."""
+    parts = module.split(".")
+    if parts[0] != "kernelab" or len(parts) < 2 or parts[1].startswith("_"):
+        return None
+    return parts[1]
+
+
+def _reach_ins(path: Path, own: str) -> list[str]:
+    """Where ``path`` (in package ``own``) uses another package's private module, name, or
+    an underscored attribute of a module it imported from another package."""
+    tree = ast.parse(path.read_text(), str(path))
+    bad, modules = [], {}  # modules: local name -> the module it stands for
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            other = _package(node.module)
+            for a in node.names:
+                modules[a.asname or a.name] = (f"{node.module}.{a.name}", other)
+                private = a.name.startswith("_") or any(
+                    part.startswith("_") for part in node.module.split(".")[2:]
+                )
+                if other not in (None, own) and private:
+                    bad.append(f"{node.lineno}: from {node.module} import {a.name}")
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                other = _package(a.name)
+                if a.asname:
+                    modules[a.asname] = (a.name, other)
+                if other not in (None, own) and any(
+                    part.startswith("_") for part in a.name.split(".")[2:]
+                ):
+                    bad.append(f"{node.lineno}: import {a.name}")
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
+            module, other = modules[node.value.id]
+            if other not in (None, own):
+                bad.append(f"{node.lineno}: {node.value.id}.{node.attr} (of {module})")
+    return bad
+
+
+def test_no_package_reaches_another_packages_privates():
+    bad = [
+        f"{_where(p)}:{where}"
+        for p in _modules()
+        if len(p.relative_to(SRC).parts) > 1
+        for where in _reach_ins(p, p.relative_to(SRC).parts[0])
+    ]
+    assert not bad, "private names used across packages (export them):\n" + "\n".join(bad)
 
 
 def test_the_rules_see_a_planted_violation(tmp_path):
@@ -100,6 +159,21 @@ def test_the_rules_see_a_planted_violation(tmp_path):
     assert any(m.startswith("kernelab.cli") for m, _, _ in found)
     assert not _private_of_a_family("kernelab.ops", "gemm")
     assert not _private_of_a_family("kernelab.core.runtime.check", "tensor")
+    across = tmp_path / "across.py"
+    across.write_text(
+        "from kernelab.trace._limits import parse\n"
+        "from kernelab.inspect import report as r\n"
+        "from kernelab import _flags\n"
+        "from kernelab.tune.tuner import _fields\n"
+        "import kernelab.ledger._base\n"
+        "from torch.utils._pytree import tree_map\n"
+        "t = r._target('sm_90')\n"
+        "ok = r.analyze_jobs\n"
+    )
+    found = _reach_ins(across, "cli")
+    assert [f.split(":")[0] for f in found] == ["1", "4", "5", "7"], found
+    # its own package may: the first import is trace's own
+    assert [f.split(":")[0] for f in _reach_ins(across, "trace")] == ["4", "5", "7"]
 
 
 def _module_name(path: Path) -> str:

@@ -277,7 +277,7 @@ def custom_op(candidate: str, reference: str, inputs: str, device, dims=()):
     """The user's op from ``--reference`` and ``--inputs`` (``kernelab.verify``'s), named after
     the candidate, with the sizes of ``--shape name=value,...`` if any."""
     from kernelab._loader import load_callable
-    from kernelab.verify._custom import user_op
+    from kernelab.verify import user_op
 
     ref = load_callable(reference, "reference")
     gen = load_callable(inputs, "inputs")

@@ -32,7 +32,7 @@ def register(app: click.Group) -> None:
 
         TARGET is module:function, path/to/file.py:function, or path/to/script.py.
         """
-        from kernelab.trace.commands import run_summary
+        from kernelab.cli._trace import run_summary
         from kernelab.trace.profile import profile
 
         lost("the trace: written when every step is profiled")

@@ -36,7 +36,7 @@ def _limit_options(fn):
 
 
 def _limits(max_bytes, max_events, max_depth):
-    from kernelab.trace._limits import Limits
+    from kernelab.trace import Limits
 
     return Limits.resolve(
         max_bytes=max_bytes,
@@ -46,9 +46,9 @@ def _limits(max_bytes, max_events, max_depth):
 
 
 def _whole(value: str, option: str) -> int:
-    from kernelab.trace._limits import parse
+    from kernelab.trace import parse_limit
 
-    return parse(value, option)
+    return parse_limit(value, option)
 
 
 def register(app: click.Group) -> None:
@@ -83,7 +83,7 @@ def register(app: click.Group) -> None:
         TRACE is a .json or .json.gz trace, or a folder of per-rank traces.
         """
         _one_blas_thread()
-        from kernelab.trace.commands import run_summary
+        from kernelab.cli._trace import run_summary
 
         code = run_summary(
             trace,
@@ -111,6 +111,6 @@ def register(app: click.Group) -> None:
         A is the baseline trace, B the trace compared with it.
         """
         _one_blas_thread()
-        from kernelab.trace.commands import run_diff
+        from kernelab.cli._trace import run_diff
 
         run_diff(a, b, as_json=as_json, top=top, limits=_limits(max_bytes, max_events, max_depth))

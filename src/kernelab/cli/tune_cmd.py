@@ -132,9 +132,9 @@ def _gpu_command(op, shape_set, dtype, limit, target) -> str:
 
 def config_text(config) -> str:
     """``block_m=4 block_n=256 w2 s1``: a config's fields, warps and stages compactly."""
-    from kernelab.tune.tuner import _fields
+    from kernelab.tune.tuner import config_fields
 
-    fields = dict(_fields(config) or {})
+    fields = dict(config_fields(config) or {})
     tail = [
         f"w{fields.pop(k)}" if k == "num_warps" else f"s{fields.pop(k)}"
         for k in ("num_warps", "num_stages")

@@ -133,7 +133,7 @@ def register(app: click.Group) -> None:
         if trials is None:
             trials = v.DEFAULT_TRIALS
         if seed is None:
-            from kernelab.verify._runner import new_seed
+            from kernelab.verify import new_seed
 
             seed = new_seed()
         lost(f"the cases checked so far (stored when all are done); repeat with --seed {seed}")

@@ -11,13 +11,23 @@ Public API (the autotuner's too):
   shared memory, cannot reach one block per SM, or loses tensor cores.
 - :func:`inspect_ops` (ops, targets) → reports for every launch the ops would make;
   :func:`parse_signature` and :func:`analyze_spec` for users' own kernels.
+- :class:`Job` and :func:`analyze_jobs`: many (spec, target) compilations in one batch, over
+  the workers and the cache (the autotuner's static ranking); :func:`resolve_target`.
 - :mod:`kernelab.inspect.baseline`: the CI gate.
 
 Nothing compiles at import.
 """
 
 from kernelab.inspect.findings import Finding
-from kernelab.inspect.report import KernelReport, Verdict, analyze, analyze_spec, prune
+from kernelab.inspect.report import (
+    Job,
+    KernelReport,
+    Verdict,
+    analyze,
+    analyze_jobs,
+    analyze_spec,
+    prune,
+)
 from kernelab.inspect.signature import parse_signature
 from kernelab.inspect.spec import Spec, from_launch
 from kernelab.inspect.stage import inspect_ops, stage
@@ -28,6 +38,7 @@ from kernelab.inspect.targets import (
     TPU_TARGETS,
     Target,
     parse_targets,
+    resolve_target,
 )
 
 __all__ = [
@@ -36,16 +47,19 @@ __all__ = [
     "TARGETS",
     "TPU_TARGETS",
     "Finding",
+    "Job",
     "KernelReport",
     "Spec",
     "Target",
     "Verdict",
     "analyze",
+    "analyze_jobs",
     "analyze_spec",
     "from_launch",
     "inspect_ops",
     "parse_signature",
     "parse_targets",
     "prune",
+    "resolve_target",
     "stage",
 ]

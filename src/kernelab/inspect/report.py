@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from kernelab.inspect import runner, tpu
 from kernelab.inspect.findings import Finding, findings, narrow_accesses, occupancy_of, widths
 from kernelab.inspect.spec import Spec, from_launch
-from kernelab.inspect.targets import TARGETS, Target
+from kernelab.inspect.targets import TARGETS, Target, resolve_target
 
 
 @dataclass
@@ -97,14 +97,6 @@ class Job:
             config=self.spec.config_text(),
             **fields,
         )
-
-
-def _target(t: str | Target) -> Target:
-    if isinstance(t, Target):
-        return t
-    if t not in TARGETS:
-        raise ValueError(f"target: expected one of {list(TARGETS)}, got {t!r}")
-    return TARGETS[t]
 
 
 class _Progress:
@@ -198,7 +190,7 @@ def analyze_spec(
 ) -> list[KernelReport]:
     jobs = [
         Job(spec, t, f"{spec.name}/{t.name}/{spec.identity()[:8]}")
-        for t in (_target(x) for x in targets)
+        for t in (resolve_target(x) for x in targets)
     ]
     return analyze_jobs(jobs, use_cache=use_cache)
 

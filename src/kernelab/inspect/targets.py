@@ -41,6 +41,15 @@ GPU_TARGETS = tuple(t for t in TARGETS if not TARGETS[t].is_tpu)
 TPU_TARGETS = tuple(t for t in TARGETS if TARGETS[t].is_tpu)
 
 
+def resolve_target(t: str | Target) -> Target:
+    """``t`` as a :class:`Target` (a name such as ``"sm_90"``, or a Target as it is)."""
+    if isinstance(t, Target):
+        return t
+    if t not in TARGETS:
+        raise ValueError(f"target: expected one of {list(TARGETS)}, got {t!r}")
+    return TARGETS[t]
+
+
 def parse_targets(text: str | None) -> list[Target]:
     """``"sm_80,sm_90"`` → targets; None or empty → all of them (each launch goes only to its
     backend's targets). Unknown names are an error."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kernelab import _flags
+from kernelab.ledger._base import now_iso
 from kernelab.ledger._sqlite import LedgerError, SQLiteBackend
 from kernelab.ledger.provenance import git_info, provenance
 from kernelab.ledger.schema import SCHEMA_VERSION
@@ -65,6 +66,7 @@ __all__ = [
     "Recorded",
     "default_path",
     "git_info",
+    "now_iso",
     "open",
     "pack_samples",
     "provenance",

@@ -23,7 +23,7 @@ def _base_provenance(device: str) -> dict:
 
 
 def _provenance(device: str, task: Task, **extra) -> dict:
-    from kernelab.ledger._base import now_iso
+    from kernelab.ledger import now_iso
 
     prov = dict(_base_provenance(device))
     prov["time"] = now_iso()

@@ -7,6 +7,7 @@ to change. Importing this package loads numpy and orjson only (no torch).
 
 from kernelab.trace._ingest import Trace, TraceError, load
 from kernelab.trace._limits import Limits, TraceLimitError
+from kernelab.trace._limits import parse as parse_limit
 from kernelab.trace.summary import SCHEMA, NothingToAnalyse, public, summarize
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "TraceError",
     "TraceLimitError",
     "load",
+    "parse_limit",
     "public",
     "summarize",
 ]

@@ -70,11 +70,10 @@ def rank(
     progress: Callable[[str], None] | None = None,
 ) -> Analysis:
     """One :class:`StaticRanking` per shape, in order, from one batch of compilations."""
-    from kernelab.inspect import report as _report
-    from kernelab.inspect.spec import from_launch
+    from kernelab.inspect import Job, analyze_jobs, from_launch, resolve_target
 
     started = time.perf_counter()
-    tgt = _report._target(target)
+    tgt = resolve_target(target)
     jobs, owners = [], []  # owners[i] = (shape index, config index)
     configs_of = []
     for s, shape in enumerate(shapes):
@@ -83,14 +82,14 @@ def rank(
         for c, config in enumerate(configs):
             for launch in op.launches(shape, dtype, config):
                 spec = from_launch(launch, label=f"{shape.label} {launch.name}")
-                jobs.append(_report.Job(spec, tgt, f"{op.name}/{launch.name}/{target}", op.name))
+                jobs.append(Job(spec, tgt, f"{op.name}/{launch.name}/{target}", op.name))
                 owners.append((s, c, launch))
 
     def tick(done: int, total: int) -> None:
         if progress and total and (done == total or done % 8 == 0):
             progress(f"inspect {op.name}: {done}/{total} compilations for {target}")
 
-    reports = _report.analyze_jobs(jobs, progress=tick, counterfactuals=False)
+    reports = analyze_jobs(jobs, progress=tick, counterfactuals=False)
     by_config: dict[tuple[int, int], list] = {}
     for (s, c, launch), rep in zip(owners, reports, strict=True):
         by_config.setdefault((s, c), []).append((launch, rep))

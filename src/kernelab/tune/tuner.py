@@ -52,17 +52,17 @@ class TuneResult:
             "pruned": dict(self.pruned),
             "survivors": self.space - sum(self.pruned.values()),
             "strategy": self.strategy,
-            "winner": _fields(self.winner),
+            "winner": config_fields(self.winner),
             "verified": self.verified,
             "stored": self.stored,
             "timed": [
-                {"config": _fields(t.config), "times": t.times, "error": t.error}
+                {"config": config_fields(t.config), "times": t.times, "error": t.error}
                 for t in self.trials
             ],
             "note": self.note,
             "ranked": [
                 {
-                    "config": _fields(r.config),
+                    "config": config_fields(r.config),
                     "spill_bytes": r.spill_bytes,
                     "occupancy": r.occupancy,
                     "widest_bits": r.widest_bits,
@@ -73,7 +73,8 @@ class TuneResult:
         }
 
 
-def _fields(config) -> dict | None:
+def config_fields(config) -> dict | None:
+    """A config as a JSON object (its fields), None for the default config."""
     if config is None:
         return None
     if dataclasses.is_dataclass(config):
@@ -237,7 +238,7 @@ def _entry(result: TuneResult, device_key: str, op: Op) -> dict:
         "triton": _tuned.triton_version(),
         "dtype": result.dtype,
         "bucket": _tuned.bucket(result.shape.dims, result.shape.batch_dim),
-        "config": _fields(result.winner),
+        "config": config_fields(result.winner),
     }
 
 

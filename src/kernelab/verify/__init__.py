@@ -37,9 +37,9 @@ runs only when asked for by name.
 """
 
 from kernelab.verify._audit import NULLS, audit
-from kernelab.verify._custom import verify_custom
+from kernelab.verify._custom import user_op, verify_custom
 from kernelab.verify._record import ledger_cases, run_provenance
-from kernelab.verify._runner import DEFAULT_TRIALS, verify, verify_candidate
+from kernelab.verify._runner import DEFAULT_TRIALS, new_seed, verify, verify_candidate
 from kernelab.verify._stage import stage
 from kernelab.verify._types import CLASSES, AuditEntry, CaseResult, Failure, Measure, Report
 
@@ -54,8 +54,10 @@ __all__ = [
     "Report",
     "audit",
     "ledger_cases",
+    "new_seed",
     "run_provenance",
     "stage",
+    "user_op",
     "verify",
     "verify_candidate",
     "verify_custom",

@@ -1,5 +1,6 @@
-"""What ``kernelab trace summary|diff`` do, shared by the CLI and ``python -m kernelab.trace``
-(which avoids importing torch). Bad input raises ValueError; the callers print one line."""
+"""What ``kernelab trace summary|diff`` do (``kernelab profile`` summarises through it too),
+without importing torch. Bad input raises ValueError; the callers print one line. The analysis
+is :mod:`kernelab.trace`'s; here are the console, the JSON and the pages."""
 
 from __future__ import annotations
 
