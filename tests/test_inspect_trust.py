@@ -143,3 +143,60 @@ def test_the_committed_baseline_holds_every_current_key(monkeypatch):
     stale = [r["key"] for r in data["reports"] if not r["trusted"]]
     assert not stale, f"{len(stale)} entries not in the baseline under their key: {stale[:5]}"
     assert data["trusted"] == len(data["reports"]) > 1000
+
+
+def _jobs_and_reports(names=("rmsnorm",), target="sm_90"):
+    from kernelab.inspect import parse_targets
+    from kernelab.inspect.ops import plan
+    from kernelab.inspect.report import analyze_jobs
+
+    p = plan([ops.get(n) for n in names], parse_targets(target), dtypes=("bfloat16",))
+    return p.jobs, analyze_jobs(p.jobs)
+
+
+def _shown(rep):
+    return (
+        rep.summary(),
+        [(f.kind, f.severity, f.message) for f in rep.findings if f.severity != "info"],
+        rep.ok,
+        rep.occupancy,
+    )
+
+
+def test_a_report_trusted_for_showing_reads_as_the_compiled_one():
+    from kernelab.inspect.findings import Finding
+
+    jobs, reports = _jobs_and_reports()
+    # planted: one report warns (spills) and one cannot launch, as a compiled report would say
+    reports[0].findings.append(Finding("spills", "warn", "spills: 8 bytes of local memory"))
+    reports[1].findings.append(Finding("cannot-launch", "error", "needs 300 KiB of shared"))
+    base = {"entries": {r.key: bl.entry(r) for r in reports}}
+    trusted, n = bl.trust(jobs, base, shown=True)
+    assert n == len(jobs)
+    assert [_shown(t) for t in trusted] == [_shown(r) for r in reports]
+    assert not trusted[1].ok and "spills: 8 bytes" in trusted[0].findings[0].message
+
+
+def test_an_entry_without_what_it_shows_is_compiled_for_showing():
+    jobs, reports = _jobs_and_reports()
+    base = {"entries": {r.key: bl.entry(r) for r in reports}}
+    for name in bl.SHOWN:
+        del base["entries"][reports[0].key][name]
+    shown, n = bl.trust(jobs, base, shown=True)
+    assert shown[0] is None and n == len(jobs) - 1  # the card compiles it
+    gated, n = bl.trust(jobs, base)
+    assert gated[0] is not None and n == len(jobs)  # the gate's facts are all there
+
+
+def test_the_report_card_reads_every_kernel_from_the_committed_baseline(monkeypatch):
+    """A fresh clone's `kernelab run` compiles nothing for its inspect column."""
+    from kernelab.core.op import all_ops
+    from kernelab.inspect import stage
+
+    _no_compiler(monkeypatch)
+    lines = []
+    report = stage(all_ops(), progress=lines.append)
+    cells = [c for c in report.cells.values() if c.data]
+    assert cells and all(c.data["from_baseline"] == c.data["kernels"] for c in cells)
+    assert any("read from inspect-baseline.json" in line for line in lines)
+    assert not report.skipped

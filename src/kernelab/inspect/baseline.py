@@ -22,6 +22,11 @@ TPU entries are added without touching the Triton ones:
 ``kernelab inspect -t tpu_v5e,tpu_v6e,tpu7x --update-baseline`` (a subset of targets merges).
 
 Keys in the baseline but not in the reports, and new keys, are listed but do not fail.
+
+A GPU entry also keeps what a report shows of itself (its warps, its warnings and errors: not
+gated), so that a report trusted from the baseline (:func:`trust`, same cache key) reads
+as the compiled one would: the report card (:func:`kernelab.inspect.stage`) takes those
+instead of compiling them again. Entries written before carry none and are compiled.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from pathlib import Path
 import orjson
 
 from kernelab.inspect import runner
-from kernelab.inspect.findings import VECTOR_BITS, narrow_accesses
+from kernelab.inspect.findings import VECTOR_BITS, Finding, narrow_accesses, occupancy_of
 from kernelab.inspect.report import KernelReport
 
 FORMAT = 1
@@ -92,23 +97,59 @@ def _facts_entry(rep: KernelReport) -> dict:
         "narrow_accesses": narrow_accesses(f),
         "tensor_cores": sorted(f.get("tensor_cores") or {}),
         "launchable": rep.ok,
+        # shown, not gated: what trust() gives back so a trusted report reads as this one
+        "num_warps": f.get("num_warps"),
+        "warnings": [[x.kind, x.severity, x.message] for x in rep.findings if x.severity != "info"],
     }
 
 
-def trust(jobs: Sequence, baseline: dict | None) -> tuple[list[KernelReport | None], int]:
+#: The fields of a GPU entry that describe its report whole (:func:`trust` ``shown=True``).
+SHOWN = ("num_warps", "warnings")
+
+
+def _complete(base: dict, target) -> bool:
+    """Whether a GPU entry keeps what its report shows (an error or an unsupported type is
+    all a report of those shows); TPU entries keep counts of findings, not their words."""
+    if target.is_tpu:
+        return False
+    return bool(base.get("error") or base.get("unsupported")) or all(k in base for k in SHOWN)
+
+
+def _shown(base: dict, target) -> dict:
+    """The report fields a GPU entry with :data:`SHOWN` gives back: the facts as far as the
+    entry keeps them, the occupancy they give on ``target``, the warnings and errors."""
+    facts = {
+        k: base.get(k) for k in ("registers", "spill_bytes", "shared_bytes", "loads", "stores")
+    }
+    facts["num_warps"] = base["num_warps"]
+    facts["tensor_cores"] = {k: 1 for k in base.get("tensor_cores") or ()}
+    findings = [Finding(k, s, m) for k, s, m in base["warnings"]]
+    occ = occupancy_of(facts, target) if facts["num_warps"] else None
+    return {"facts": facts, "occupancy": occ and occ.as_dict(), "findings": findings}
+
+
+def trust(
+    jobs: Sequence, baseline: dict | None, shown: bool = False
+) -> tuple[list[KernelReport | None], int]:
     """Reports for the jobs whose compilation the baseline already describes: its entry under
     the job's key holds the job's cache key (the kernel's source and every helper it calls,
     its launch, target, compiler and parser versions), so compiling it again would give the
-    same entry. One slot per job, None where it must be compiled; and how many were trusted."""
+    same entry. One slot per job, None where it must be compiled; and how many were trusted.
+    ``shown``: only GPU entries that also keep what their report shows (:data:`SHOWN`), those
+    reports filled in with it (facts, occupancy, findings), for a reader of the reports."""
     entries = (baseline or {}).get("entries") or {}
     triton = (baseline or {}).get("triton")
     out: list[KernelReport | None] = []
     for job in jobs:
         base = entries.get(job.key)
         key = base.get("cache_key") if isinstance(base, dict) else None
-        if not key or key != runner.cache_key(job.spec, job.target):
+        if not key or (shown and not _complete(base, job.target)):
             out.append(None)
             continue
+        if key != runner.cache_key(job.spec, job.target):
+            out.append(None)
+            continue
+        fields = {} if not shown or "warnings" not in base else _shown(base, job.target)
         out.append(
             job.report(
                 error=base.get("error"),
@@ -116,6 +157,7 @@ def trust(jobs: Sequence, baseline: dict | None) -> tuple[list[KernelReport | No
                 triton=None if job.target.is_tpu or not isinstance(triton, str) else triton,
                 cache_key=key,
                 trusted=base,
+                **fields,
             )
         )
     return out, sum(r is not None for r in out)
@@ -147,6 +189,15 @@ def write(path: str | Path, reports: Sequence[KernelReport], merge: bool = False
             data["triton"] = old.get("triton", [])
     Path(path).write_bytes(dumps(data))
     return data
+
+
+def project_path() -> Path | None:
+    """The committed baseline of the checkout kernelab runs from (``src/kernelab`` two levels
+    below it), or None for an installed package."""
+    import kernelab
+
+    p = Path(kernelab.__file__).resolve().parents[2] / DEFAULT_PATH
+    return p if p.is_file() else None
 
 
 def load(path: str | Path) -> dict:
