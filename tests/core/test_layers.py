@@ -215,3 +215,56 @@ def test_no_two_modules_of_a_package_import_each_other(package):
 def test_the_cycle_finder_finds_a_planted_circle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def _variant_by_name_or_kind(path: Path) -> list[str]:
+    """Where ``path`` picks a variant by its name (``op.variants["torch"]``) or compares a
+    ``.kind`` with a backend's name: what the instruments ask the variant instead (its
+    backend's capabilities: ``by_default``, ``compiles_for``, ``tuned``, ``interpreted``, and
+    ``Op.eager`` / ``Op.tuned_variant``)."""
+    from kernelab.core.runtime.backends import backends
+
+    names = {b.name for b in backends()}
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            consts = [
+                c.value
+                for x in sides
+                for c in ([x] if isinstance(x, ast.Constant) else getattr(x, "elts", []))
+                if isinstance(c, ast.Constant)
+            ]
+            kind = any(isinstance(x, ast.Attribute) and x.attr == "kind" for x in sides)
+            if kind and names.intersection(c for c in consts if isinstance(c, str)):
+                bad.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "variants"
+            and isinstance(node.slice, ast.Constant)
+        ):
+            bad.append(f"{node.lineno}: {ast.unparse(node)}")
+    return bad
+
+
+def test_the_instruments_ask_a_variant_what_it_can_do_not_its_name():
+    bad = [
+        f"{_where(p)}:{where}"
+        for p in _modules()
+        if p.relative_to(SRC).parts[0] not in ("ops", "core")
+        for where in _variant_by_name_or_kind(p)
+    ]
+    assert not bad, "variants picked by name or kind string:\n" + "\n".join(bad)
+
+
+def test_the_variant_rule_sees_a_planted_lookup(tmp_path):
+    src = tmp_path / "planted.py"
+    src.write_text(
+        "fn = op.variants['kernelab'].fn\n"
+        "if v.kind == 'compile' and dev == 'cpu':\n"
+        "    pass\n"
+        "slow = v.kind in ('triton', 'pallas')\n"
+        "fine = v.kind == 'dense' or v.tuned\n"
+    )
+    assert sorted(b.split(":")[0] for b in _variant_by_name_or_kind(src)) == ["1", "2", "4"]

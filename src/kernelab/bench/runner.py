@@ -121,10 +121,10 @@ def subjects_for(op, device_type: str, cfg: BenchConfig, candidate=None):
             skipped.append(f"{op.name}/{variant.name}: {why}")
             continue
         asked = cfg.variants is not None and variant.name in cfg.variants
-        if variant.kind == "compile" and device_type == "cpu" and not (cfg.compile or asked):
+        unasked, why = variant.by_default(device_type)
+        if not unasked and not (cfg.compile or asked):
             skipped.append(
-                f"{op.name}/{variant.name}: torch.compile on CPU takes ~20 s to start; "
-                "ask with --compile or --variants compile"
+                f"{op.name}/{variant.name}: {why}; ask with --compile or --variants {variant.name}"
             )
             continue
         subjects.append(Subject(variant.name, variant.fn, variant.kind, variant.prepare))

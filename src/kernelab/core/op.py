@@ -103,6 +103,20 @@ class Op:
         self.declared_variants.append(variant)
         return variant
 
+    @property
+    def eager(self) -> Variant | None:
+        """The op's eager PyTorch variant (``add_torch``'s; the baseline verify derives its
+        tolerance from and bench's integrity checks compare with), None if it has none."""
+        return next((v for v in self.variants.values() if v.backend.name == "torch"), None)
+
+    def tuned_variant(self) -> Variant:
+        """The variant the op's tuning space configures (``Variant.tuned``: it takes
+        ``config=``). ValueError naming the op when none does."""
+        for v in self.variants.values():
+            if v.tuned:
+                return v
+        raise ValueError(f"op: {self.name} has no variant that takes a tuning config")
+
     def add_torch(self, fn: Callable[..., Any], *, compile: bool = True) -> None:
         """Register the eager implementation as "torch" and its torch.compile as "compile"."""
         self.add_variant(Variant("torch", fn, "torch", description="eager PyTorch"))

@@ -55,6 +55,26 @@ class Variant:
         """Whether bench may time this variant here, and if not, why (one line)."""
         return self.backend.timed_on(device_type)
 
+    def by_default(self, device_type: str) -> tuple[bool, str]:
+        """Whether verify, bench and sweep take this variant here when none is named, and if
+        not, why (one line; its backend's ``by_default``, taken when it has none)."""
+        ask = getattr(self.backend, "by_default", None)
+        return (True, "") if ask is None else ask(device_type)
+
+    @property
+    def interpreted(self) -> bool:
+        """Whether an interpreter runs this variant's kernels on CPU tensors."""
+        return bool(getattr(self.backend, "interpreted", False))
+
+    @property
+    def tuned(self) -> bool:
+        """Whether the op's tuning space configures this variant (it takes ``config=``)."""
+        return bool(getattr(self.backend, "tuned", False))
+
+    def compiles_for(self, target: str) -> bool:
+        """Whether static analysis can compile this variant's launches for ``target``."""
+        return target in self.backend.targets
+
     def unsupported(self, shape) -> str | None:
         """Why this variant leaves ``shape`` out (None: it handles it)."""
         return None if self.supports is None else self.supports(shape)

@@ -11,7 +11,7 @@ from kernelab.core import dtype_name
 from kernelab.core.runtime.backends import get_backend
 from kernelab.inspect.report import Job
 from kernelab.inspect.spec import from_launch
-from kernelab.inspect.targets import Target
+from kernelab.inspect.targets import TARGETS, Target
 
 
 @dataclass
@@ -101,7 +101,12 @@ def plan(
 
 def _pallas_variants(op) -> list:
     variants = getattr(op, "variants", None) or {}
-    return [v for v in variants.values() if v.kind == "pallas" and v.plan is not None]
+    # the variants whose plans make calls a TPU target lowers (a Pallas plan)
+    return [
+        v
+        for v in variants.values()
+        if v.plan is not None and any(t in TARGETS and TARGETS[t].is_tpu for t in v.backend.targets)
+    ]
 
 
 def _plan_pallas(out: Plan, ops, targets: Sequence[Target], dtypes, shape_set: str) -> None:

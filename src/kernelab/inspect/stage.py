@@ -91,7 +91,7 @@ def stage(ops, device=None, progress=None, *, variants=None, ledger_url=None) ->
                 report.cells[(op.name, "*")] = Cell("skip", "no launches declared")
             continue
         # The row of the op's Triton variant (its kernels are what was compiled).
-        row = next((v.name for v in op.variants.values() if v.kind == "triton"), "*")
+        row = next((v.name for v in op.variants.values() if v.compiles_for(RUN_TARGET)), "*")
         if all(r.unsupported for r in reps):
             report.cells[(op.name, row)] = Cell("skip", reps[0].summary())
             continue

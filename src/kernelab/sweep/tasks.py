@@ -268,13 +268,16 @@ def _compile_targets(op, shape, dtype, targets) -> list[str]:
 
 
 def _variants(op, spec: SweepSpec) -> list[str]:
+    """The variants a verify or bench task times: those asked for, else every variant its
+    backend takes unasked on each target's device (not torch.compile on a CPU, say)."""
     if spec.kind == "floors":
         return ["-"]
+    devices = {"cpu" if t == "cpu" else "cuda" for t in spec.targets}
     return [
         v.name
         for v in op.variants.values()
         if (spec.variants is None or v.name in spec.variants)
-        and (spec.variants is not None or v.kind != "compile")
+        and (spec.variants is not None or all(v.by_default(d)[0] for d in devices))
     ]
 
 
@@ -343,7 +346,7 @@ def expand(spec: SweepSpec, limit: int | None = None) -> tuple[list[Task], list[
             if spec.kind == "tune" and op.tuning_space is None:
                 skipped.append(f"{op.name}: declares no tuning space (nothing to tune)")
                 continue
-            variant = next((v.name for v in op.variants.values() if v.kind == "triton"), "*")
+            variant = next((v.name for v in op.variants.values() if v.tuned), "*")
             for dtype in _dtypes(op, spec.dtypes):
                 dt = dtype_name(dtype)
                 for shape_set in spec.shape_sets:

@@ -127,7 +127,7 @@ def verify_config(op: Op, shape: Shape, dtype, config, device, seed: int = 0) ->
     inputs = op.inputs(shape, dtype, device, seed=seed)
     ref = integrity.Reference.build(op, inputs, dtype)
     cand = integrity.clone_inputs(inputs)
-    return ref.check(op.variants["kernelab"].fn(**cand, config=config), cand) is None
+    return ref.check(op.tuned_variant().fn(**cand, config=config), cand) is None
 
 
 def gpu_measure() -> Measure:
@@ -136,7 +136,7 @@ def gpu_measure() -> Measure:
 
     def measure(op, shape, dtype, config, effort):
         inputs = op.inputs(shape, dtype, "cuda", seed=0)
-        fn = op.variants["kernelab"].fn
+        fn = op.tuned_variant().fn
         for _ in range(3):
             fn(**inputs, config=config)
         torch.cuda.synchronize()

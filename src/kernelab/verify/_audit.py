@@ -176,7 +176,7 @@ def audit(
 
 def _audit_ops(report, ops, shape_sets, device, seed, trials, cap, progress) -> None:
     for op in ops:
-        baseline = op.variants["torch"].fn if "torch" in op.variants else None
+        baseline = op.eager.fn if op.eager is not None else None
         shapes = [
             (s, shape)
             for s in shape_sets

@@ -395,7 +395,7 @@ def verify(
         for d in wanted_dtypes or ():
             if d not in op.dtypes:
                 report.skipped.append(f"{op.name}: dtype {dtype_name(d)} not supported by the op")
-        baseline = op.variants["torch"].fn if "torch" in op.variants else None
+        baseline = op.eager.fn if op.eager is not None else None
         for variant in op.variants.values():
             if variants is not None and variant.name not in variants:
                 continue
@@ -403,16 +403,10 @@ def verify(
             if not ok:
                 report.skipped.append(f"{op.name}/{variant.name}: {why}")
                 continue
-            if variant.kind == "compile" and dev_type == "cpu" and variants is None:
+            unasked, why = variant.by_default(dev_type)
+            if not unasked and variants is None:
                 report.skipped.append(
-                    f"{op.name}/{variant.name}: torch.compile builds C++ on CPU (slow); "
-                    "ask for it with --variant compile"
-                )
-                continue
-            if variant.kind == "pallas" and dev_type == "cpu" and variants is None:
-                report.skipped.append(
-                    f"{op.name}/{variant.name}: the TPU interpreter compiles each shape for "
-                    "seconds on CPU; ask for it with --variant pallas"
+                    f"{op.name}/{variant.name}: {why}; ask for it with --variant {variant.name}"
                 )
                 continue
             subject = Subject(
@@ -420,7 +414,7 @@ def verify(
                 variant.fn,
                 variant.prepare,
                 variant.supports,
-                interpreted=variant.kind in ("triton", "pallas"),
+                interpreted=variant.interpreted,
             )
             run_subject(
                 report, op, subject, sets, op_dtypes, device, trials, cap, baseline, progress,
@@ -486,7 +480,7 @@ def verify_candidate(
                 f"dtypes: op {op.name!r} takes {[dtype_name(x) for x in op.dtypes]}, "
                 f"got {dtype_name(d)}"
             )
-    baseline = op.variants["torch"].fn if "torch" in op.variants else None
+    baseline = op.eager.fn if op.eager is not None else None
     run_subject(
         report,
         op,

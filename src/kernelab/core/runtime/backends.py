@@ -42,18 +42,33 @@ class Backend(Protocol):
 
     def version(self) -> str: ...
 
+    # Optional: ``interpreted`` (bool), whether on CPU tensors an interpreter runs its kernels
+    # (verify caps the sizes it gives them; a full-size rerun is for the others).
+    # Optional: ``tuned`` (bool), whether the op's tuning space configures this backend's
+    # variant (it takes ``config=``): the autotuner's and the sweep's variant.
+    # Optional: ``by_default(device_type) -> (bool, why)``, whether verify, bench and sweep
+    # take this backend's variants when no variant is named (False, with the line they print,
+    # for a backend that is slow to start there). An adapter without it is always taken.
+
 
 #: Why an interpreted variant is never timed (bench reports it with this text).
 INTERPRETED = "Triton interpreter on CPU: correctness only, timing it would be meaningless"
 
 
 class _Eager:
-    """Host-framework code (eager torch, torch.compile): runs and is timed anywhere."""
+    """Host-framework code (eager torch, torch.compile): runs and is timed anywhere.
+    ``cpu_start``: why it is not taken unasked on a CPU (None: it is)."""
 
     targets: tuple[str, ...] = ()
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, cpu_start: str | None = None):
         self.name = name
+        self.cpu_start = cpu_start
+
+    def by_default(self, device_type: str) -> tuple[bool, str]:
+        if device_type == "cpu" and self.cpu_start:
+            return False, self.cpu_start
+        return True, ""
 
     def runs_on(self, device_type: str) -> tuple[bool, str]:
         return True, ""
@@ -85,6 +100,8 @@ class Triton:
 
     name = "triton"
     targets = ("sm_80", "sm_90", "sm_100", "gfx942")
+    tuned = True
+    interpreted = True
 
     def runs_on(self, device_type: str) -> tuple[bool, str]:
         if device_type == "cpu":
@@ -94,6 +111,9 @@ class Triton:
     def timed_on(self, device_type: str) -> tuple[bool, str]:
         if device_type == "cpu":
             return False, INTERPRETED
+        return True, ""
+
+    def by_default(self, device_type: str) -> tuple[bool, str]:
         return True, ""
 
     def version(self) -> str:
@@ -208,6 +228,7 @@ class Pallas:
 
     name = "pallas"
     targets = ("tpu_v5e", "tpu_v6e", "tpu7x")
+    interpreted = True
     #: The packages whose presence ``runs_on`` depends on (``pallas.available`` looks for them).
     requires = ("jax", "jaxlib")
 
@@ -226,6 +247,11 @@ class Pallas:
 
         if device_type == "cpu":
             return False, pallas.INTERPRETED_TPU
+        return True, ""
+
+    def by_default(self, device_type: str) -> tuple[bool, str]:
+        if device_type == "cpu":
+            return False, "the TPU interpreter compiles each shape for seconds on CPU"
         return True, ""
 
     def version(self) -> str:
@@ -264,6 +290,6 @@ def backends() -> list[Backend]:
 
 register_backend(Triton())
 register_backend(_Eager("torch"))
-register_backend(_Eager("compile"))
+register_backend(_Eager("compile", "torch.compile builds C++ on CPU (slow, ~20 s to start)"))
 register_backend(_External("external"))
 register_backend(Pallas())
