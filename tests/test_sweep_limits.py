@@ -151,6 +151,46 @@ def test_a_spec_that_selects_no_task_is_an_error_saying_why(tmp_path):
     assert "no task to run" in out and "moe_align: declares no tuning space" in out, out
 
 
+@pytest.mark.parametrize("error", ["os", "sqlite"])
+def test_a_full_disk_at_the_start_of_a_sweep_is_one_line(tmp_path, monkeypatch, error):
+    """The ledger cannot take the sweep's own row: one line naming the ledger and the cause,
+    exit 2, no task run."""
+    import sqlite3
+
+    path = tmp_path / "l.sqlite"
+    real, ran = SQLiteBackend.write, []
+
+    def full(self, fn):
+        if error == "os":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, lambda conn: fn(_Full(conn)))
+
+    class _Full:  # a connection whose every statement meets a full disk
+        def __init__(self, conn):
+            self.conn = conn
+
+        def execute(self, *args):
+            raise sqlite3.OperationalError("database or disk is full")
+
+        executemany = execute
+
+    from kernelab.sweep import work
+
+    monkeypatch.setattr(SQLiteBackend, "write", full)
+    monkeypatch.setattr(work, "_floors", lambda task: ran.append(task))
+    args = ["sweep", "floors", "--ops", "rmsnorm", "--target", "H100", "-j", "1"]
+    result = _invoke([*args, "--ledger", str(path)])
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    out = _one_line(result)
+    assert str(path) in out, out
+    if error == "os":
+        assert "No space left on device" in out and "was not started" in out, out
+    else:
+        assert "database or disk is full (is its disk full or failing?)" in out, out
+    assert not ran
+
+
 def test_a_full_disk_mid_sweep_keeps_every_finished_result_and_says_where(tmp_path, monkeypatch):
     path = tmp_path / "l.sqlite"
     real, calls = SQLiteBackend.write, []

@@ -295,3 +295,68 @@ def test_cli_tune_on_cpu_names_the_preferred_configs_and_the_gpu_command(monkeyp
     assert "inspect prefers 1)" in text.stdout and data["gpu_command"] in text.stdout
     assert "spills bytes per thread" in text.stdout
     assert max(len(line) for line in text.stdout.splitlines()) <= 80
+
+
+def test_a_space_of_plain_values_tunes_ranks_and_reports(monkeypatch):
+    """moe_topk's configs are one number (tokens per program): ranked, timed and reported as
+    JSON values; a winner is not written to a tuned file (the op reads none)."""
+    from kernelab.inspect import report as _report
+
+    op = ops.get("moe_topk")
+    shape = op.shapes("representative")[0]
+    dtype = op.dtypes[0]
+    values = op.tuning_space(shape, dtype)
+    assert values and all(type(v) is int for v in values)
+    monkeypatch.setattr(_report, "analyze_jobs", _planted_reports(lambda w: (_facts(), 1.0, [])))
+    (ranked,) = tune(op, [shape], dtype, "cpu")
+    d = orjson.loads(orjson.dumps(ranked.as_dict()))
+    assert sorted(r["config"] for r in d["ranked"]) == sorted(values)
+    stored = []
+    (timed,) = tune(
+        op, [shape], dtype, "cpu", measure=lambda o, s, t, c, e: float(c), use_inspect=False,
+        verify=False, store=lambda result, key: stored.append(result),
+    )  # fmt: skip
+    assert timed.as_dict()["winner"] == min(values) and not stored and not timed.stored
+    assert "not stored" in timed.note
+
+
+def test_inspect_compiles_in_one_process_inside_a_daemonic_worker(monkeypatch):
+    """A sweep's workers are daemonic, and a daemonic process may not start a pool: there the
+    compilations run one at a time instead of failing."""
+    import multiprocessing
+
+    from kernelab.inspect import runner
+
+    class Spec:
+        def __init__(self, i):
+            self.i = i
+
+        def source_key(self):
+            return f"s{self.i}"
+
+        def identity(self):
+            return f"i{self.i}"
+
+        def compiler_version(self):
+            return "v"
+
+    class Target:
+        name = "sm_90"
+
+    monkeypatch.setattr(runner, "compile_one", lambda spec, target: {"i": spec.i})
+    monkeypatch.setattr(runner, "_write", lambda key, data: None)
+    pairs = [(Spec(i), Target()) for i in range(3)]
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+
+    def work():
+        try:
+            queue.put([r["i"] for r in runner.run(pairs, jobs=2, use_cache=False)])
+        except BaseException as exc:  # reported to the test, not lost in the child
+            queue.put(repr(exc))
+
+    child = ctx.Process(target=work, daemon=True)
+    child.start()
+    got = queue.get(timeout=60)
+    child.join(60)
+    assert got == [0, 1, 2]

@@ -134,7 +134,10 @@ def config_text(config) -> str:
     """``block_m=4 block_n=256 w2 s1``: a config's fields, warps and stages compactly."""
     from kernelab.tune.tuner import config_fields
 
-    fields = dict(config_fields(config) or {})
+    fields = config_fields(config)
+    if fields is not None and not isinstance(fields, dict):  # a plain value (moe_topk's)
+        return str(fields)
+    fields = dict(fields or {})
     tail = [
         f"w{fields.pop(k)}" if k == "num_warps" else f"s{fields.pop(k)}"
         for k in ("num_warps", "num_stages")

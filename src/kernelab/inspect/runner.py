@@ -178,6 +178,8 @@ def run(
         else:
             todo[key] = i
     jobs = default_jobs() if jobs is None else max(1, jobs)
+    if multiprocessing.current_process().daemon:  # a sweep's worker may not fork a pool
+        jobs = 1
     done, total = 0, len(todo) + len(local)
     if progress:
         progress(done, total)

@@ -209,6 +209,8 @@ class SQLiteBackend:
             return LedgerError(f"ledger {self.path}: corrupt or not a ledger ({msg})")
         if "malformed" in msg or "not a database" in msg:
             return LedgerError(f"ledger {self.path}: corrupt or not a ledger ({msg})")
+        if msg in ("disk I/O error", "database or disk is full"):
+            return LedgerError(f"ledger {self.path}: {msg} (is its disk full or failing?)")
         return LedgerError(f"ledger {self.path}: {msg}")
 
     def _retry(self, fn: Callable[[], Any]) -> Any:
@@ -239,7 +241,8 @@ class SQLiteBackend:
             self._retry(lambda: conn.execute("COMMIT"))
         except BaseException as exc:
             if conn.in_transaction:
-                conn.execute("ROLLBACK")
+                with contextlib.suppress(sqlite3.Error):  # a failing disk may refuse it too
+                    conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
                 raise self._error(exc) from None
             raise

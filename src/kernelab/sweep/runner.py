@@ -114,8 +114,14 @@ def run(
     sid = sweep_id(spec)
     result = SweepResult(sid, spec.kind, engine.name, Progress(total=len(tasks)), skipped=skipped)
     prov = ledger.provenance("cpu", sweep={"engine": engine.name})
-    sweeps.start_sweep(db, sid, spec.as_dict(), prov)
-    stored = sweeps.done_keys(db, [t.key for t in tasks])
+    try:
+        sweeps.start_sweep(db, sid, spec.as_dict(), prov)
+        stored = sweeps.done_keys(db, [t.key for t in tasks])
+    except OSError as exc:  # a full disk before the first task: nothing to keep
+        raise ledger.LedgerError(
+            f"ledger {db.location}: cannot be written ({exc.strerror or exc}); sweep {sid} "
+            "was not started, no task ran"
+        ) from None
     p = result.progress
     p.stored = len(stored)
     by_key = {t.key: t for t in tasks}

@@ -213,13 +213,13 @@ def _head(pieces, max_depth: int) -> tuple[dict | None, bytearray, int]:
     before it (None for a bare array document), the bytes read, and the position after
     the array's '['. Fields nested deeper than ``max_depth`` raise :class:`Exceeded`."""
     buf = bytearray()
-    search = 0
+    search = first = 0
     while True:
         piece = next(pieces, None)
         if piece is None:
             raise _Fallback
         buf += piece
-        first = _scan.skip_blanks(buf, 0)
+        first = _scan.skip_blanks(buf, first)  # from where the blanks seen so far end
         if first < len(buf) and buf[first] == 0x5B:
             return None, buf, first + 1
         if first < len(buf) and buf[first] != 0x7B:
@@ -239,6 +239,23 @@ def _head(pieces, max_depth: int) -> tuple[dict | None, bytearray, int]:
         if len(buf) > _HEAD_LIMIT:
             raise _Fallback
         search = max(0, len(buf) - 256)  # a key cut across two pieces is found next time
+
+
+def _compact(buf: bytearray, size: int) -> tuple[int, int]:
+    """Drop a run of blanks between two values at the start of ``buf[1 : 1 + size]`` (a
+    comma between them is kept), so that no byte of a run is scanned twice however long it
+    is. Returns the first byte of the next value and the new size."""
+    hi = 1 + size
+    pos = _scan.skip_blanks(buf, 1)
+    comma = int(pos < hi and buf[pos] == 0x2C)
+    a = min(_scan.skip_blanks(buf, pos + 1) if comma else pos, hi)
+    drop = a - 1 - comma
+    if drop <= _PIECE_BYTES:  # a few blanks, as between indented events: left in place
+        return a, size
+    if comma:
+        buf[1] = 0x2C
+    buf[1 + comma : hi - drop] = bytes(memoryview(buf)[a:hi])
+    return 1 + comma, size - drop
 
 
 def _lead(buf, lo: int, hi: int) -> int:
@@ -262,14 +279,20 @@ def _load_streaming(
     process then reads again, proving each cut). Memory stays near one chunk plus the
     look-ahead. Raises :class:`_Fallback` for a stream that is not a readable trace, and
     :class:`Exceeded` past a limit (decompressed bytes as they stream; events as chunks
-    decode; nesting where the exact bracket count runs, on the top-level fields and on the
-    chunks it cuts, and where a decoder gives up, past about 1000 levels).
+    decode; nesting by a bracket count of every chunk before it is decoded, and of the
+    top-level fields). A run of blanks is scanned once however long it is, and an event
+    longer than the buffer is looked at again only once the buffer has doubled: the time
+    is linear in the bytes.
     """
 
-    def take(a: int, b: int) -> bool:
+    def take(a: int, b: int, deepest: int | None = None) -> bool:
         if cols.next_chunk % workers != rank:
             cols.skip()
             return True
+        if deepest is None:  # measured before decoding: the decoders follow ~1000 levels
+            deepest = _scan.depth_fast(work, a, b) + base
+            if deepest > limits.max_depth:
+                raise Exceeded("depth", deepest)
         if _add_in_place(cols, work, a, b, memory):
             return True
         if workers > 1:
@@ -285,7 +308,7 @@ def _load_streaming(
         done = ends[-1] if ends else a
         if close >= 0 and _lead(work, done, close) != close:
             raise _Fallback  # a value that is not an object or array: not a trace
-        if ends and not take(a, done):
+        if ends and not take(a, done, deepest):
             try:
                 events, bad = _scan.events_of(work, a, ends)
             except ValueError:
@@ -309,21 +332,31 @@ def _load_streaming(
     work[1 : 1 + size] = memoryview(buf)[pos:]
     del buf
     close = -1
+    # Where a buffer held no cut, the size at which it is looked at again: twice the size
+    # then, so that however long one event is, each byte is scanned a bounded number of times.
+    retry = 0
     for piece in pieces:
         end = 1 + size + len(piece)
         work[1 + size : end] = piece  # grows the buffer only for events longer than a chunk
         size += len(piece)
+        if size < max(_CHUNK_BYTES + _LOOKAHEAD, retry):
+            continue
+        a, size = _compact(work, size)
+        end = 1 + size
         if size < _CHUNK_BYTES + _LOOKAHEAD:
             continue
-        a = _lead(work, 1, end)
-        guess = cutter.guess(work, a, end - _LOOKAHEAD)
-        if guess is None:  # one event longer than a chunk: keep reading
-            continue
-        nxt = guess[1]
-        if not take(a, guess[0] + 1):  # a wrong guess, or not valid JSON as a whole
-            nxt, close = exact(a, end)
+        hi = end - _LOOKAHEAD
+        guess = cutter.guess(work, a, hi)
+        if guess is not None and take(a, guess[0] + 1):
+            nxt = guess[1]
+        else:  # no separator (a long event, or a run of blanks), a wrong guess, or not
+            nxt, close = exact(a, end)  # valid JSON as a whole
             if close >= 0:
                 break
+        if nxt == a:  # one event longer than the buffer: keep reading
+            retry = 2 * size
+            continue
+        retry = 0
         work[1 : 1 + end - nxt] = bytes(memoryview(work)[nxt:end])
         size = end - nxt
     if close < 0:
@@ -334,7 +367,11 @@ def _load_streaming(
         rest = bytes(work[close + 1 : hi])
     else:
         rest = bytes(work[close + 1 : end])
-    rest = (rest + b"".join(pieces)).strip()
+    tail = [rest] if rest.strip() else []
+    for piece in pieces:  # blanks after the array before anything else are not kept
+        if tail or piece.strip():
+            tail.append(piece)
+    rest = b"".join(tail).strip()
     if head is None:  # a bare array
         if rest:
             raise _Fallback
@@ -529,6 +566,9 @@ def _load_whole(p: Path, limits: Limits = _DEFAULTS) -> Trace:
             if str(exc).startswith("depth limit exceeded"):  # orjson follows 1024 levels
                 raise Exceeded("depth") from None
             raise TraceError(f"trace: {str(p)!r} is not valid JSON ({exc})") from None
+        deepest = _scan.depth_fast(data)  # exact: the document is valid JSON
+        if deepest > limits.max_depth:
+            raise Exceeded("depth", deepest)
         del data
         if isinstance(doc, list):  # a bare event array is also a valid Chrome trace
             doc = {"traceEvents": doc}

@@ -54,10 +54,28 @@ class Cutter:
                 return pos, m.end() - 1
 
 
-def _levels(buf, lo: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+#: Bytes counted at once by the bracket count (its arrays take about 15 bytes per byte).
+_BLOCK = 1 << 22
+
+
+def _blocks(buf, lo: int, hi: int):
+    """``(start, length)`` of consecutive blocks of ``buf[lo:hi]`` of about :data:`_BLOCK`
+    bytes, none ending inside a run of backslashes (a run and the byte it escapes are
+    always counted together)."""
+    pos = lo
+    while pos < hi:
+        end = min(pos + _BLOCK, hi)
+        while end < hi and buf[end - 1] == _BACKSLASH:
+            end += 1
+        yield pos, end - pos
+        pos = end
+
+
+def _levels(buf, lo: int, n: int, inside: bool = False) -> tuple[np.ndarray, np.ndarray, bool]:
     """Per byte of ``buf[lo:lo+n]``: +1 for a bracket that opens, -1 for one that closes,
-    0 otherwise or inside a string; and the nesting level after it, from 0 at ``lo`` (which
-    must be outside any string). A quote after an odd run of backslashes is escaped."""
+    0 otherwise or inside a string; the nesting level after it, from 0 at ``lo``; and
+    whether the slice ends inside a string (``inside``: whether it starts in one). A quote
+    after an odd run of backslashes is escaped."""
     a = np.frombuffer(buf, np.uint8, n, lo)
     quote = a == _QUOTE
     bs = np.flatnonzero(a == _BACKSLASH)
@@ -68,12 +86,12 @@ def _levels(buf, lo: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         after = bs[np.r_[starts[1:] - 1, len(bs) - 1]] + 1  # the byte after each run
         after = after[(lengths % 2 == 1) & (after < n)]
         quote[after] = False
-    inside = (np.cumsum(quote, dtype=np.int64) & 1).astype(bool)
+    strings = ((np.cumsum(quote, dtype=np.int64) + int(inside)) & 1).astype(bool)
     step = np.zeros(n, np.int8)
     step[(a == _OPEN) | (a == ord("["))] = 1
     step[(a == _CLOSE) | (a == ord("]"))] = -1
-    step[inside] = 0
-    return step, np.cumsum(step, dtype=np.int32)
+    step[strings] = 0
+    return step, np.cumsum(step, dtype=np.int32), bool(strings[-1]) if n else inside
 
 
 def structure(buf, lo: int, hi: int) -> tuple[list[int], int, int]:
@@ -81,23 +99,59 @@ def structure(buf, lo: int, hi: int) -> tuple[list[int], int, int]:
     events array (outside any string): the position one past each complete value that ends
     in a bracket, the position of the array's closing ``]`` (-1 if not in the slice), and
     the deepest nesting of the values (1: an object holding no object or array). Only
-    brackets outside strings count."""
-    n = hi - lo
-    if n <= 0:
-        return [], -1, 0
-    step, depth = _levels(buf, lo, n)
-    below = np.flatnonzero(depth < 0)
-    close = int(below[0]) if len(below) else n
-    ends = np.flatnonzero((step[:close] == -1) & (depth[:close] == 0)) + (lo + 1)
-    deepest = int(depth[:close].max()) if close else 0
-    return ends.tolist(), (lo + close if len(below) else -1), deepest
+    brackets outside strings count; the slice is counted a block at a time, so the memory
+    this takes does not grow with it."""
+    ends: list[int] = []
+    level = deepest = 0
+    inside = False
+    for start, n in _blocks(buf, lo, hi):
+        step, depth, inside = _levels(buf, start, n, inside)
+        depth += level
+        below = np.flatnonzero(depth < 0)
+        close = int(below[0]) if len(below) else n
+        ends += (np.flatnonzero((step[:close] == -1) & (depth[:close] == 0)) + start + 1).tolist()
+        if close:
+            deepest = max(deepest, int(depth[:close].max()))
+        if len(below):
+            return ends, start + close, deepest
+        level = int(depth[-1])
+    return ends, -1, deepest
 
 
 def depth(buf, lo: int = 0, hi: int | None = None) -> int:
     """The deepest nesting of the JSON text ``buf[lo:hi]`` (starting outside any string),
-    counted from 0 at ``lo``; exact, without parsing."""
-    n = (len(buf) if hi is None else hi) - lo
-    return int(_levels(buf, lo, n)[1].max()) if n > 0 else 0
+    counted from 0 at ``lo``; exact, without parsing, a block at a time."""
+    level = deepest = 0
+    inside = False
+    for start, n in _blocks(buf, lo, len(buf) if hi is None else hi):
+        _, levels, inside = _levels(buf, start, n, inside)
+        deepest = max(deepest, level + int(levels.max()))
+        level += int(levels[-1])
+    return deepest
+
+
+#: Every byte but the brackets and the quote: what the fast nesting count deletes.
+_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'{}[]"')
+_STEP = np.zeros(256, np.int8)
+_STEP[list(b"{[")], _STEP[list(b"}]")] = 1, -1
+
+
+def depth_fast(buf, lo: int = 0, hi: int | None = None) -> int:
+    """:func:`depth`, about ten times faster where no quote follows a backslash (else it is
+    :func:`depth`): only the brackets and quotes are kept (a few percent of a Kineto
+    trace's bytes), less every pair of adjacent quotes (a string that holds no bracket, or
+    the gap between two strings that holds none: taking away two adjacent quotes changes
+    for no bracket whether it is inside a string). Where no quote is left, the brackets
+    are all outside strings and are summed directly."""
+    hi = len(buf) if hi is None else hi
+    with memoryview(buf) as view, view[lo:hi] as part:
+        text = part.tobytes()
+    if b"\\" in text and b'\\"' in text:
+        return depth(buf, lo, hi)
+    marks = text.translate(None, _NOT_STRUCTURE).replace(b'""""', b"").replace(b'""', b"")
+    if b'"' in marks:
+        return depth(marks)
+    return int(np.cumsum(_STEP[np.frombuffer(marks, np.uint8)], dtype=np.int32).max(initial=0))
 
 
 class NonFinite(float):

@@ -73,12 +73,15 @@ class TuneResult:
         }
 
 
-def config_fields(config) -> dict | None:
-    """A config as a JSON object (its fields), None for the default config."""
+def config_fields(config) -> dict | int | str | None:
+    """A config as JSON: a config class's fields, or a plain value as it is (an op whose
+    configs are one number: moe_topk's tokens per program); None for the default config."""
     if config is None:
         return None
-    if dataclasses.is_dataclass(config):
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
         return dataclasses.asdict(config)
+    if isinstance(config, int | str) and not isinstance(config, bool):
+        return config
     return dict(config)
 
 
@@ -224,8 +227,11 @@ def tune(
                 break
             result.verified = False
         if result.winner is not None and store is not None:
-            store(result, info.key)
-            result.stored = True
+            if dataclasses.is_dataclass(result.winner):
+                store(result, info.key)
+                result.stored = True
+            else:  # the ops read tuned configs of a config class only
+                result.note = "not stored: a plain-value config is not read from tuned files"
         results.append(result)
     return results
 

@@ -11,6 +11,7 @@ from kernelab.ops.matmul.fp8_gemm import (
     FP8_GEMM,
     Fp8Config,
     fp8_gemm,
+    fp8_gemm_torch,
     fp8_gemm_triton,
     fp8_supported,
     quantize_fp8,
@@ -130,3 +131,23 @@ def test_planted_defects_are_caught(monkeypatch, tmp_path, name):
     inputs = FP8_GEMM.inputs(shape, torch.bfloat16, "cpu", seed=6, dist="heavy")
     with pytest.raises(AssertionError, match=r"rel L2|NaN"):
         _check(inputs, lambda **kw: fp8_gemm_triton(**kw, config=SMALL))
+
+
+@pytest.mark.parametrize("fn", [fp8_gemm_triton, fp8_gemm_torch], ids=["triton", "torch"])
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan")])
+@pytest.mark.parametrize("name", ["scale_a", "scale_b"])
+def test_a_scale_that_is_not_finite_and_positive_is_refused_when_checked(fn, bad, name):
+    f8 = torch.float8_e4m3fn
+    args = {
+        "a": torch.randn(2, 16).to(f8),
+        "b": torch.randn(8, 16).to(f8),
+        "scale_a": torch.ones(2),
+        "scale_b": torch.ones(8),
+    }
+    args[name][1] = bad
+    refused = rf"{name}: expected finite positive scales, got .* at index 1$"
+    with pytest.raises(ValueError, match=refused):
+        fn(**args)
+    assert fn(**args, check=False).shape == (2, 8)  # unchecked: no sync, no refusal
+    with pytest.raises(TypeError, match="check: expected a bool"):
+        fn(**{**args, name: torch.ones_like(args[name])}, check=1)

@@ -328,3 +328,16 @@ def test_inspect_names_the_block_scaled_mma_on_sm100_and_says_emulated_elsewhere
         else:
             assert len(notes) == 1 and notes[0].startswith(f"tl.dot_scaled emulated on {target}")
         assert rep.ok and rep.facts["spill_bytes"] == 0
+
+
+@pytest.mark.parametrize("fn", [nvfp4_gemm_triton, nvfp4_gemm_torch], ids=["triton", "torch"])
+@pytest.mark.parametrize("bad", [0.0, -2.0, float("inf"), float("nan")])
+@pytest.mark.parametrize("name", ["b_global", "a_global"])
+def test_a_global_scale_that_is_not_finite_and_positive_is_refused_when_checked(fn, bad, name):
+    shape = Shape("t", {"M": 4, "N": 16, "K": 32}, {"quantize_a": True})
+    inputs = NVFP4_GEMM.inputs(shape, torch.bfloat16, "cpu", seed=2)
+    inputs[name] = torch.full((), bad)
+    with pytest.raises(ValueError, match=rf"^{name}: expected finite positive scales, got"):
+        fn(**_clone(inputs))
+    if fn is nvfp4_gemm_triton or name == "b_global":  # the eager path's quantizer checks
+        assert fn(**_clone(inputs), check=False).shape == (4, 16)  # a_global itself, always

@@ -284,3 +284,21 @@ def test_grouped_routing_equals_transformers_deepseek_v3_router():
         assert torch.equal(order.values, want_order.values), fn.__name__
         got_w = w.gather(1, order.indices)
         assert torch.allclose(got_w, want_w.gather(1, want_order.indices), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("fn", [moe_topk_triton, moe_topk_torch], ids=["triton", "torch"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("groups", [(1, 1), (4, 2)])
+def test_a_bias_that_is_not_finite_is_refused_when_checked(fn, bad, groups):
+    """Checked (the default): refused naming the expert. Unchecked: both paths choose the same
+    experts (a NaN biased score ranks as −inf; an infinite one decides the choice)."""
+    logits, bias = torch.randn(6, 16, generator=torch.Generator().manual_seed(3)), torch.zeros(16)
+    bias[5] = bad
+    args = {"router_logits": logits, "top_k": 4, "scoring": "sigmoid", "bias": bias}
+    args.update(n_group=groups[0], topk_group=groups[1])
+    with pytest.raises(ValueError, match=r"^bias: expected finite values, got .* at expert 5$"):
+        fn(**args)
+    _, ids = fn(**args, check=False)
+    _, other = (moe_topk_torch if fn is moe_topk_triton else moe_topk_triton)(**args, check=False)
+    assert torch.equal(ids, other)
+    assert (5 in ids[0].tolist()) == (bad == float("inf"))

@@ -91,6 +91,19 @@ def check_zero_points(name: str, zeros: torch.Tensor) -> None:
             raise ValueError(f"{name}: expected int4 zero points in [0, 15], got a {top}")
 
 
+def check_scales(name: str, scale: torch.Tensor) -> None:
+    """Scales multiply every product they reach: each must be finite and above zero (a zero
+    or NaN one silently zeroes or poisons its rows, a negative one flips their sign). Reads
+    the values (a device sync where the tensor is on one)."""
+    if scale.numel() and scale.device.type != "meta":
+        flat = scale.reshape(-1)
+        bad = ~(torch.isfinite(flat) & (flat > 0))
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            at = f" at index {i}" if flat.numel() > 1 else ""
+            raise ValueError(f"{name}: expected finite positive scales, got {float(flat[i])}{at}")
+
+
 def check_group_size(group_size: int, k: int) -> None:
     _check.integer("group_size", group_size)
     if group_size not in GROUP_SIZES:

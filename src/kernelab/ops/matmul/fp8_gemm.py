@@ -25,6 +25,7 @@ from kernelab.core.runtime import inputs as _inputs
 from kernelab.core.runtime.launch import KernelCall, LaunchPlan
 from kernelab.core.runtime.triton import use_triton
 from kernelab.ops.matmul import _common as gc
+from kernelab.ops.matmul import _packing
 from kernelab.ops.matmul._kernels import _fp8_gemm_kernel
 
 E4M3 = tuple(
@@ -101,7 +102,7 @@ def _b_as_kn(b, b_layout):
     return b.t() if b_layout == "nk" else b
 
 
-def fp8_gemm_ref(a, b, scale_a, scale_b, bias=None, b_layout="nk", out=None):
+def fp8_gemm_ref(a, b, scale_a, scale_b, bias=None, b_layout="nk", out=None, check=True):
     """(a·scale_a) @ (b·scale_b) (+ bias) in the inputs' dtype (exact in float64)."""
     a_deq = a * scale_a[:, None] if scale_a.numel() > 1 else a * scale_a
     bk = _b_as_kn(b, b_layout)
@@ -112,9 +113,9 @@ def fp8_gemm_ref(a, b, scale_a, scale_b, bias=None, b_layout="nk", out=None):
     return y if out is None else out.copy_(y)
 
 
-def fp8_gemm_torch(a, b, scale_a, scale_b, bias=None, b_layout="nk", out=None):
+def fp8_gemm_torch(a, b, scale_a, scale_b, bias=None, b_layout="nk", out=None, check=True):
     """Eager PyTorch: dequantize to float32, matmul, add the bias, round to bfloat16."""
-    _validate(a, b, scale_a, scale_b, bias, b_layout, out)
+    _validate(a, b, scale_a, scale_b, bias, b_layout, out, check)
     f32 = {k: v.to(torch.float32) for k, v in (("a", a), ("b", b))}
     bias32 = bias.to(torch.float32) if bias is not None else None
     y = fp8_gemm_ref(f32["a"], f32["b"], scale_a.float(), scale_b.float(), bias32, b_layout)
@@ -122,7 +123,8 @@ def fp8_gemm_torch(a, b, scale_a, scale_b, bias=None, b_layout="nk", out=None):
     return y if out is None else out.copy_(y)
 
 
-def _validate(a, b, scale_a, scale_b, bias, b_layout, out):
+def _validate(a, b, scale_a, scale_b, bias, b_layout, out, check=True):
+    """Shapes and dtypes from metadata; with ``check`` (a device sync), the scales' values."""
     _check.tensor("a", a, dtypes=E4M3, ndim=2)
     _check.tensor("b", b, dtypes=(a.dtype,), ndim=2, device=a.device)
     if b_layout not in ("kn", "nk"):
@@ -143,6 +145,10 @@ def _validate(a, b, scale_a, scale_b, bias, b_layout, out):
     if out is not None:
         _check.tensor("out", out, dtypes=(torch.bfloat16,), ndim=2, device=a.device)
         _check.same_shape("out", out, (m, n), "(M, N)")
+    _check.boolean("check", check)
+    if check:
+        _packing.check_scales("scale_a", scale_a)
+        _packing.check_scales("scale_b", scale_b)
     return n
 
 
@@ -160,8 +166,10 @@ def fp8_supported(device) -> bool:
     return gc.sm_version(arch) >= 89 or arch.startswith(("gfx942", "gfx950"))
 
 
-def fp8_gemm_triton(a, b, scale_a, scale_b, bias=None, b_layout="nk", out=None, config=None):
-    _validate(a, b, scale_a, scale_b, bias, b_layout, out)
+def fp8_gemm_triton(
+    a, b, scale_a, scale_b, bias=None, b_layout="nk", out=None, check=True, config=None
+):
+    _validate(a, b, scale_a, scale_b, bias, b_layout, out, check)
     if not fp8_supported(a.device):
         raise ValueError(
             f"a: fp8 GEMM needs an sm_89+ or gfx942 device, got {gc.arch_of(a.device)}"
@@ -200,15 +208,17 @@ def _plan(a, b, scale_a, scale_b, bias=None, b_layout="nk", out=None, config=Non
     return LaunchPlan((call,), c)
 
 
-def fp8_gemm(a, b, scale_a, scale_b, bias=None, b_layout="nk", out=None):
+def fp8_gemm(a, b, scale_a, scale_b, bias=None, b_layout="nk", out=None, check=True):
     """bfloat16 [M, N] = (a·scale_a) @ (b·scale_b) (+ bias); see the module docstring.
 
     a : e4m3 [M, K]; b : e4m3 weight [N, K] (``b_layout="nk"``) or [K, N] ("kn").
     scale_a : float32 [1] or [M]; scale_b : float32 [1] or [N]; bias : bfloat16 [N].
+    check : read the scales on the host, each finite and positive (a device sync; off for
+        scales known good, e.g. from ``quantize_fp8``, and inside a CUDA graph).
     """
     if isinstance(a, torch.Tensor) and use_triton(a):
-        return fp8_gemm_triton(a, b, scale_a, scale_b, bias, b_layout, out)
-    return fp8_gemm_torch(a, b, scale_a, scale_b, bias, b_layout, out)
+        return fp8_gemm_triton(a, b, scale_a, scale_b, bias, b_layout, out, check)
+    return fp8_gemm_torch(a, b, scale_a, scale_b, bias, b_layout, out, check)
 
 
 # --- the declaration ---------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from kernelab.ops.matmul._kernels import _nvfp4_gemm_kernel
 from kernelab.ops.matmul._packing import (
     NV_BLOCK,
     check_global_scale,
+    check_scales,
     dequantize_nvfp4,
     nvfp4_global_scale,
     quantize_nvfp4,
@@ -67,7 +68,7 @@ def _quantized_a(a, a_global):
     return dequantize_nvfp4(*quantize_nvfp4(a, g), dtype=a.dtype)
 
 
-def nvfp4_gemm_ref(a, b, b_scale, b_global, quantize_a=False, a_global=None, out=None):
+def nvfp4_gemm_ref(a, b, b_scale, b_global, quantize_a=False, a_global=None, out=None, check=True):
     """a' @ dequant(b)ᵀ in a's dtype (exact in float64), a' = a or its nvfp4 quantize-dequantize."""
     if quantize_a:
         a = _quantized_a(a, a_global)
@@ -75,10 +76,12 @@ def nvfp4_gemm_ref(a, b, b_scale, b_global, quantize_a=False, a_global=None, out
     return y if out is None else out.copy_(y)
 
 
-def nvfp4_gemm_torch(a, b, b_scale, b_global, quantize_a=False, a_global=None, out=None):
+def nvfp4_gemm_torch(
+    a, b, b_scale, b_global, quantize_a=False, a_global=None, out=None, check=True
+):
     """Eager PyTorch in float32: the scaled e2m1 values multiplied, then the per-tensor scales
     (as the kernel orders them), rounded to bfloat16."""
-    _validate(a, b, b_scale, b_global, quantize_a, a_global, out)
+    _validate(a, b, b_scale, b_global, quantize_a, a_global, out, check)
     g = b_global.float().reshape(())
     if quantize_a:
         ga = nvfp4_global_scale(a) if a_global is None else a_global.float().reshape(())
@@ -90,7 +93,9 @@ def nvfp4_gemm_torch(a, b, b_scale, b_global, quantize_a=False, a_global=None, o
     return y if out is None else out.copy_(y)
 
 
-def _validate(a, b, b_scale, b_global, quantize_a, a_global, out):
+def _validate(a, b, b_scale, b_global, quantize_a, a_global, out, check=True):
+    """Shapes and dtypes from metadata; with ``check`` (a device sync), the global scales'
+    values: finite and positive."""
     _check.boolean("quantize_a", quantize_a)
     _check.tensor("a", a, dtypes=(torch.bfloat16,), ndim=2)
     m, k = a.shape
@@ -112,12 +117,17 @@ def _validate(a, b, b_scale, b_global, quantize_a, a_global, out):
     if out is not None:
         _check.tensor("out", out, dtypes=(torch.bfloat16,), ndim=2, device=a.device)
         _check.same_shape("out", out, (m, n), "(M, N)")
+    _check.boolean("check", check)
+    if check:
+        check_scales("b_global", b_global)
+        if a_global is not None:
+            check_scales("a_global", a_global)
 
 
 def nvfp4_gemm_triton(
-    a, b, b_scale, b_global, quantize_a=False, a_global=None, out=None, config=None
+    a, b, b_scale, b_global, quantize_a=False, a_global=None, out=None, check=True, config=None
 ):
-    _validate(a, b, b_scale, b_global, quantize_a, a_global, out)
+    _validate(a, b, b_scale, b_global, quantize_a, a_global, out, check)
     return _plan(a, b, b_scale, b_global, quantize_a, a_global, out, config).run()
 
 
@@ -167,7 +177,7 @@ def _plan(a, b, b_scale, b_global, quantize_a=False, a_global=None, out=None, co
     return LaunchPlan((call,), c)
 
 
-def nvfp4_gemm(a, b, b_scale, b_global, quantize_a=False, a_global=None, out=None):
+def nvfp4_gemm(a, b, b_scale, b_global, quantize_a=False, a_global=None, out=None, check=True):
     """bfloat16 [M, N] = a' @ dequant(b)ᵀ; see the module docstring.
 
     a : bfloat16 [M, K], K a multiple of 16.
@@ -175,10 +185,12 @@ def nvfp4_gemm(a, b, b_scale, b_global, quantize_a=False, a_global=None, out=Non
     float8_e4m3fn [N, K/16], float32 one element).
     quantize_a : quantize ``a`` to nvfp4 on the fly, relative to ``a_global`` (float32 one
     element; None: from ``a``'s max). out : optional bfloat16 [M, N].
+    check : read ``b_global`` and ``a_global`` on the host, each finite and positive (a device
+    sync; off for scales known good and inside a CUDA graph).
     """
     if isinstance(a, torch.Tensor) and use_triton(a):
-        return nvfp4_gemm_triton(a, b, b_scale, b_global, quantize_a, a_global, out)
-    return nvfp4_gemm_torch(a, b, b_scale, b_global, quantize_a, a_global, out)
+        return nvfp4_gemm_triton(a, b, b_scale, b_global, quantize_a, a_global, out, check)
+    return nvfp4_gemm_torch(a, b, b_scale, b_global, quantize_a, a_global, out, check)
 
 
 # --- the declaration ---------------------------------------------------------------------------

@@ -102,6 +102,7 @@ def moe_topk_ref(
     topk_group=1,
     bias=None,
     routed_scaling_factor=1.0,
+    check=True,
 ):
     """(weights, ids): the stable sort's top-k of the logits (or of the float32 biased scores,
     within the best groups), their scores in the logits' dtype (exact when given float64)."""
@@ -119,12 +120,13 @@ def moe_topk_torch(
     topk_group=1,
     bias=None,
     routed_scaling_factor=1.0,
+    check=True,
 ):
     """Eager PyTorch, as transformers' routers (float32 scores, renormalised), but with the op's
     tie order: a stable sort of the logits rather than torch.topk, whose order among equal
     values is unspecified."""
     args = (n_group, topk_group, bias, routed_scaling_factor)
-    _validate(router_logits, top_k, scoring, renormalize, *args)
+    _validate(router_logits, top_k, scoring, renormalize, *args, check)
     logits = router_logits.float()
     ids = _select(logits, top_k, scoring, n_group, topk_group, bias)
     w = _weights(logits, ids, scoring, renormalize) * routed_scaling_factor
@@ -140,6 +142,7 @@ def _validate(
     topk_group=1,
     bias=None,
     routed_scaling_factor=1.0,
+    check=True,
 ) -> None:
     _check.tensor("router_logits", router_logits, dtypes=_check.FLOATS, ndim=2)
     e = router_logits.shape[1]
@@ -172,6 +175,12 @@ def _validate(
         _check.tensor("bias", bias, dtypes=(torch.float32,), ndim=1, device=router_logits.device)
         _check.same_shape("bias", bias, (e,), "one per expert")
     _check.finite_positive("routed_scaling_factor", routed_scaling_factor)
+    _check.boolean("check", check)
+    if check and bias is not None and bias.numel() and bias.device.type != "meta":
+        bad = ~torch.isfinite(bias)
+        if bool(bad.any()):  # a device sync
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(f"bias: expected finite values, got {float(bias[i])} at expert {i}")
 
 
 def _plan(
@@ -237,11 +246,12 @@ def moe_topk_triton(
     topk_group=1,
     bias=None,
     routed_scaling_factor=1.0,
+    check=True,
     config=None,
 ):
     """Launch the Triton kernel (natively on GPUs, through the interpreter on CPU tensors)."""
     args = (n_group, topk_group, bias, routed_scaling_factor)
-    _validate(router_logits, top_k, scoring, renormalize, *args)
+    _validate(router_logits, top_k, scoring, renormalize, *args, check)
     return _plan(router_logits, top_k, scoring, renormalize, *args, config=config).run()
 
 
@@ -254,6 +264,7 @@ def moe_topk(
     topk_group=1,
     bias=None,
     routed_scaling_factor=1.0,
+    check=True,
 ):
     """router_logits [T, E] → (weights float32 [T, top_k], ids int32 [T, top_k]), the experts
     in decreasing order of logit (of biased score with ``bias`` or groups). Triton on
@@ -262,12 +273,15 @@ def moe_topk(
     DeepSeek-V3's router: ``scoring="sigmoid"``, ``n_group`` groups of experts of which the
     ``topk_group`` best (by the sum of their two largest biased scores) are kept, ``bias`` the
     float32 [E] ``e_score_correction_bias`` (selection only), ``routed_scaling_factor``
-    multiplying the weights (after the renormalisation). See the module docstring.
+    multiplying the weights (after the renormalisation). ``check``: read the bias on the
+    host, every value finite (a device sync; off for a bias known good and inside a CUDA
+    graph; unchecked, a NaN biased score ranks as −inf as the module docstring says, and an
+    infinite bias decides the choice by itself). See the module docstring.
     """
     args = (n_group, topk_group, bias, routed_scaling_factor)
     if isinstance(router_logits, torch.Tensor) and use_triton(router_logits):
-        return moe_topk_triton(router_logits, top_k, scoring, renormalize, *args)
-    return moe_topk_torch(router_logits, top_k, scoring, renormalize, *args)
+        return moe_topk_triton(router_logits, top_k, scoring, renormalize, *args, check)
+    return moe_topk_torch(router_logits, top_k, scoring, renormalize, *args, check)
 
 
 # --- the declaration ---------------------------------------------------------------------------
