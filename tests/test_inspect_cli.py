@@ -148,6 +148,52 @@ def test_space_plans_every_config_of_the_tuning_space():
     assert len({j.key for j in space.jobs}) == len(space.jobs)
 
 
+def _gemm_jobs(targets: str) -> dict:
+    p = plan([ops.get("gemm")], parse_targets(targets), dtypes=["bfloat16"])
+    assert not p.skipped, p.skipped
+    return {j.key: j for j in p.jobs}
+
+
+def test_a_plan_that_takes_the_target_is_described_as_it_runs_there():
+    # The default GEMM of a prefill: TMA on Hopper and Blackwell; the LDS budget's tile on
+    # gfx942 (two stages of block_k 32); four stages on sm_80. Described without a target,
+    # all four were one tiled launch of three stages.
+    jobs = _gemm_jobs("sm_80,sm_90,sm_100,gfx942")
+    prefill = [k for k in jobs if "M=2048,N=6144,K=4096" in k and k.count("/") == 4]
+    kernels = {k.split("/")[2]: k.split("/")[1] for k in prefill}
+    assert kernels == {
+        "sm_80": "_gemm_kernel",
+        "sm_90": "_gemm_tma_kernel",
+        "sm_100": "_gemm_tma_kernel",
+        "gfx942": "_gemm_kernel",
+    }, prefill
+    by_target = {k.split("/")[2]: jobs[k].spec for k in prefill}
+    assert by_target["gfx942"].num_stages == 2 and by_target["gfx942"].constexprs["BLOCK_K"] == 32
+    assert by_target["sm_80"].num_stages == 4
+
+
+def test_a_variant_with_its_own_config_is_inspected_on_every_target():
+    jobs = _gemm_jobs("sm_90,gfx942")
+    for target in ("sm_90", "gfx942"):
+        persistent = [k for k in jobs if k.endswith("/kernelab-persistent") and target in k]
+        assert persistent and all("_gemm_persistent_kernel" in k for k in persistent)
+        splitk = [k for k in jobs if k.endswith("/kernelab-splitk") and target in k]
+        assert any("_splitk_reduce_kernel" in k for k in splitk)
+    # a variant's launch that the default plan already makes for that shape and target (the
+    # decode split-K) is not a second job
+    default = {}
+    for k, j in jobs.items():
+        if not k.endswith(("/kernelab-persistent", "/kernelab-splitk")):
+            shape = k.split("/")[4]
+            default.setdefault((shape, j.target.name), set()).add(j.spec.identity())
+    decode = "M=1,N=6144,K=4096;bias=False,layout=nk,residual=False"
+    assert (decode, "sm_90") in default
+    for k, j in jobs.items():
+        if k.endswith(("/kernelab-persistent", "/kernelab-splitk")):
+            shape = k.split("/")[4]
+            assert j.spec.identity() not in default.get((shape, j.target.name), ()), k
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signalled_inspect_ends_its_compiler_processes(tmp_path, sig):

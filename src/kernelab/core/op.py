@@ -65,13 +65,18 @@ class Op:
         self.kernels = tuple(kernels)
         #: ``plan(**inputs, config=None) -> LaunchPlan``: the kernel launches the "kernelab"
         #: variant makes for these inputs (``kernelab.core.runtime.launch``). The launcher runs
-        #: it; static analysis describes it, from meta tensors of a shape's inputs.
+        #: it; static analysis describes it, from meta tensors of a shape's inputs. A plan that
+        #: also takes ``target=`` (a compile target's name, "sm_90") chooses its default config
+        #: as it would on that target (TMA on Hopper, the LDS budget on gfx942), so static
+        #: analysis describes each target's launch as it runs there.
         self.plan = plan
+        self.plans_per_target = plan is not None and _takes(plan, "target")
         if plan is not None and launches is not None:
             raise ValueError(f"plan: op {name!r} gives both plan and launches; give one")
-        #: ``launches(shape, dtype, config=None) -> [Launch, ...]``: what the op would launch
-        #: for a shape (with its default config, or ``config``), for static analysis. Derived
-        #: from ``plan`` when the op has one.
+        #: ``launches(shape, dtype, config=None, target=None) -> [Launch, ...]``: what the op
+        #: would launch for a shape (with its default config, or ``config``), for static
+        #: analysis (on ``target`` where the plan takes one). Derived from ``plan`` when the
+        #: op has one.
         self.launches = self._planned_launches if plan is not None else launches
         #: ``tuning_space(shape, dtype) -> [config, ...]``: the configs worth trying.
         self.tuning_space = tuning_space
@@ -86,10 +91,13 @@ class Op:
         #: machine names (``kernelab ops`` reads one, ``kernelab.cli._catalog``).
         self.declared_variants: list[Variant] = []
 
-    def _planned_launches(self, shape: Shape, dtype: torch.dtype, config=None) -> list[Launch]:
+    def _planned_launches(
+        self, shape: Shape, dtype: torch.dtype, config=None, target: str | None = None
+    ) -> list[Launch]:
         # Meta tensors: shapes, strides and dtypes of the real inputs, nothing allocated.
         inputs = self.inputs(shape, dtype, "meta")
-        return self.plan(**inputs, config=config).describe()
+        where = {"target": target} if target is not None and self.plans_per_target else {}
+        return self.plan(**inputs, config=config, **where).describe()
 
     def __repr__(self) -> str:
         return f"Op({self.name!r}, variants={list(self.variants)})"
@@ -233,3 +241,12 @@ def get(name: str) -> Op:
 
 def all_ops() -> list[Op]:
     return list(_REGISTRY.values())
+
+
+def _takes(fn: Callable[..., Any], name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False

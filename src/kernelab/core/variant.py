@@ -24,6 +24,10 @@ class Variant:
     for given inputs (``kernelab.core.runtime.pallas``). ``supports(shape)`` returns None when
     the variant handles a shape, or why not (a feature it leaves out): verify and bench then
     skip the case and say so, rather than judge a result the variant never claimed.
+    ``configure(inputs, target)`` (Triton variants that are the op's plan under a config of
+    their own, a persistent GEMM say): the config this variant runs ``inputs`` with on
+    ``target`` (None: the inputs' device); ``fn`` must launch the op's plan with it, and static
+    analysis describes the variant's launches from it, per target.
     """
 
     name: str
@@ -34,6 +38,7 @@ class Variant:
     description: str = ""
     plan: Callable[..., Any] | None = None
     supports: Callable[[Any], str | None] | None = None
+    configure: Callable[[dict, str | None], Any] | None = None
 
     def __post_init__(self):
         get_backend(self.kind)  # raises, naming the registered backends

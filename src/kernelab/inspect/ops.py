@@ -66,37 +66,84 @@ def plan(
                 configs = [None]
                 if space and op.tuning_space is not None:
                     configs = list(op.tuning_space(shape, dtype)) or [None]
-                try:
-                    launch_sets = [(c, op.launches(shape, dtype, c)) for c in configs]
-                except Exception as exc:
-                    out.skipped.append(
-                        f"{op.name} {shape.label} {dtype_name(dtype)}: launches failed: "
-                        f"{type(exc).__name__}: {exc}"
-                    )
-                    continue
                 n_el = _max_elements(op, shape, dtype)
-                for config, launches in launch_sets:
-                    seen: dict[str, int] = {}
-                    for launch in launches:
-                        try:
-                            spec = from_launch(launch, n_el, f"{shape.label} {dtype_name(dtype)}")
-                        except TypeError as exc:
-                            out.skipped.append(f"{op.name}: {exc}")
-                            continue
-                        base = f"{op.name}/{spec.name}"
-                        n = seen[base] = seen.get(base, 0) + 1
-                        kname = spec.name if n == 1 else f"{spec.name}#{n}"
-                        tail = f"{dtype_name(dtype)}/{shape.key}"
-                        if config is not None:
-                            tail += f"/{spec.config_text()}"
-                        compiles_for = get_backend(spec.backend).targets
-                        for t in targets:
-                            if t.name not in compiles_for:
-                                continue  # another backend's target (a TPU for a GPU kernel)
-                            out.jobs.append(
-                                Job(spec, t, f"{op.name}/{kname}/{t.name}/{tail}", op.name)
-                            )
+                label = f"{shape.label} {dtype_name(dtype)}"
+                tail = f"{dtype_name(dtype)}/{shape.key}"
+                # A plan that takes the target is described per target (its default config is
+                # the target's); one that does not, once for all of them.
+                per = _per_target(op)
+                for tgts in [[t] for t in gpu] if per else [gpu]:
+                    where = tgts[0].name if per else None
+                    try:
+                        sets = [(c, "", _launches(op, shape, dtype, c, where)) for c in configs]
+                        sets += _configured(op, shape, dtype, where) if not space else []
+                    except Exception as exc:
+                        out.skipped.append(
+                            f"{op.name} {label}: launches failed: {type(exc).__name__}: {exc}"
+                        )
+                        continue
+                    _add_jobs(out, op, sets, tgts, n_el, label, tail)
     return out
+
+
+def _per_target(op) -> bool:
+    return bool(getattr(op, "plans_per_target", False)) or any(
+        getattr(v, "configure", None) is not None for v in _variants(op)
+    )
+
+
+def _variants(op) -> list:
+    return list((getattr(op, "variants", None) or {}).values())
+
+
+def _launches(op, shape, dtype, config, target: str | None) -> list:
+    """``op.launches``, on ``target`` where the op's plan takes one."""
+    if target is not None and getattr(op, "plans_per_target", False):
+        return op.launches(shape, dtype, config, target=target)
+    return op.launches(shape, dtype, config)
+
+
+def _configured(op, shape, dtype, target: str | None) -> list:
+    """(config, variant name, launches) of each Triton variant that is the op's plan under a
+    config of its own choosing (``Variant.configure``), where it compiles for ``target``:
+    the persistent GEMM, say, which the default plan never picks."""
+    out = []
+    for v in _variants(op):
+        if getattr(v, "configure", None) is None or (target and not v.compiles_for(target)):
+            continue
+        config = v.configure(op.inputs(shape, dtype, "meta"), target)
+        out.append((config, v.name, _launches(op, shape, dtype, config, target)))
+    return out
+
+
+def _add_jobs(out: Plan, op, sets, targets, n_el, label: str, tail: str) -> None:
+    """One job per launch per target of ``sets`` ((config, variant, launches)); a variant's
+    launch that the default plan already makes is not added twice."""
+    seen_specs: set[str] = set()
+    for config, variant, launches in sets:
+        seen: dict[str, int] = {}
+        for launch in launches:
+            try:
+                spec = from_launch(launch, n_el, label)
+            except TypeError as exc:
+                out.skipped.append(f"{op.name}: {exc}")
+                continue
+            base = f"{op.name}/{spec.name}"
+            n = seen[base] = seen.get(base, 0) + 1
+            if variant and spec.identity() in seen_specs:
+                continue
+            seen_specs.add(spec.identity())
+            kname = spec.name if n == 1 else f"{spec.name}#{n}"
+            key_tail = tail
+            if config is not None and not variant:
+                key_tail += f"/{spec.config_text()}"
+            if variant:
+                key_tail += f"/{variant}"
+            compiles_for = get_backend(spec.backend).targets
+            for t in targets:
+                if t.name not in compiles_for:
+                    continue  # another backend's target (a TPU for a GPU kernel)
+                out.jobs.append(Job(spec, t, f"{op.name}/{kname}/{t.name}/{key_tail}", op.name))
 
 
 def _pallas_variants(op) -> list:

@@ -208,16 +208,27 @@ def gemm_triton(
     return _plan(a, b, bias, residual, activation, b_layout, out, config).run()
 
 
-def _plan(a, b, bias=None, residual=None, activation="none", b_layout="kn", out=None, config=None):
+def _plan(
+    a,
+    b,
+    bias=None,
+    residual=None,
+    activation="none",
+    b_layout="kn",
+    out=None,
+    config=None,
+    target=None,
+):
     """The launches of ``gemm_triton`` for these (validated) arguments: the kernel ``config``
-    names, and for split-K the reduction after it. Nothing is launched for an empty output, nor
-    for K = 0 (``gemm_triton`` computes that in torch)."""
+    names (default: ``GemmConfig.default_for`` the inputs' device, or ``target``: "sm_90"
+    describes the TMA launch Hopper runs), and for split-K the reduction after it. Nothing is
+    launched for an empty output, nor for K = 0 (``gemm_triton`` computes that in torch)."""
     m, k = a.shape
     n = b.shape[1] if b_layout == "kn" else b.shape[0]
     c = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=a.device)
     if m == 0 or n == 0 or k == 0:
         return LaunchPlan(result=c)
-    cfg = config or GemmConfig.default_for(m, n, k, a.dtype, a.device)
+    cfg = config or GemmConfig.default_for(m, n, k, a.dtype, target or a.device)
     act = gc.activation_code(activation)
     bias = gc.dense(bias)
     if cfg.kind == "tma" and _tma_ok(a, b):
@@ -488,15 +499,27 @@ GEMM = register(
 )
 
 
-def _with_kind(kind: str):
-    def call(a, b, bias=None, residual=None, activation="none", b_layout="kn", out=None):
+def _configure(kind: str):
+    """The config the ``kernelab-<kind>`` variant runs ``inputs`` with on ``target``."""
+
+    def configure(inputs: dict, target=None) -> GemmConfig:
+        a, b, layout = inputs["a"], inputs["b"], inputs.get("b_layout", "kn")
         m, k = a.shape
-        n = b.shape[1] if b_layout == "kn" else b.shape[0]
+        n = b.shape[1] if layout == "kn" else b.shape[0]
+        where = target or a.device
         if kind == "splitk":
-            cfg = GemmConfig.default_for(1, n, k, a.dtype, a.device)
-            cfg = replace(cfg, split_k=max(2, cfg.split_k))
-        else:
-            cfg = GemmConfig.persistent_for(m, n, k, a.dtype, a.device)
+            cfg = GemmConfig.default_for(1, n, k, a.dtype, where)
+            return replace(cfg, split_k=max(2, cfg.split_k))
+        return GemmConfig.persistent_for(m, n, k, a.dtype, where)
+
+    return configure
+
+
+def _with_kind(kind: str):
+    configure = _configure(kind)
+
+    def call(a, b, bias=None, residual=None, activation="none", b_layout="kn", out=None):
+        cfg = configure({"a": a, "b": b, "b_layout": b_layout})
         return gemm_triton(a, b, bias, residual, activation, b_layout, out, config=cfg)
 
     call.__name__ = f"gemm_{kind}"
@@ -521,9 +544,21 @@ GEMM.add_variant(
     )
 )
 GEMM.add_variant(
-    Variant("kernelab-persistent", _with_kind("persistent"), "triton", description="persistent")
+    Variant(
+        "kernelab-persistent",
+        _with_kind("persistent"),
+        "triton",
+        description="persistent",
+        configure=_configure("persistent"),
+    )
 )
 GEMM.add_variant(
-    Variant("kernelab-splitk", _with_kind("splitk"), "triton", description="split-K, any M")
+    Variant(
+        "kernelab-splitk",
+        _with_kind("splitk"),
+        "triton",
+        description="split-K, any M",
+        configure=_configure("splitk"),
+    )
 )
 GEMM.add_torch(gemm_torch)
