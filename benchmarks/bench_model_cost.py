@@ -23,7 +23,7 @@ from _timing import cold_median
 from kernelab import __version__
 from kernelab.core.op import get
 from kernelab.hardware.devices import lookup
-from kernelab.models import model_cost as mc
+from kernelab.workloads import model_cost as mc
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ Targets (batch 1, bf16, random weights with the preset's real dimensions):
   eager decode tokens/s, and ≥ 1.0× the original with CUDA graphs;
 - w4a16-patched with CUDA graphs ≥ 2× the original eager decode tokens/s.
 
-Each variant is measured by :func:`kernelab.models.bench.run` (median of ``--repeats``
+Each variant is measured by :func:`kernelab.workloads.model_bench.run` (median of ``--repeats``
 generate calls; decode rate from a full generate minus a one-token generate). The machine and
 versions print with the numbers. Needs a CUDA or ROCm device; on CPU it says so and exits.
 """
@@ -36,7 +36,7 @@ def main() -> int:
         return 0
     import transformers
 
-    from kernelab.models import bench
+    from kernelab.workloads import model_bench as bench
 
     rows = bench.run(args.preset, "cuda", torch.bfloat16, args.prompt_tokens,
                      args.decode_tokens, args.repeats)  # fmt: skip

@@ -8,7 +8,7 @@ prompts of the given context, 256 output tokens, greedy):
   paged path gathers each sequence's K/V out of the cache every step) at a 2k context,
 - and the ratio growing with the context (2k, 8k, 32k): the gather grows with it.
 
-Each point is :func:`kernelab.models.serve.run` (both runs in one process, the baseline
+Each point is :func:`kernelab.workloads.serve_bench.run` (both runs in one process, the baseline
 first, each after an untimed warm-up of two requests), tokens compared between the runs. The
 machine and versions print with the numbers. On CPU it runs the tiny preset once, through
 kernelab's torch variants, says that the GPU targets were skipped, and exits 0.
@@ -46,7 +46,7 @@ def main() -> int:
     parser.add_argument("--page-size", type=int, default=256)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    from kernelab.models import serve
+    from kernelab.workloads import serve_bench as serve
 
     gpu = torch.cuda.is_available()
     if not gpu:

@@ -11,7 +11,7 @@ from kernelab.cli import app
 from kernelab.core.contract import Cost
 from kernelab.core.op import get
 from kernelab.hardware import DEVICES
-from kernelab.models import model_cost as mc
+from kernelab.workloads import model_cost as mc
 
 runner = CliRunner()
 DECODE64 = mc.Workload(batch=64, context=8192, prefill=512)

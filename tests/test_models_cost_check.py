@@ -8,8 +8,8 @@ pytest.importorskip("transformers")
 from kernelab.core.contract import Cost
 from kernelab.core.op import get
 from kernelab.models import build
-from kernelab.models import cost_check as cc
-from kernelab.models import model_cost as mc
+from kernelab.workloads import cost_check as cc
+from kernelab.workloads import model_cost as mc
 
 TOKENS = 6
 

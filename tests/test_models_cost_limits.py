@@ -7,8 +7,8 @@ import pytest
 from click.testing import CliRunner
 
 from kernelab.cli import app
-from kernelab.models import model_config as mcfg
 from kernelab.models.presets import PRESETS
+from kernelab.workloads import model_config as mcfg
 
 runner = CliRunner()
 MOE = PRESETS["tiny-qwen3-moe"].values()

@@ -266,7 +266,7 @@ def test_transformers_paged_eager_still_drops_the_cap():
     # this fails, transformers applies the cap there now and the workaround can go.
     lengths = [3, 20]
     m = model()
-    assert serving._eager_paged_is_wrong(m, "eager")
+    assert serving.eager_paged_is_wrong(m, "eager")
     assert _generate_batch(m, lengths, 3) != _generate_each(m, lengths, 3)
 
 
@@ -330,7 +330,7 @@ def test_a_planted_defect_is_refused_naming_the_module(defect, monkeypatch):
 
 
 def test_serve_bench_says_why_transformers_tokens_differ_on_gemma2(tmp_path):
-    from kernelab.models import serve
+    from kernelab.workloads import serve_bench as serve
 
     result = serve.run("tiny-gemma2", requests=3, prompt_len=20, output_len=3,
                        profile_dir=tmp_path)  # fmt: skip

@@ -10,7 +10,8 @@ pytest.importorskip("transformers")
 
 from kernelab import ledger
 from kernelab.cli import app
-from kernelab.models import _attention, serve
+from kernelab.models import _attention
+from kernelab.workloads import serve_bench as serve
 from tests.serving_helpers import frozen_gc
 
 

@@ -16,7 +16,7 @@ import kernelab
 SRC = Path(kernelab.__file__).parent
 #: Packages below the CLI and the report: they may not import ``kernelab.cli``.
 BELOW_CLI = ("core", "ops", "hardware", "ledger", "verify", "bench", "inspect", "trace", "tune",
-             "sweep", "models")  # fmt: skip
+             "sweep", "models", "workloads")  # fmt: skip
 
 
 def _imported(path: Path) -> list[tuple[str, str | None, int]]:

@@ -21,7 +21,7 @@ def run(
     if dtypes is not None and len(dtypes) != 1:
         raise ValueError(f"dtype: a sweep takes one dtype, got {len(dtypes)}")
     if floors_for:
-        from kernelab.models.model_cost import device_spec
+        from kernelab.workloads.model_cost import device_spec
 
         spec = device_spec(floors_for)  # any device of the table, or an error naming them
         if len(ops) != 2:

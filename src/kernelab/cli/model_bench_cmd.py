@@ -91,7 +91,8 @@ def register(app: click.Group) -> None:
         import torch
 
         from kernelab.hardware import detect
-        from kernelab.models import bench, presets
+        from kernelab.models import presets
+        from kernelab.workloads import model_bench as bench
 
         presets.get(preset)
         choices = ("w4a16", "w8a16", "fp8", "fp8-block", "mxfp4")

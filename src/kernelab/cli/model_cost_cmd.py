@@ -62,7 +62,7 @@ def register(app: click.Group) -> None:
         """
         from dataclasses import replace
 
-        from kernelab.models import model_cost as mc
+        from kernelab.workloads import model_cost as mc
 
         if len(configs) > 2:
             raise ValueError(f"configs: expected one or two, got {len(configs)}")
@@ -98,8 +98,9 @@ def register(app: click.Group) -> None:
 
 
 def _check_profile(configs, prefill, sets, as_json) -> None:
-    from kernelab.models import cost_check, presets
-    from kernelab.models import model_cost as mc
+    from kernelab.models import presets
+    from kernelab.workloads import cost_check
+    from kernelab.workloads import model_cost as mc
 
     name = configs[0]
     # dense ones: transformers runs a mixture's experts as a loop over the experts hit, which
@@ -167,7 +168,7 @@ def _check_profile(configs, prefill, sets, as_json) -> None:
 
 
 def _json(a, b) -> dict:
-    from kernelab.models import model_cost as mc
+    from kernelab.workloads import model_cost as mc
 
     if b is None:
         return a.as_dict()
@@ -272,7 +273,7 @@ def _print_one(cost, first: bool) -> None:
 
 def _pair_sheet(a, b, phase: str):
     from kernelab._table import Col, Sheet
-    from kernelab.models import model_cost as mc
+    from kernelab.workloads import model_cost as mc
 
     d = mc.diff(a, b, phase)
     step = getattr(b, phase)

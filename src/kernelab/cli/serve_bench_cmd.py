@@ -59,7 +59,8 @@ def register(app: click.Group) -> None:
         import torch
 
         from kernelab.hardware import detect
-        from kernelab.models import presets, serve
+        from kernelab.models import presets
+        from kernelab.workloads import serve_bench as serve
 
         presets.get(preset)
         torch_dtype = None

@@ -22,8 +22,8 @@ from functools import partial
 
 from kernelab.models import _linear, _parity, _patch
 from kernelab.models._arch import ARCHITECTURES, DEFAULT_REPLACEMENTS, REPLACEMENTS, blueprint_for
+from kernelab.models._linear import check_quantize
 from kernelab.models._patch import PatchError, apply, state_of, unpatch
-from kernelab.models.model_cost import cost
 from kernelab.models.presets import PRESETS, build
 from kernelab.models.serving import AttentionParityError, register_attention, unregister_attention
 
@@ -35,6 +35,7 @@ __all__ = [
     "AttentionParityError",
     "PatchError",
     "build",
+    "check_quantize",
     "cost",
     "patch",
     "patched",
@@ -143,3 +144,13 @@ def patched(model, ops=DEFAULT_REPLACEMENTS, *, quantize: str | None = None, che
         yield model
     finally:
         unpatch(model)
+
+
+def __getattr__(name: str):
+    # ``kernelab.models.cost`` as before the workload instruments moved to kernelab.workloads
+    # (loaded on first use: the integration does not import the instruments above it)
+    if name == "cost":
+        from kernelab.workloads.model_cost import cost
+
+        return cost
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

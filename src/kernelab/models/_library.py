@@ -81,6 +81,14 @@ def _returned(result, op, returned):
     return None if not picked else picked[0] if len(picked) == 1 else picked
 
 
+def _taken_by(fn, inputs: dict) -> dict:
+    """The entries of ``inputs`` that ``fn`` has parameters for (all, if it takes **kwargs)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return inputs
+    return {k: v for k, v in inputs.items() if k in params}
+
+
 def custom_op(name: str):
     """The torch custom op ``kernelab::<name>`` generated from the op's declaration."""
     return _generated(name)[0]
@@ -108,7 +116,9 @@ def _generated(name: str):
     def fake(*args, **kwargs):
         inputs = bind(args, kwargs)
         if op.plan is not None:
-            return _returned(op.plan(**inputs).result, op, returned)
+            # the plan's arguments only: the public function's own (``check=``, the value
+            # checks that read the tensors) have no meaning for fake tensors
+            return _returned(op.plan(**_taken_by(op.plan, inputs)).result, op, returned)
         return _returned(op.eager(**inputs), op, returned)
 
     fake.__signature__ = signature

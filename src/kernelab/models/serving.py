@@ -225,7 +225,7 @@ def _probe_length(model, tokens: int) -> int:
     return tokens
 
 
-def _eager_paged_is_wrong(model, previous: str) -> bool:
+def eager_paged_is_wrong(model, previous: str) -> bool:
     """transformers runs continuous batching on "paged|eager" for an eager model, and that
     function ignores ``softcap`` (transformers 5.24)."""
     return previous == "eager" and bool(getattr(model.config, "attn_logit_softcapping", None))
@@ -260,7 +260,7 @@ def _trace(model, probe, reference_of: str | None = None) -> tuple[list, list]:
             ))  # fmt: skip
     try:
         _dense_probe(model, probe)
-        if reference_of is not None and _eager_paged_is_wrong(model, reference_of):
+        if reference_of is not None and eager_paged_is_wrong(model, reference_of):
             with _eager_reference(model, reference_of):
                 _paged_probe(model, probe)
         else:

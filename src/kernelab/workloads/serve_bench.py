@@ -323,7 +323,7 @@ def run(preset: str, device: str = "cpu", dtype=None, requests: int = 8, prompt_
             else:
                 os.environ["KERNELAB_INTERPRET"] = old
     note = None
-    if serving._eager_paged_is_wrong(model, baseline):
+    if serving.eager_paged_is_wrong(model, baseline):
         # transformers 5.24 runs an eager model's continuous batching on "paged|eager", which
         # ignores the attention softcap (serving's note): its tokens are not the model's
         note = (f"transformers' continuous batching runs {baseline!r} as 'paged|eager', which "

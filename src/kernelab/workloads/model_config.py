@@ -303,7 +303,7 @@ def load_config(spec) -> ModelConfig:
         if len(raw) > MAX_CONFIG_BYTES:
             raise CostError(
                 f"config: {text!r} is larger than {MAX_CONFIG_BYTES >> 20} MiB, which no "
-                "config.json is (pass its values as a dict to kernelab.models.model_cost.cost)"
+                "config.json is (pass its values as a dict to kernelab.workloads.model_cost.cost)"
             )
         try:
             data = json.loads(raw)  # parsed, never executed

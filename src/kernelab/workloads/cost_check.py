@@ -90,7 +90,7 @@ def _prod(xs) -> int:
 
 
 def check(step, events, element_size: int = 2, layers: int | None = None) -> tuple[list, list]:
-    """Compare a prefill or decode :class:`~kernelab.models.model_cost.Step` with a profile's
+    """Compare a prefill or decode :class:`~kernelab.workloads.model_cost.Step` with a profile's
     events (of :func:`profile_prefill` or :func:`profile_decode`).
 
     Returns (checks, unchecked row names). ``element_size``: the prediction's (bf16: 2); the

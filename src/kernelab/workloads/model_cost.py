@@ -1,7 +1,7 @@
 """What a model costs before anything runs: every op of a decoder layer and of the whole model,
 with its FLOPs, minimum bytes and floor on a device of the hardware table.
 
-    from kernelab.models import model_cost
+    from kernelab.workloads import model_cost
     c = model_cost.cost("llama3-8b", "h200", cost.Workload(batch=64, context=8192))
     c.decode.floor_s, c.decode.tokens_per_s, c.kv_bytes_per_token, c.fit
 
@@ -55,7 +55,7 @@ from typing import Any
 import torch
 
 from kernelab.core.contract import Cost
-from kernelab.models.model_config import (
+from kernelab.workloads.model_config import (
     ACTIVATIONS,
     WORKLOAD_KEYS,
     CostError,

@@ -4,7 +4,7 @@ On CUDA each is also measured with CUDA graphs (static KV cache + torch.compile
 ``reduce-overhead``). Timings use a host clock with a device synchronisation at both ends of
 each measured region (whole steps, not microsecond kernels, so the sync cost is negligible).
 With ``profile``, one decode step of each eager variant is also profiled and analysed by
-``kernelab.trace`` (see :mod:`kernelab.models.profile`).
+``kernelab.trace`` (see :mod:`kernelab.workloads.profile`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from collections.abc import Callable
 import torch
 
 from kernelab.bench.stats import StopRule, quantile, summarize
-from kernelab.models import presets
-from kernelab.models._patch import state_of, unpatch
+from kernelab.models import presets, state_of, unpatch
 
 VARIANTS_CPU = ("original", "patched")
 VARIANTS_CUDA = ("original", "patched", "original+graphs", "patched+graphs")
@@ -155,12 +154,12 @@ def run(
 
     ``quantize`` patches the linear projections with that weight format too (the patched rows
     are then named ``patched-<format>``). ``profile`` adds ``decode_profile`` (a
-    :func:`kernelab.models.profile.digest`) and ``decode_trace`` to the eager rows.
+    :func:`kernelab.workloads.profile.digest`) and ``decode_trace`` to the eager rows.
     """
-    from kernelab.models import _linear, patch
-    from kernelab.models import profile as _profile
+    from kernelab.models import check_quantize, patch
+    from kernelab.workloads import profile as _profile
 
-    _linear.check_quantize(quantize)
+    check_quantize(quantize)
 
     dev = torch.device(device)
     if dtype is None:
