@@ -12,13 +12,13 @@ trials. The run seeds are fresh (``--seed`` gives them instead, repeatable); a t
 follow from the run seed, the op, the case and the trial, so a failure repeats with
 ``kernelab verify OP --variant V --seed S --quick`` alone.
 
-Prints the machine and versions, a progress line per (op, seed) (plain lines when piped), a
-table of ops × seeds (seeds run and failed, cases, failing cases, worst error / tolerance,
-seconds), then every failing case: its op, variant, seed, shape, dtype, class, input
-distribution and the command that repeats it. ``--budget``: no (op, seed) starts after so
+Prints the machine and versions, a progress line per (op, seed) on stderr, a table of
+ops × seeds (seeds run and failed, cases, failing cases, worst error / tolerance, seconds),
+then every failing case: its op, variant, seed, shape, dtype, class, input distribution and
+the command that repeats it. ``--budget``: no (op, seed) starts after so
 many seconds (the table counts those not run); SIGTERM and Ctrl-C stop the workers and print
-what finished. ``--json``: the same as JSON on stdout
-(progress on stderr). Exits 1 if a case failed or a worker raised.
+what finished. ``--json``: the same as JSON on stdout. Exits 1 if a case failed or a worker
+raised. The last result is in docs/verify.md ("Seed soak").
 """
 
 from __future__ import annotations
