@@ -28,7 +28,13 @@ def test_run_prints_one_table_and_passes():
     result = runner.invoke(app, ["run", "rmsnorm", "--device", "cpu"])
     assert result.exit_code == 0, result.output
     assert "report card" in result.output and "rmsnorm" in result.output
-    assert "verify seed " in result.output and "(quick tier)" in result.output
+    assert "verify seed " in result.output and "(quick tier; kernelab run --seed " in result.output
+
+
+def test_run_takes_the_seed_it_prints():
+    result = runner.invoke(app, ["run", "rmsnorm", "--device", "cpu", "--seed", "4242"])
+    assert result.exit_code == 0, result.output
+    assert "verify seed 4242 (quick tier; kernelab run --seed 4242 repeats it)" in result.output
 
 
 def test_unknown_op_is_one_line_and_exit_2():

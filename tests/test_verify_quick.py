@@ -70,13 +70,32 @@ def test_the_stage_prints_its_seed_and_a_command_repeating_each_failure(monkeypa
 
     monkeypatch.setattr(_stage, "verify", fake)
     out = _stage.stage(["rmsnorm"], "cpu")
-    assert seen["tier"] == "quick" and out.notes[0] == "verify seed 4242 (quick tier)"
+    assert seen["tier"] == "quick" and seen["seed"] is None
+    assert out.notes[0] == "verify seed 4242 (quick tier; kernelab run --seed 4242 repeats it)"
     assert out.notes[1:] == [
         "  wrong values: kernelab verify rmsnorm --variant kernelab --device cpu --seed 4242 "
         "--quick  # edge 'one row 1x7' float16"
     ]
-    _stage.stage(["rmsnorm"], "cpu", full=True)
-    assert seen["tier"] == "full"
+    out = _stage.stage(["rmsnorm"], "cpu", full=True, seed=4242)
+    assert seen["tier"] == "full" and seen["seed"] == 4242
+    assert out.notes[0].endswith("(full tier; kernelab run --full --seed 4242 repeats it)")
+
+
+def test_the_stage_sums_up_the_interpreters_warnings_in_one_note(monkeypatch):
+    """numpy's warnings inside interpreted launches reach the card as one counted line."""
+    from kernelab.verify import _stage
+    from kernelab.verify._types import CaseResult, Report
+
+    report = Report(7, "cpu", 2, ["edge"])
+    report.cases.append(CaseResult("paged_attention", "kernelab", "edge", "s", "k", "float16"))
+    monkeypatch.setattr(_stage, "verify", lambda ops, **kw: report)
+    assert not any("numpy warnings" in n for n in _stage.stage(["paged_attention"], "cpu").notes)
+    report.interpreter_warnings["All-NaN slice encountered"] = 3
+    notes = _stage.stage(["paged_attention"], "cpu").notes
+    assert notes[1:] == [
+        "the interpreter's numpy warnings, counted (NaN and Inf propagating through a kernel): "
+        "All-NaN slice encountered ×3"
+    ]
 
 
 def test_the_repeat_command_repeats_the_cases_inputs():

@@ -3,7 +3,8 @@
 A stage is a function ``stage(ops, device, progress, *, variants=None, ledger_url=None) ->
 StageReport`` (``variants``: the variants asked for, None for the stage's default;
 ``ledger_url``: the ledger the run reads and writes; a stage that also takes ``full`` gets
-``full=True`` from ``kernelab run --full``, for its full sets instead of its quick tier).
+``full=True`` from ``kernelab run --full``, for its full sets instead of its quick tier, and
+one that takes ``seed`` gets ``kernelab run --seed``'s, to repeat a run).
 Instruments expose one and list it in ``RUN_STAGES``; ``kernelab run`` runs them in order,
 prints one table, and stores the cases the stages return (``StageReport.cases``) in the ledger
 as one run.

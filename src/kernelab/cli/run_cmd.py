@@ -45,9 +45,14 @@ def register(app: click.Group) -> None:
         help="Verify every shape of the sets on every dtype (default: the quick tier, every edge "
         "shape and the ends of the representative ones, each on one dtype).",
     )
+    @click.option(
+        "--seed",
+        type=click.IntRange(min=0),
+        help="verify's run seed, to repeat a card exactly (default: new; the card prints it).",
+    )
     @json_option
     @user_errors
-    def run_command(ops, device, variants, label, ledger_url, no_ledger, full, as_json):
+    def run_command(ops, device, variants, label, ledger_url, no_ledger, full, seed, as_json):
         """Run every instrument on every registered op and print one table (the report card).
 
         OPS are the ops to include (default: all).
@@ -66,6 +71,8 @@ def register(app: click.Group) -> None:
             for path in RUN_STAGES:
                 stage = load(path)
                 extra = {"full": True} if full and _takes(stage, "full") else {}
+                if seed is not None and _takes(stage, "seed"):
+                    extra["seed"] = seed
                 reports.append(
                     stage(
                         selected,

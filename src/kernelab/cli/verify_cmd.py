@@ -294,12 +294,9 @@ def _print_report(report, show: int) -> None:
             "batch sizes were capped for the interpreter (labels show [rows→N]); --max-rows 0 for "
             "none"
         )
-    warned = getattr(report, "interpreter_warnings", None) or {}
+    warned = report.warnings_note()
     if warned:
-        notes.append(
-            "the interpreter's numpy warnings, counted (NaN and Inf propagating through a "
-            "kernel): " + ", ".join(f"{m} ×{n}" for m, n in warned.items())
-        )
+        notes.append(warned)
     for line in notes:
         echo(("note:", "yellow"), f" {line}")
     for line in dict.fromkeys(report.skipped):

@@ -1,8 +1,9 @@
 """The verify stage of ``kernelab run``: every variant that runs here, representative and edge
 shapes, the default trials, on the quick tier (``_runner.TIERS``; ``full``: every shape on
 every dtype, what ``kernelab verify`` does by default); one cell per op × variant: pass or the
-failure class, with the worst error / tolerance. Its notes give the run seed and, for each
-failing case, the command that repeats it."""
+failure class, with the worst error / tolerance. Its notes give the run seed (``seed``: a
+given one, to repeat a run), for each failing case the command that repeats it, and the
+interpreter's numpy warnings, counted."""
 
 from __future__ import annotations
 
@@ -10,16 +11,25 @@ from kernelab.stages import Cell, StageReport
 from kernelab.verify._runner import verify
 
 
-def stage(ops, device, progress=None, *, variants=None, ledger_url=None, full=False) -> StageReport:
+def stage(
+    ops, device, progress=None, *, variants=None, ledger_url=None, full=False, seed=None
+) -> StageReport:
     dev = _device_name(device)
     tier = "full" if full else "quick"
-    report = verify(ops, variants=variants, device=dev, progress=progress, tier=tier)
+    report = verify(ops, variants=variants, device=dev, seed=seed, progress=progress, tier=tier)
     out = StageReport("verify")
-    out.notes.append(f"verify seed {report.seed} ({tier} tier)")
+    again = " --full" if full else ""
+    out.notes.append(
+        f"verify seed {report.seed} ({tier} tier; kernelab run{again} --seed {report.seed} "
+        "repeats it)"
+    )
     for case in report.cases:
         if not case.passed:
             again = repeat_command(case, report.seed, dev, tier)
             out.notes.append(f"  {case.failure_class}: {again}")
+    warned = report.warnings_note()
+    if warned:
+        out.notes.append(warned)
     out.skipped = [f"{line}" for line in report.skipped]
     for line in report.skipped:
         key, _, why = line.partition(": ")

@@ -239,6 +239,15 @@ class Report:
     #: (an all-NaN row of scores where a query holds a planted NaN): counted, not printed.
     interpreter_warnings: dict[str, int] = field(default_factory=dict)
 
+    def warnings_note(self) -> str | None:
+        """One line summing up ``interpreter_warnings`` (None when there were none)."""
+        if not self.interpreter_warnings:
+            return None
+        return (
+            "the interpreter's numpy warnings, counted (NaN and Inf propagating through a "
+            "kernel): " + ", ".join(f"{m} ×{n}" for m, n in self.interpreter_warnings.items())
+        )
+
     @property
     def broken_ops(self) -> list[str]:
         """Ops with a null candidate that passed: their contract or inputs are too weak."""
