@@ -57,6 +57,7 @@ def register(app: click.Group) -> None:
 
         OPS are the ops to include (default: all).
         """
+        from kernelab.core.calling import takes
         from kernelab.hardware import detect
 
         info = detect(device)
@@ -70,8 +71,8 @@ def register(app: click.Group) -> None:
 
             for path in RUN_STAGES:
                 stage = load(path)
-                extra = {"full": True} if full and _takes(stage, "full") else {}
-                if seed is not None and _takes(stage, "seed"):
+                extra = {"full": True} if full and takes(stage, "full") else {}
+                if seed is not None and takes(stage, "seed"):
                     extra["seed"] = seed
                 reports.append(
                     stage(
@@ -123,12 +124,6 @@ def register(app: click.Group) -> None:
         unstored(rec)
         if failed:
             raise click.exceptions.Exit(1)
-
-
-def _takes(fn, name: str) -> bool:
-    import inspect
-
-    return name in inspect.signature(fn).parameters
 
 
 def card_sheet(info, selected, reports, width: int):

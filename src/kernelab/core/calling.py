@@ -6,6 +6,17 @@ do not run a kernel answer without torch."""
 from __future__ import annotations
 
 
+def takes(fn, name: str) -> bool:
+    """Whether ``fn`` has a parameter called ``name`` (False when its signature cannot be
+    read, as for some builtins)."""
+    import inspect
+
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _kind(value) -> str:
     import torch
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from kernelab.core.calling import takes
 from kernelab.core.contract import Contract, Cost, dtype_name
 from kernelab.core.launch import Launch
 from kernelab.core.runtime import inputs as _inputs
@@ -70,7 +71,7 @@ class Op:
         #: as it would on that target (TMA on Hopper, the LDS budget on gfx942), so static
         #: analysis describes each target's launch as it runs there.
         self.plan = plan
-        self.plans_per_target = plan is not None and _takes(plan, "target")
+        self.plans_per_target = plan is not None and takes(plan, "target")
         if plan is not None and launches is not None:
             raise ValueError(f"plan: op {name!r} gives both plan and launches; give one")
         #: ``launches(shape, dtype, config=None, target=None) -> [Launch, ...]``: what the op
@@ -241,12 +242,3 @@ def get(name: str) -> Op:
 
 def all_ops() -> list[Op]:
     return list(_REGISTRY.values())
-
-
-def _takes(fn: Callable[..., Any], name: str) -> bool:
-    import inspect
-
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False

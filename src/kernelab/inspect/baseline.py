@@ -143,10 +143,11 @@ def trust(
     for job in jobs:
         base = entries.get(job.key)
         key = base.get("cache_key") if isinstance(base, dict) else None
-        if not key or (shown and not _complete(base, job.target)):
-            out.append(None)
-            continue
-        if key != runner.cache_key(job.spec, job.target):
+        if (
+            not key
+            or (shown and not _complete(base, job.target))
+            or key != runner.cache_key(job.spec, job.target)
+        ):
             out.append(None)
             continue
         fields = {} if not shown or "warnings" not in base else _shown(base, job.target)

@@ -11,7 +11,7 @@ from kernelab.core import dtype_name
 from kernelab.core.runtime.backends import get_backend
 from kernelab.inspect.report import Job
 from kernelab.inspect.spec import from_launch
-from kernelab.inspect.targets import TARGETS, Target
+from kernelab.inspect.targets import TPU_TARGETS, Target
 
 
 @dataclass
@@ -61,6 +61,9 @@ def plan(
             continue
         if space and op.tuning_space is None:
             out.skipped.append(f"{op.name}: declares no tuning space; default configs only")
+        # A plan that takes the target is described per target (its default config is the
+        # target's); one that does not, once for all of them.
+        per = _per_target(op)
         for dtype in _dtypes(op, dtypes):
             for shape in op.shapes(shape_set):
                 configs = [None]
@@ -69,9 +72,6 @@ def plan(
                 n_el = _max_elements(op, shape, dtype)
                 label = f"{shape.label} {dtype_name(dtype)}"
                 tail = f"{dtype_name(dtype)}/{shape.key}"
-                # A plan that takes the target is described per target (its default config is
-                # the target's); one that does not, once for all of them.
-                per = _per_target(op)
                 for tgts in [[t] for t in gpu] if per else [gpu]:
                     where = tgts[0].name if per else None
                     try:
@@ -107,11 +107,13 @@ def _configured(op, shape, dtype, target: str | None) -> list:
     """(config, variant name, launches) of each Triton variant that is the op's plan under a
     config of its own choosing (``Variant.configure``), where it compiles for ``target``:
     the persistent GEMM, say, which the default plan never picks."""
-    out = []
+    out, inputs = [], None
     for v in _variants(op):
         if getattr(v, "configure", None) is None or (target and not v.compiles_for(target)):
             continue
-        config = v.configure(op.inputs(shape, dtype, "meta"), target)
+        if inputs is None:  # meta tensors, made once for every such variant
+            inputs = op.inputs(shape, dtype, "meta")
+        config = v.configure(inputs, target)
         out.append((config, v.name, _launches(op, shape, dtype, config, target)))
     return out
 
@@ -135,10 +137,10 @@ def _add_jobs(out: Plan, op, sets, targets, n_el, label: str, tail: str) -> None
             seen_specs.add(spec.identity())
             kname = spec.name if n == 1 else f"{spec.name}#{n}"
             key_tail = tail
-            if config is not None and not variant:
-                key_tail += f"/{spec.config_text()}"
             if variant:
                 key_tail += f"/{variant}"
+            elif config is not None:
+                key_tail += f"/{spec.config_text()}"
             compiles_for = get_backend(spec.backend).targets
             for t in targets:
                 if t.name not in compiles_for:
@@ -147,12 +149,11 @@ def _add_jobs(out: Plan, op, sets, targets, n_el, label: str, tail: str) -> None
 
 
 def _pallas_variants(op) -> list:
-    variants = getattr(op, "variants", None) or {}
     # the variants whose plans make calls a TPU target lowers (a Pallas plan)
     return [
         v
-        for v in variants.values()
-        if v.plan is not None and any(t in TARGETS and TARGETS[t].is_tpu for t in v.backend.targets)
+        for v in _variants(op)
+        if v.plan is not None and any(t in TPU_TARGETS for t in v.backend.targets)
     ]
 
 

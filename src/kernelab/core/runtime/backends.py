@@ -113,9 +113,6 @@ class Triton:
             return False, INTERPRETED
         return True, ""
 
-    def by_default(self, device_type: str) -> tuple[bool, str]:
-        return True, ""
-
     def version(self) -> str:
         import triton
 
